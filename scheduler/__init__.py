@@ -1,0 +1,1 @@
+"""gpuwarden scheduler: quota-aware placement that avoids sick GPU nodes."""
