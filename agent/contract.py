@@ -156,3 +156,34 @@ TAINT_QUARANTINE: Final = f"{API_GROUP}/quarantined"
 
 # Prometheus metric namespace.
 METRICS_PREFIX: Final = "gpuwarden"
+
+# --------------------------------------------------------------------------
+# Scheduler decisions visible through the API (Events, PodGroup status)
+# --------------------------------------------------------------------------
+
+# The node pool of a node without the LABEL_NODE_POOL label, and of a queue
+# that names none.
+DEFAULT_NODE_POOL: Final = "default"
+
+
+class EvictionAction(StrEnum):
+    """The scheduler action that evicted a pod; Events and metrics carry it."""
+
+    HEALTH_EVICTION = "HealthEviction"
+    RECLAIM = "Reclaim"
+    PREEMPT = "Preempt"
+    CONSOLIDATE = "Consolidate"
+    STALE_GANG = "StaleGang"
+
+
+class UnschedulableReason(StrEnum):
+    """Why a pod group is still pending, as written to its PodGroup status."""
+
+    UNKNOWN_QUEUE = "UnknownQueue"
+    NOT_LEAF_QUEUE = "NotLeafQueue"
+    INVALID_REQUEST = "InvalidRequest"
+    OVER_LIMIT = "OverLimit"
+    NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    NO_ELIGIBLE_NODES = "NoEligibleNodes"
+    GANG_INCOMPLETE = "GangIncomplete"
