@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import datetime as dt
 import ipaddress
 import os
@@ -158,25 +157,19 @@ def find_binaries() -> Binaries:
 # Processes
 # ---------------------------------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child die when the test process dies.
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """Make the child die with the test process, via util-linux's ``setpriv``.
 
     atexit handlers and fixture finalizers do not run when pytest is killed
     (SIGKILL, an OOM kill, a CI timeout); the kernel's parent-death signal
     still stops etcd and the API server then, instead of leaving them to hold
-    ports and CPU for the rest of the day.
+    ports and CPU. ``setpriv`` sets it and execs the server, so no Python runs
+    between fork and exec (a ``preexec_fn`` is unsafe once threads exist).
+    Without ``setpriv``, :func:`reap_leftovers` cleans up on the next run.
     """
-
-    def setup() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return setup
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
 
 
 @dataclass
@@ -192,12 +185,11 @@ class _Process:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
-                self.argv,
+                _with_parent_death_signal(self.argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - no threads exist during fixture setup
             )
         with self.pid_file.open("a") as pids:
             pids.write(f"{self.popen.pid}\n")
