@@ -1,0 +1,99 @@
+"""``gpuwarden.io/gpu-memory`` in the Node's capacity and allocatable.
+
+The scheduler places GPU-memory slices against this extended resource, so it
+is the MiB of memory on *healthy* GPUs: a GPU that turns unhealthy takes its
+memory out of the node at once, and it comes back only when the rules call
+the GPU healthy again (repair and re-validation for latched faults).
+Allocatable equals capacity: the agent reserves nothing.
+
+Written with a strategic-merge patch of ``nodes/status`` touching only this
+one key of each map, so the kubelet's cpu/memory/pods and device-plugin
+resources are left alone. Sent only when the value changes (and once after
+start or an API outage), never on a timer.
+"""
+
+from __future__ import annotations
+
+from agent.contract import RESOURCE_GPU_MEMORY, ConditionType
+from agent.logconfig import get_logger
+from agent.model import HealthReport
+from agent.publish.conditions import conditions_held_by_errors
+from agent.publish.kube import JSON, KubeApi
+
+log = get_logger(__name__)
+
+
+def desired_gpu_memory_mib(report: HealthReport, previous: int | None) -> int | None:
+    """The capacity the report calls for, or ``previous`` when the GPU probe failed.
+
+    A report whose GPU source failed (NVML could not be used) lists no GPUs
+    because they are unknown, not because there are none: publishing 0 then
+    would evict every memory-slice workload for a transient driver hiccup.
+    """
+    if not report.gpus and report.errors and ConditionType.GPU_MISSING in conditions_held_by_errors(report.errors):
+        return previous
+    return report.healthy_gpu_memory_mib
+
+
+def capacity_from_node(node: JSON) -> int | None:
+    """The gpu-memory capacity a Node carries now (None when it has none)."""
+    raw = ((node.get("status") or {}).get("capacity") or {}).get(RESOURCE_GPU_MEMORY)
+    if raw is None:
+        return None
+    try:
+        return int(str(raw))
+    except ValueError:
+        log.warning("capacity_on_node_malformed", resource=RESOURCE_GPU_MEMORY, value=raw)
+        return None
+
+
+def capacity_patch(mib: int) -> JSON:
+    quantity = str(mib)
+    return {
+        "status": {
+            "capacity": {RESOURCE_GPU_MEMORY: quantity},
+            "allocatable": {RESOURCE_GPU_MEMORY: quantity},
+        }
+    }
+
+
+class CapacityPublisher:
+    """Keeps the Node's gpu-memory capacity equal to the healthy GPUs' memory."""
+
+    def __init__(self, api: KubeApi, node_name: str) -> None:
+        self._api = api
+        self._node = node_name
+        self._desired: int | None = None
+        self._published: int | None = None
+
+    @property
+    def published(self) -> int | None:
+        return self._published
+
+    def restore(self, node: JSON) -> int | None:
+        """Remember the value already on the Node, so an unchanged restart sends nothing."""
+        self._published = capacity_from_node(node)
+        self._desired = self._published
+        return self._published
+
+    def invalidate(self) -> None:
+        self._published = None
+
+    def publish(self, report: HealthReport) -> bool:
+        """Patch capacity and allocatable if the healthy memory changed; True if sent."""
+        self._desired = desired_gpu_memory_mib(report, self._desired)
+        return self.flush()
+
+    def flush(self) -> bool:
+        if self._desired is None or self._desired == self._published:
+            return False
+        self._api.patch_node_status(self._node, capacity_patch(self._desired))
+        log.info(
+            "capacity_published",
+            node=self._node,
+            resource=RESOURCE_GPU_MEMORY,
+            mib=self._desired,
+            previous_mib=self._published,
+        )
+        self._published = self._desired
+        return True

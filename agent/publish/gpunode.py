@@ -1,0 +1,335 @@
+"""The per-node ``GPUNode`` object: each GPU's and each IB port's inventory and health.
+
+Conditions say *that* a node has a GPU problem; the GPUNode says which GPU,
+which port, and what exactly, in a form the scheduler can place against
+(per-GPU memory, MIG mode, health) and a person can list across the fleet
+(``kubectl get gpunodes``). It also carries each fault's full detail --
+condition, reason, action, since, latched -- which is what a restarted agent
+reads back to keep latched faults raised.
+
+The object is cluster-scoped, named after the node and owned by the Node
+(apiVersion v1, kind Node, uid), so the garbage collector removes it with the
+node. It is created once; after that only its status subresource is patched,
+and only when the content changes: per-poll values such as memory in use
+stay in the metrics, so an idle healthy node sends nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from agent import contract
+from agent.contract import Action, ConditionType
+from agent.logconfig import get_logger
+from agent.model import Entity, EntityKind, Fault, GpuStatus, HealthReport, IbPortStatus
+from agent.publish.conditions import conditions_held_by_errors, format_time, now_utc, parse_time
+from agent.publish.kube import JSON, ApiError, KubeApi
+
+log = get_logger(__name__)
+
+API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+
+
+def _mig_mode(enabled: bool | None) -> str:
+    if enabled is None:
+        return "Unknown"
+    return "Enabled" if enabled else "Disabled"
+
+
+def fault_json(fault: Fault, *, with_entity: bool = False) -> JSON:
+    out: JSON = {
+        "condition": fault.condition.value,
+        "reason": fault.reason,
+        "message": fault.message,
+        "action": fault.action.value,
+        "since": format_time(fault.since),
+        "latched": fault.latched,
+    }
+    if with_entity:
+        e = fault.entity
+        for key, value in (
+            ("gpu", e.gpu_index),
+            ("uuid", e.uuid),
+            ("pciBusId", e.pci_bus_id),
+            ("device", e.ib_device),
+            ("port", e.ib_port),
+            ("mount", e.mount),
+        ):
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def _gpu_json(gpu: GpuStatus) -> JSON:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "pciBusId": gpu.pci_bus_id,
+        "model": gpu.model,
+        "memoryMiB": gpu.memory_total_mib,
+        "migMode": _mig_mode(gpu.mig_enabled),
+        "healthy": gpu.healthy,
+        "faults": [fault_json(f) for f in gpu.faults],
+    }
+
+
+def _port_json(port: IbPortStatus) -> JSON:
+    out: JSON = {
+        "device": port.device,
+        "port": port.port,
+        "state": port.state,
+        "physState": port.phys_state,
+        "linkLayer": port.link_layer,
+        "healthy": port.healthy,
+        "faults": [fault_json(f) for f in port.faults],
+    }
+    if port.rate_gbps is not None:
+        out["rateGbps"] = port.rate_gbps
+    if port.netdev is not None:
+        out["netdev"] = port.netdev
+    return out
+
+
+def gpunode_status(report: HealthReport, previous: JSON | None = None) -> JSON:
+    """The GPUNode status for a report (without ``observedTime``).
+
+    Every key is always present (empty lists included) because it is sent as
+    a JSON merge patch, where an absent key would leave a stale value behind.
+    When the GPU (or IB) probe failed this poll, the previous lists are kept:
+    an empty list would claim the node has no GPUs.
+    """
+    held = conditions_held_by_errors(report.errors) if report.errors else frozenset()
+    gpus = [_gpu_json(g) for g in sorted(report.gpus, key=lambda g: g.index)]
+    if not gpus and ConditionType.GPU_MISSING in held and previous:
+        gpus = list(previous.get("gpus") or [])
+    ports = [_port_json(p) for p in sorted(report.ib_ports, key=lambda p: (p.device, p.port))]
+    if not ports and ConditionType.INFINIBAND_DEGRADED in held and previous:
+        ports = list(previous.get("ibPorts") or [])
+    listed = {("gpu", g.index) for g in report.gpus} | {("ib", p.device, p.port) for p in report.ib_ports}
+    node_faults = [fault_json(f, with_entity=True) for f in report.faults if not _listed(f.entity, listed)]
+    healthy = [g for g in gpus if g.get("healthy")]
+    actions = [Action(f["action"]) for g in gpus for f in g.get("faults", [])]
+    actions += [Action(f["action"]) for p in ports for f in p.get("faults", [])]
+    actions += [Action(f["action"]) for f in node_faults]
+    return {
+        "gpuCount": len(gpus),
+        "healthyGpuCount": len(healthy),
+        "gpuMemoryMiB": sum(int(g.get("memoryMiB", 0)) for g in gpus),
+        "healthyGpuMemoryMiB": sum(int(g.get("memoryMiB", 0)) for g in healthy),
+        "action": contract.worst_action(actions).value,
+        "probeErrors": sorted(report.errors),
+        "gpus": gpus,
+        "ibPorts": ports,
+        "nodeFaults": node_faults,
+    }
+
+
+def _listed(entity: Entity, listed: set[tuple[Any, ...]]) -> bool:
+    if entity.kind is EntityKind.GPU:
+        return ("gpu", entity.gpu_index) in listed
+    if entity.kind is EntityKind.IB_PORT:
+        return ("ib", entity.ib_device, entity.ib_port) in listed
+    return False
+
+
+def owner_reference(node_name: str, node_uid: str) -> JSON:
+    # No blockOwnerDeletion: setting it needs delete permission on Nodes,
+    # which the agent must not have, and nothing waits on this object.
+    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
+
+
+def gpunode_object(node_name: str, node_uid: str | None) -> JSON:
+    meta: JSON = {"name": node_name}
+    if node_uid:
+        meta["ownerReferences"] = [owner_reference(node_name, node_uid)]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": contract.GPUNODE_KIND,
+        "metadata": meta,
+        "spec": {"nodeName": node_name},
+    }
+
+
+def _fault_from_json(raw: Any, entity: Entity) -> Fault | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        condition = ConditionType(raw["condition"])
+        action = Action(raw.get("action", Action.NONE.value))
+    except (KeyError, ValueError):
+        return None
+    since = parse_time(raw.get("since"))
+    if since is None or not raw.get("reason"):
+        return None
+    return Fault(
+        condition=condition,
+        reason=str(raw["reason"]),
+        message=str(raw.get("message") or ""),
+        action=action,
+        entity=entity,
+        since=since,
+        latched=bool(raw.get("latched", False)),
+    )
+
+
+def _entity_from_fault_json(raw: JSON) -> Entity:
+    if raw.get("device") is not None and raw.get("port") is not None:
+        return Entity.ib(str(raw["device"]), int(raw["port"]))
+    if raw.get("gpu") is not None:
+        return Entity.gpu(int(raw["gpu"]), raw.get("uuid"), raw.get("pciBusId"))
+    if raw.get("mount"):
+        return Entity.mount_point(str(raw["mount"]))
+    return Entity.node()
+
+
+def faults_from_gpunode(obj: JSON) -> list[Fault]:
+    """Every fault a previous run recorded in the GPUNode's status.
+
+    Entries that do not parse are logged and skipped: one malformed entry
+    (an edited object, an older schema) must not cost the others.
+    """
+    status = obj.get("status") or {}
+    out: list[Fault] = []
+    skipped = 0
+    for gpu in status.get("gpus") or []:
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+            skipped += 1
+            continue
+        entity = Entity.gpu(gpu["index"], gpu.get("uuid"), gpu.get("pciBusId"))
+        for raw in gpu.get("faults") or []:
+            fault = _fault_from_json(raw, entity)
+            if fault is None:
+                skipped += 1
+            else:
+                out.append(fault)
+    for port in status.get("ibPorts") or []:
+        if not isinstance(port, dict) or not isinstance(port.get("port"), int) or not port.get("device"):
+            skipped += 1
+            continue
+        entity = Entity.ib(str(port["device"]), port["port"])
+        for raw in port.get("faults") or []:
+            fault = _fault_from_json(raw, entity)
+            if fault is None:
+                skipped += 1
+            else:
+                out.append(fault)
+    for raw in status.get("nodeFaults") or []:
+        if not isinstance(raw, dict):
+            skipped += 1
+            continue
+        try:
+            entity = _entity_from_fault_json(raw)
+        except (TypeError, ValueError):
+            skipped += 1
+            continue
+        fault = _fault_from_json(raw, entity)
+        if fault is None:
+            skipped += 1
+        else:
+            out.append(fault)
+    if skipped:
+        log.warning("gpunode_faults_malformed", gpunode=(obj.get("metadata") or {}).get("name"), skipped=skipped)
+    return out
+
+
+def _owner_uids(obj: JSON) -> set[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return {str(r.get("uid")) for r in refs if isinstance(r, dict) and r.get("kind") == "Node"}
+
+
+class GpuNodePublisher:
+    """Creates the node's GPUNode once and keeps its status equal to the report."""
+
+    def __init__(self, api: KubeApi, node_name: str, *, clock: Callable[[], datetime] = now_utc) -> None:
+        self._api = api
+        self._node = node_name
+        self._clock = clock
+        self._node_uid: str | None = None
+        # The object as last read or written; None until known to exist.
+        self._object: JSON | None = None
+        self._desired: JSON | None = None
+        self._published: JSON | None = None
+
+    def set_node_uid(self, uid: str | None) -> None:
+        """The Node's uid, for the owner reference (a recreated node has a new one)."""
+        if uid and uid != self._node_uid:
+            self._node_uid = uid
+
+    def restore(self, obj: JSON | None) -> list[Fault]:
+        """Adopt an existing GPUNode; returns the faults it records."""
+        if obj is None:
+            return []
+        self._object = obj
+        status = obj.get("status")
+        if isinstance(status, dict):
+            self._published = {k: v for k, v in status.items() if k != "observedTime"}
+            self._desired = self._published
+        return faults_from_gpunode(obj)
+
+    def invalidate(self) -> None:
+        self._object = None
+        self._published = None
+
+    def publish(self, report: HealthReport) -> bool:
+        self._desired = gpunode_status(report, self._desired)
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Create the object or fix its owner if needed, then patch a changed status."""
+        if self._desired is None:
+            return False
+        sent = self._ensure_object()
+        if self._desired == self._published:
+            return sent
+        patch = {"status": {**self._desired, "observedTime": format_time(self._clock())}}
+        try:
+            self._object = self._api.patch_gpunode_status(self._node, patch)
+        except ApiError as exc:
+            if exc.status == 404:
+                # Deleted behind our back (or by the garbage collector after
+                # the node was recreated): create it again on the next try.
+                self._object = None
+            raise
+        self._published = self._desired
+        log.info(
+            "gpunode_published",
+            gpunode=self._node,
+            gpus=self._desired["gpuCount"],
+            healthy_gpus=self._desired["healthyGpuCount"],
+            action=self._desired["action"],
+        )
+        return True
+
+    def _ensure_object(self) -> bool:
+        sent = False
+        if self._object is None:
+            existing = self._api.get_gpunode(self._node)
+            sent = True
+            if existing is None:
+                try:
+                    existing = self._api.create_gpunode(gpunode_object(self._node, self._node_uid))
+                    log.info("gpunode_created", gpunode=self._node, owner_uid=self._node_uid)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    existing = self._api.get_gpunode(self._node)
+                    if existing is None:
+                        raise
+                # A new object has an empty status whatever was published before.
+                self._published = None
+            else:
+                status = existing.get("status")
+                self._published = (
+                    {k: v for k, v in status.items() if k != "observedTime"} if isinstance(status, dict) else None
+                )
+            self._object = existing
+        if self._node_uid and self._node_uid not in _owner_uids(self._object):
+            self._object = self._api.patch_gpunode(
+                self._node,
+                {"metadata": {"ownerReferences": [owner_reference(self._node, self._node_uid)]}},
+            )
+            log.info("gpunode_owner_set", gpunode=self._node, owner_uid=self._node_uid)
+            sent = True
+        return sent

@@ -1,0 +1,123 @@
+"""Condition content without an API server: messages, reasons, transitions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.contract import HEALTHY_REASONS, ConditionType, Reason
+from agent.publish.conditions import (
+    MAX_FAULT_TEXT,
+    MAX_LISTED_FAULTS,
+    condition_message,
+    conditions_from_node,
+    conditions_held_by_errors,
+    desired_conditions,
+)
+from tests.publish.reports import T0, ib_fault, remap_fault, report, xid_fault
+
+
+def test_healthy_report_gives_every_condition_false_with_its_healthy_reason() -> None:
+    states = desired_conditions(report(), {}, T0)
+    assert set(states) == set(ConditionType)
+    for ctype, state in states.items():
+        assert state.status == "False"
+        assert state.reason == HEALTHY_REASONS[ctype]
+        assert state.message
+
+
+def test_fault_message_names_gpu_uuid_bus_id_and_action() -> None:
+    states = desired_conditions(report(xid_fault(3)), {}, T0)
+    xid = states[ConditionType.GPU_XID_ERROR]
+    assert xid.status == "True"
+    assert xid.reason == "Xid79"
+    assert "GPU 3" in xid.message
+    assert "GPU-0003-aaaa" in xid.message
+    assert "0000:1b:00" in xid.message
+    assert xid.message.endswith("Recommended action: REBOOT.")
+    assert states[ConditionType.GPU_MEMORY_DEGRADED].status == "False"
+
+
+def test_ib_fault_message_names_device_and_port() -> None:
+    state = desired_conditions(report(ib_fault("mlx5_1", 1)), {}, T0)[ConditionType.INFINIBAND_DEGRADED]
+    assert state.reason == Reason.IB_PORT_DOWN
+    assert "mlx5_1 port 1" in state.message
+    assert "Recommended action: REPLACE" in state.message
+
+
+def test_several_gpus_listed_in_one_message_with_worst_action() -> None:
+    faults = [remap_fault(5), remap_fault(2, failure=True)]
+    state = desired_conditions(report(*faults), {}, T0)[ConditionType.GPU_MEMORY_DEGRADED]
+    assert state.reason == Reason.MULTIPLE_FAULTS
+    assert state.message.index("GPU 2") < state.message.index("GPU 5")
+    assert state.message.endswith("Recommended action: REPLACE.")
+
+
+def test_long_lists_are_bounded_with_and_n_more() -> None:
+    faults = [xid_fault(i) for i in range(8)]
+    message = condition_message(faults)
+    assert f"and {8 - MAX_LISTED_FAULTS} more" in message
+    assert "GPU 7" not in message
+    assert message.endswith("Recommended action: REBOOT.")
+
+
+@given(st.lists(st.text(min_size=0, max_size=2000), min_size=1, max_size=40))
+def test_message_length_is_bounded_whatever_the_fault_texts(texts: list[str]) -> None:
+    faults = [replace(xid_fault(i), message=t) for i, t in enumerate(texts)]
+    message = condition_message(faults)
+    bound = MAX_LISTED_FAULTS * (MAX_FAULT_TEXT + 2) + 80
+    assert len(message) <= bound
+    assert message.endswith("Recommended action: REBOOT.")
+
+
+def test_transition_time_kept_while_status_unchanged_and_moved_on_flip() -> None:
+    first = desired_conditions(report(xid_fault(0)), {}, T0)
+    later = T0 + timedelta(minutes=5)
+    # Another GPU joins: reason/message change, status does not.
+    second = desired_conditions(report(xid_fault(0), xid_fault(1, 48)), first, later)
+    assert second[ConditionType.GPU_XID_ERROR].last_transition == T0
+    assert second[ConditionType.GPU_XID_ERROR].reason == Reason.MULTIPLE_FAULTS
+    assert second[ConditionType.GPU_PCIE_DEGRADED].last_transition == T0
+    cleared = desired_conditions(report(), second, later)
+    assert cleared[ConditionType.GPU_XID_ERROR].last_transition == later
+    assert cleared[ConditionType.GPU_XID_ERROR].status == "False"
+
+
+def test_failed_probe_keeps_a_true_condition_true() -> None:
+    before = desired_conditions(report(ib_fault("mlx5_0", 1)), {}, T0)
+    later = T0 + timedelta(seconds=10)
+    after = desired_conditions(report(errors=("infiniband: sysfs read failed",)), before, later)
+    assert after[ConditionType.INFINIBAND_DEGRADED] == before[ConditionType.INFINIBAND_DEGRADED]
+
+
+def test_unrecognised_probe_error_holds_every_condition() -> None:
+    assert conditions_held_by_errors(["something odd happened"]) == frozenset(ConditionType)
+    assert conditions_held_by_errors(["nvml: init failed"]) >= {ConditionType.GPU_MISSING}
+    assert ConditionType.STORAGE_DEGRADED not in conditions_held_by_errors(["nvml: init failed"])
+
+
+def test_conditions_read_back_from_a_node_ignore_other_types_and_bad_entries() -> None:
+    node = {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-29T09:00:00Z"},
+                {
+                    "type": "GpuXidError",
+                    "status": "True",
+                    "reason": "Xid79",
+                    "message": "GPU 0: Xid 79",
+                    "lastTransitionTime": "2026-11-29T09:30:00Z",
+                },
+                {"type": "GpuMissing", "status": "Maybe", "lastTransitionTime": "2026-11-29T09:30:00Z"},
+                {"type": "StorageDegraded", "status": "False"},
+                "not a condition",
+            ]
+        }
+    }
+    found = conditions_from_node(node)
+    assert set(found) == {ConditionType.GPU_XID_ERROR}
+    assert found[ConditionType.GPU_XID_ERROR].problem
+    assert found[ConditionType.GPU_XID_ERROR].last_transition == T0 - timedelta(minutes=30)
