@@ -1,0 +1,92 @@
+"""Consolidate: defragment so that a job that fits in total fits on nodes.
+
+A pending job may be short of room on every single node while the pool as a
+whole has enough free (four free GPUs, one on each of four nodes, and a pod
+that needs four on one). Consolidation moves preemptible running work out of
+the way: it evicts victims on a node the job could use, places the job, and
+then places every moved pod again elsewhere. It commits only if every moved
+pod found a new place; the eviction names the beneficiary and where the
+moved pod's room is kept.
+"""
+
+from __future__ import annotations
+
+from agent.contract import EvictionAction, UnschedulableReason
+from scheduler.engine.placement import find_place
+from scheduler.engine.state import Cluster, JobState, PoolState
+from scheduler.engine.statement import Statement
+from scheduler.engine.victims import (
+    MAX_BENEFICIARIES,
+    FailureMemo,
+    beneficiaries,
+    make_room,
+    memo_key,
+    running_jobs,
+    victim_order,
+)
+
+
+def _fits_in_total(pool: PoolState, job: JobState) -> bool:
+    pending = job.pending_tasks()
+    required = pending[: max(1, job.spec.min_member - job.held)]
+    need_gpus = sum(t.gpu.whole for t in required)
+    need_cpu = sum(t.cpu for t in required)
+    need_mem = sum(t.mem for t in required)
+    if need_gpus > pool.free_whole_total:
+        return False
+    free_cpu = sum(n.free_cpu for n in pool.nodes if n.accepts)
+    free_mem = sum(n.free_mem for n in pool.nodes if n.accepts)
+    return need_cpu <= free_cpu and need_mem <= free_mem
+
+
+def _movable(job: JobState) -> bool:
+    """Only whole, preemptible, running jobs are moved: nothing half-started."""
+    return job.preemptible and not any(t.is_pending or t.releasing for t in job.tasks)
+
+
+def run(cluster: Cluster) -> None:
+    memo = FailureMemo()
+    tried = 0
+    movable = sorted((j for j in running_jobs(cluster) if _movable(j)), key=victim_order)
+    for job in beneficiaries(cluster):
+        if tried >= MAX_BENEFICIARIES:
+            break
+        if job.reasons and job.reasons[0].code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
+            continue
+        pool = job.pool
+        assert pool is not None
+        if not _fits_in_total(pool, job):
+            continue
+        key = memo_key(job)
+        if memo.known_failure(cluster, key):
+            continue
+        tried += 1
+        candidates = {id(v): rank for rank, v in enumerate(movable) if v.pool is pool and v is not job}
+        stmt = Statement(cluster)
+        reason = f"moved to make room for {job.key}"
+        if make_room(
+            cluster,
+            stmt,
+            job,
+            candidates=candidates,
+            admissible=lambda _v: True,
+            action=EvictionAction.CONSOLIDATE,
+            reason=reason,
+        ) and (_relocate(cluster, stmt)):
+            stmt.commit()
+            job.reasons = []
+            movable = [v for v in movable if all(t.eviction is None for t in v.tasks)]
+        else:
+            stmt.rollback()
+            memo.remember(cluster, key)
+
+
+def _relocate(cluster: Cluster, stmt: Statement) -> bool:
+    """Place every pod evicted in ``stmt`` again; False if any finds no room."""
+    moved = [e.task for e in stmt.log if e.task.was_running and e.task.eviction is not None and e.task.node is None]
+    for task in moved:
+        found = find_place(cluster, task)
+        if found is None:
+            return False
+        stmt.allocate(task, *found)
+    return True

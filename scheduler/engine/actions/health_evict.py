@@ -1,0 +1,51 @@
+"""Health eviction: get work off hardware that is failing or being drained.
+
+Runs first, so that the capacity it frees (and the pods it sends back to
+pending) are seen by every later action. A pod is evicted when its node has a
+fatal fault or is being drained by remediation, or when it holds a GPU with a
+fatal fault (see :mod:`scheduler.engine.health` for which faults are fatal).
+A gang (``min_member`` > 1) hit anywhere loses all its pods: the survivors
+could not make progress without the lost member.
+"""
+
+from __future__ import annotations
+
+from agent.contract import EvictionAction
+from scheduler.engine.state import Cluster, JobState, TaskState
+from scheduler.engine.statement import Statement
+from scheduler.engine.victims import evictable
+
+
+def run(cluster: Cluster) -> None:
+    stmt = Statement(cluster)
+    hit: dict[int, tuple[TaskState, str]] = {}
+    jobs: dict[int, JobState] = {}
+    for node in cluster.nodes.values():
+        if node.node_fatal is not None:
+            why = f"node {node.name}: {node.node_fatal}"
+            for task in node.tasks:
+                if evictable(task):
+                    hit[id(task)] = (task, why)
+                    jobs.setdefault(id(task.job), task.job)
+            continue
+        if all(node.gpu_ok):
+            continue
+        for task in node.tasks:
+            if not evictable(task):
+                continue
+            for p in task.gpu_pos:
+                if not node.gpu_ok[p]:
+                    why = f"GPU {node.gpu_index[p]} on node {node.name}: {node.gpu_bad_reason[p]}"
+                    hit[id(task)] = (task, why)
+                    jobs.setdefault(id(task.job), task.job)
+                    break
+    for job in sorted(jobs.values(), key=lambda j: j.key):
+        first = next(why for t, why in hit.values() if t.job is job)
+        for task in job.tasks:
+            if not evictable(task):
+                continue
+            if id(task) in hit:
+                stmt.evict(task, EvictionAction.HEALTH_EVICTION, hit[id(task)][1], None)
+            elif job.spec.min_member > 1:
+                stmt.evict(task, EvictionAction.HEALTH_EVICTION, f"gang member lost to a fault ({first})", None)
+    stmt.commit()

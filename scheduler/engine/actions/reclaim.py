@@ -1,0 +1,127 @@
+"""Reclaim: a queue below its fair share takes back what others borrowed.
+
+Over-quota allocation lends idle resources to queues that want more; when
+the lender comes back for them, reclaim evicts preemptible work of queues
+that hold more than their fair share. Two rules keep it fair:
+
+- the reclaiming queue (and each of its ancestors not shared with the
+  victim) must stay within its fair share after taking the job;
+- a victim's queue (and each of its ancestors not shared with the
+  reclaimer) must stay at or above its own fair share after the eviction.
+
+Both are checked on the *contested* resource: GPUs for a job that asks for
+GPUs, otherwise CPU and memory, so a GPU job does not fail to reclaim
+because its queue happens to be above its share of CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.contract import EvictionAction
+from scheduler.engine.resources import CPU, GPU, MEMORY
+from scheduler.engine.state import Cluster, JobState, QueueState
+from scheduler.engine.statement import Statement
+from scheduler.engine.victims import (
+    MAX_BENEFICIARIES,
+    FailureMemo,
+    beneficiaries,
+    evictable,
+    make_room,
+    memo_key,
+    running_jobs,
+    victim_order,
+)
+
+
+def _gang_request(job: JobState) -> list[int]:
+    pending = job.pending_tasks()
+    required = pending[: max(1, job.spec.min_member - job.held)]
+    return [sum(t.milli for t in required), sum(t.cpu for t in required), sum(t.mem for t in required)]
+
+
+def _contested(need: list[int]) -> tuple[int, ...]:
+    if need[GPU] > 0:
+        return (GPU,)
+    return tuple(r for r in (CPU, MEMORY) if need[r] > 0)
+
+
+def _held(job: JobState) -> list[int]:
+    held = [0, 0, 0]
+    for t in job.tasks:
+        if evictable(t):
+            held[0] += t.milli
+            held[1] += t.cpu
+            held[2] += t.mem
+    return held
+
+
+def _above_share(queue: QueueState, resources: tuple[int, ...]) -> bool:
+    return any(q.alloc[r] > q.share[r] for q in queue.path for r in resources)
+
+
+@dataclass(slots=True)
+class _Fairness:
+    """May this victim go? Both queues must stay on their side of fair share."""
+
+    reclaimer: QueueState
+    need: list[int]
+    contested: tuple[int, ...]
+
+    def allows(self, victim: JobState) -> bool:
+        assert victim.queue is not None
+        contested = self.contested
+        theirs = {id(q) for q in victim.queue.path}
+        mine = {id(q) for q in self.reclaimer.path}
+        for q in self.reclaimer.path:
+            if id(q) not in theirs and any(q.alloc[r] + self.need[r] > q.share[r] for r in contested):
+                return False
+        held = _held(victim)
+        for q in victim.queue.path:
+            if id(q) not in mine and any(q.alloc[r] - held[r] < q.share[r] for r in contested):
+                return False
+        return True
+
+
+def run(cluster: Cluster) -> None:
+    memo = FailureMemo()
+    tried = 0
+    running = sorted((j for j in running_jobs(cluster) if j.preemptible and j.queue is not None), key=victim_order)
+    for job in beneficiaries(cluster):
+        if tried >= MAX_BENEFICIARIES:
+            break
+        queue = job.queue
+        assert queue is not None
+        need = _gang_request(job)
+        contested = _contested(need)
+        if not contested or any(queue.alloc[r] + need[r] > queue.share[r] for r in contested):
+            continue
+        candidates = {
+            id(v): rank
+            for rank, v in enumerate(running)
+            if v.pool is job.pool and v.queue is not queue and v.queue is not None and _above_share(v.queue, contested)
+        }
+        if not candidates:
+            continue
+        key = memo_key(job)
+        if memo.known_failure(cluster, key):
+            continue
+        tried += 1
+        admissible = _Fairness(queue, need, contested)
+        stmt = Statement(cluster)
+        reason = f"queue {queue.name} reclaims its fair share for {job.key}"
+        if make_room(
+            cluster,
+            stmt,
+            job,
+            candidates=candidates,
+            admissible=admissible.allows,
+            action=EvictionAction.RECLAIM,
+            reason=reason,
+        ):
+            stmt.commit()
+            job.reasons = []
+            running = [v for v in running if any(evictable(t) for t in v.tasks)]
+        else:
+            stmt.rollback()
+            memo.remember(cluster, key)

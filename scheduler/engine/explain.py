@@ -1,0 +1,127 @@
+"""Why a job is still pending, in words a person can act on.
+
+Allocate and the limit checks record a specific reason when they refuse a
+job (which queue, which limit, by how much). When the refusal was "no room",
+the reason is worked out here, once, against the final state of the
+session: which nodes of the pool were excluded and why (cordoned, faulty
+hardware, taints, node selector, MIG), and of the rest what each lacked
+(free GPUs, GPU memory for the slice, CPU, memory), plus how far the pool as
+a whole is from holding the gang. The analysis is cached per pod shape, so
+a thousand identical pending pods cost one analysis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from agent.contract import UnschedulableReason
+from scheduler.engine.model import PendingReason
+from scheduler.engine.placement import fit_on_node, static_exclusion
+from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
+from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
+
+
+def _summary(counts: Counter[str]) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _shortfall(node: NodeState, task: TaskState) -> str:
+    gpu = task.gpu
+    if gpu.is_slice:
+        need = gpu.slice_on(node.gpu_mem[0]) if node.gpu_mem else 0
+        usable = sum(
+            1
+            for p in range(len(node.gpu_ok))
+            if node.gpu_ok[p] and not node.gpu_whole[p] and node.gpu_free[p] >= gpu.slice_on(node.gpu_mem[p])
+        )
+        if usable < gpu.devices:
+            return f"fewer than {gpu.devices} GPU(s) with {need} MiB free"
+    elif node.free_whole < gpu.whole:
+        return f"fewer than {gpu.whole} free GPUs"
+    if node.free_cpu < task.cpu:
+        return "not enough free CPU"
+    if node.free_mem < task.mem:
+        return "not enough free memory"
+    return "room taken by other pods placed this cycle"
+
+
+def _describe_pod(task: TaskState) -> str:
+    gpu = task.gpu
+    parts: list[str] = []
+    if gpu.whole:
+        parts.append(format_amount(GPU, gpu.whole * 1000))
+    elif gpu.fraction is not None:
+        parts.append(f"{gpu.fraction:g} of a GPU on {gpu.devices} device(s)")
+    elif gpu.memory_mib is not None:
+        parts.append(f"{gpu.memory_mib} MiB of GPU memory on {gpu.devices} device(s)")
+    if task.cpu:
+        parts.append(format_amount(CPU, task.cpu))
+    if task.mem:
+        parts.append(format_amount(MEMORY, task.mem))
+    return ", ".join(parts) or "no resources"
+
+
+def _analyse(cluster: Cluster, pool: PoolState, job: JobState, task: TaskState, count: int) -> PendingReason:
+    if not pool.nodes:
+        return PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"node pool {pool.name} has no nodes")
+    excluded: Counter[str] = Counter()
+    short: Counter[str] = Counter()
+    eligible = 0
+    free_gpus = 0
+    for node in pool.nodes:
+        why = static_exclusion(node, task)
+        if why is not None:
+            excluded[why] += 1
+            continue
+        eligible += 1
+        free_gpus += node.free_whole
+        if fit_on_node(node, task) is None:
+            short[_shortfall(node, task)] += 1
+    pod = f"each pod needs {_describe_pod(task)} on one node"
+    if eligible == 0:
+        return PendingReason(
+            UnschedulableReason.NO_ELIGIBLE_NODES,
+            f"{pod}, but none of the {len(pool.nodes)} nodes of pool {pool.name} can take it: {_summary(excluded)}",
+        )
+    fitting = eligible - sum(short.values())
+    text = f"{pod}; {fitting} of {eligible} eligible nodes of pool {pool.name} have room"
+    if short:
+        text += f" ({_summary(short)})"
+    if excluded:
+        text += f"; {sum(excluded.values())} nodes excluded ({_summary(excluded)})"
+    if task.gpu.whole and count > 1:
+        need = task.gpu.whole * count
+        text += f"; the gang needs {need} GPUs for {count} pods, eligible nodes have {free_gpus} free"
+        if need > free_gpus:
+            text += f" (short by {need - free_gpus})"
+    return PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, text)
+
+
+def reasons(cluster: Cluster, job: JobState) -> list[PendingReason]:
+    if job.error is not None:
+        return [job.error]
+    specific = [r for r in job.reasons if r.code is not UnschedulableReason.INSUFFICIENT_RESOURCES]
+    if specific:
+        return specific
+    pending = job.pending_tasks()
+    pool = job.pool
+    if not pending or pool is None:
+        return list(job.reasons)
+    if job.held >= job.spec.min_member and not job.reasons:
+        gang = job.spec.min_member
+        return [
+            PendingReason(
+                UnschedulableReason.INSUFFICIENT_RESOURCES,
+                f"gang of {gang} is running; {len(pending)} more pods wait for room "
+                f"({format_vector([t.milli for t in pending[:1]] + [pending[0].cpu, pending[0].mem])} each)",
+            )
+        ]
+    task = job.unplaced or pending[0]
+    count = max(1, job.spec.min_member - job.held)
+    cache = cluster.explain_cache
+    key = (pool.name, task.shape, count)
+    found = cache.get(key)
+    if found is None:
+        found = _analyse(cluster, pool, job, task, count)
+        cache[key] = found
+    return [found]

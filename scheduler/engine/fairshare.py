@@ -1,0 +1,347 @@
+"""The queue tree and its fair share, per node pool and per resource.
+
+Fair share is computed top-down: a pool's healthy capacity is divided among
+its top-level queues, each queue's share among its children, and so on to the
+leaves. At every level the division is the same two-phase rule:
+
+1. **Quota.** Each child gets its *deserved* amount: ``min(quota, request,
+   limit)`` (a quota of -1 deserves all it requests). If the parent's share
+   cannot cover every deserved amount (capacity lost to faults), higher
+   priority children are covered first and the last tier that only partly
+   fits is divided in proportion to what each deserves.
+2. **Over quota.** What is left goes to children that still want more, one
+   priority tier at a time (highest first), in proportion to
+   ``overQuotaWeight`` and capped at what each can take, repeating until the
+   remainder is gone or nobody can take more. A weight of 0 means "never over
+   quota".
+
+Amounts are handed out in whole units (one GPU, one core, one GiB; see
+``resources.WHOLE_UNIT``): each round gives every child the whole units its
+weight earns, then the units left over one by one by largest fractional
+claim (ties by queue name), and a final sub-unit remainder to the first child
+in that order. So the result is deterministic, and when the children can
+absorb the parent's share they receive exactly all of it.
+
+"What a child can take" is its absorbable demand: for a leaf
+``min(request, limit)``; for an inner queue ``min(limit, sum over children of
+what each can take at this weight)``, where a child with weight 0 can take
+only what it deserves. Counting it this way is what makes siblings' shares
+sum to their parent's whenever there is demand for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from scheduler.engine.model import UNLIMITED, Queue
+from scheduler.engine.resources import RESOURCES, WHOLE_UNIT
+
+Vector = tuple[int, int, int]
+ZERO: Vector = (0, 0, 0)
+
+
+@dataclass(slots=True, eq=False)
+class TreeQueue:
+    """A queue placed in its tree: parent, children (sorted by name), depth."""
+
+    spec: Queue
+    parent: TreeQueue | None = None
+    children: list[TreeQueue] = field(default_factory=list)
+    depth: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def path(self) -> list[TreeQueue]:
+        """Ancestors from the top-level queue down to this one (inclusive)."""
+        chain: list[TreeQueue] = []
+        node: TreeQueue | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        return chain
+
+
+@dataclass(slots=True)
+class QueueTree:
+    """Every valid queue, the top-level queues of each pool, and what was wrong.
+
+    ``errors`` maps a queue name to why it cannot be used (unknown parent, a
+    cycle, a parent in another pool); such a queue and its descendants are
+    left out of the tree and jobs naming them stay pending with that reason.
+    """
+
+    queues: dict[str, TreeQueue]
+    roots: dict[str, list[TreeQueue]]
+    errors: dict[str, str]
+
+
+def build_tree(queues: Sequence[Queue]) -> QueueTree:
+    specs: dict[str, Queue] = {}
+    errors: dict[str, str] = {}
+    for q in queues:
+        if q.name in specs:
+            errors[q.name] = f"queue {q.name} is defined twice"
+        specs[q.name] = q
+    # Resolve each queue's chain of ancestors; anything that does not end at
+    # a top-level queue of the same pool is unusable.
+    for name in sorted(specs):
+        if name in errors:
+            continue
+        seen = [name]
+        cur = specs[name]
+        while cur.parent is not None:
+            if cur.parent not in specs:
+                errors[name] = f"queue {name}: parent queue {cur.parent} does not exist"
+                break
+            if cur.parent in seen:
+                errors[name] = f"queue {name}: parent chain loops ({' -> '.join([*seen, cur.parent])})"
+                break
+            parent = specs[cur.parent]
+            if parent.node_pool != cur.node_pool:
+                errors[name] = (
+                    f"queue {name}: queue {cur.name} is in node pool {cur.node_pool} "
+                    f"but its parent {parent.name} is in {parent.node_pool}"
+                )
+                break
+            if parent.name in errors:
+                errors[name] = f"queue {name}: ancestor {parent.name} is unusable ({errors[parent.name]})"
+                break
+            seen.append(parent.name)
+            cur = parent
+    nodes = {name: TreeQueue(spec) for name, spec in specs.items() if name not in errors}
+    roots: dict[str, list[TreeQueue]] = {}
+    for name in sorted(nodes):
+        node = nodes[name]
+        if node.spec.parent is None:
+            roots.setdefault(node.spec.node_pool, []).append(node)
+        else:
+            parent_node = nodes[node.spec.parent]
+            node.parent = parent_node
+            parent_node.children.append(node)
+
+    def set_depth(node: TreeQueue, depth: int) -> None:
+        node.depth = depth
+        for child in node.children:
+            set_depth(child, depth + 1)
+
+    for pool_roots in roots.values():
+        for root in pool_roots:
+            set_depth(root, 0)
+    return QueueTree(nodes, roots, errors)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRow:
+    """One queue's line of the share table (engine units)."""
+
+    queue: str
+    pool: str
+    depth: int
+    quota: Vector
+    limit: Vector
+    weight: tuple[float, float, float]
+    request: Vector
+    fair_share: Vector
+
+
+def _apportion(
+    amount: int,
+    *,
+    members: list[int],
+    weights: list[Fraction],
+    caps: list[int],
+    names: list[str],
+    unit: int,
+) -> list[int]:
+    """Give up to ``amount`` to ``members`` by weight, capped, in whole units."""
+    grants = [0] * len(caps)
+    remaining = amount
+    active = [i for i in members if caps[i] > 0 and weights[i] > 0]
+    while remaining > 0 and active:
+        total_weight = sum(weights[i] for i in active)
+        units = remaining // unit
+        given = 0
+        if units > 0:
+            exact = [units * weights[i] / total_weight for i in active]
+            floors = [int(e) for e in exact]
+            for i, whole in zip(active, floors, strict=True):
+                g = min(whole * unit, caps[i] - grants[i])
+                grants[i] += g
+                given += g
+            left_units = units - sum(floors)
+            order = sorted(range(len(active)), key=lambda j: (floors[j] - exact[j], names[active[j]]))
+            for j in order:
+                if left_units <= 0:
+                    break
+                i = active[j]
+                g = min(unit, caps[i] - grants[i])
+                if g > 0:
+                    grants[i] += g
+                    given += g
+                    left_units -= 1
+        else:
+            for i in sorted(active, key=lambda i: (-weights[i], names[i])):
+                g = min(remaining, caps[i] - grants[i])
+                if g > 0:
+                    grants[i] += g
+                    given += g
+                    break
+        if given == 0:
+            break
+        remaining -= given
+        active = [i for i in active if grants[i] < caps[i]]
+    return grants
+
+
+def _bounded(value: int, bound: int) -> int:
+    return value if bound == UNLIMITED else min(value, bound)
+
+
+def divide(
+    total: int,
+    children: Sequence[Queue],
+    absorbable: Sequence[int],
+    resource: int,
+) -> list[int]:
+    """Divide ``total`` of one resource among sibling queues (the two phases).
+
+    ``absorbable[i]`` is what child ``i`` can take in all (its capped demand).
+    """
+    n = len(children)
+    names = [c.name for c in children]
+    unit = WHOLE_UNIT[resource]
+    settings = [c.resources[resource] for c in children]
+    deserved = [
+        absorbable[i] if settings[i].quota == UNLIMITED else min(settings[i].quota, absorbable[i]) for i in range(n)
+    ]
+    tiers = sorted({c.priority for c in children}, reverse=True)
+    grants = [0] * n
+    remaining = total
+    # Phase 1: quotas, whole tiers while they fit, then a proportional cut.
+    for tier in tiers:
+        members = [i for i in range(n) if children[i].priority == tier]
+        need = sum(deserved[i] for i in members)
+        if need <= remaining:
+            for i in members:
+                grants[i] = deserved[i]
+            remaining -= need
+            continue
+        part = _apportion(
+            remaining, members=members, weights=[Fraction(d) for d in deserved], caps=deserved, names=names, unit=unit
+        )
+        for i in members:
+            grants[i] = part[i]
+        remaining = 0
+        break
+    # Phase 2: over quota, tier by tier, by weight.
+    for tier in tiers:
+        if remaining <= 0:
+            break
+        members = [i for i in range(n) if children[i].priority == tier]
+        caps = [absorbable[i] - grants[i] for i in range(n)]
+        weights = [Fraction(s.over_quota_weight) for s in settings]
+        extra = _apportion(remaining, members=members, weights=weights, caps=caps, names=names, unit=unit)
+        for i in members:
+            grants[i] += extra[i]
+            remaining -= extra[i]
+    return grants
+
+
+def _absorbable(node: TreeQueue, demand: Mapping[str, Sequence[int]], out: dict[str, list[int]]) -> list[int]:
+    """Fill ``out`` with each queue's absorbable demand, bottom-up."""
+    limits = [node.spec.resources[r].limit for r in RESOURCES]
+    if node.is_leaf:
+        raw = demand.get(node.name, ZERO)
+        value = [_bounded(raw[r], limits[r]) for r in RESOURCES]
+    else:
+        value = [0, 0, 0]
+        for child in node.children:
+            child_value = _absorbable(child, demand, out)
+            for r in RESOURCES:
+                setting = child.spec.resources[r]
+                if setting.over_quota_weight > 0 or setting.quota == UNLIMITED:
+                    value[r] += child_value[r]
+                else:
+                    value[r] += min(setting.quota, child_value[r])
+        value = [_bounded(value[r], limits[r]) for r in RESOURCES]
+    out[node.name] = value
+    return value
+
+
+def _request(node: TreeQueue, demand: Mapping[str, Sequence[int]], out: dict[str, Vector]) -> Vector:
+    if node.is_leaf:
+        raw = demand.get(node.name, ZERO)
+        value: Vector = (raw[0], raw[1], raw[2])
+    else:
+        sums = [0, 0, 0]
+        for child in node.children:
+            child_value = _request(child, demand, out)
+            for r in RESOURCES:
+                sums[r] += child_value[r]
+        value = (sums[0], sums[1], sums[2])
+    out[node.name] = value
+    return value
+
+
+def fair_shares(
+    tree: QueueTree,
+    capacity: Mapping[str, Sequence[int]],
+    demand: Mapping[str, Sequence[int]],
+) -> dict[str, ShareRow]:
+    """Every queue's share row; ``capacity`` per pool, ``demand`` per leaf queue."""
+    rows: dict[str, ShareRow] = {}
+    for pool in sorted(tree.roots):
+        roots = tree.roots[pool]
+        absorb: dict[str, list[int]] = {}
+        requests: dict[str, Vector] = {}
+        for root in roots:
+            _absorbable(root, demand, absorb)
+            _request(root, demand, requests)
+        shares: dict[str, list[int]] = {}
+        _descend(capacity.get(pool, ZERO), roots, absorb, shares)
+        for root in roots:
+            _emit(root, pool, shares, requests, rows)
+    return rows
+
+
+def _descend(
+    total: Sequence[int], siblings: list[TreeQueue], absorb: dict[str, list[int]], shares: dict[str, list[int]]
+) -> None:
+    specs = [s.spec for s in siblings]
+    per_resource = [divide(total[r], specs, [absorb[s.name][r] for s in siblings], r) for r in RESOURCES]
+    for i, sibling in enumerate(siblings):
+        shares[sibling.name] = [per_resource[r][i] for r in RESOURCES]
+        if sibling.children:
+            _descend(shares[sibling.name], sibling.children, absorb, shares)
+
+
+def _emit(
+    node: TreeQueue,
+    pool: str,
+    shares: dict[str, list[int]],
+    requests: dict[str, Vector],
+    rows: dict[str, ShareRow],
+) -> None:
+    spec = node.spec
+    share = shares[node.name]
+    rows[node.name] = ShareRow(
+        queue=node.name,
+        pool=pool,
+        depth=node.depth,
+        quota=(spec.gpu.quota, spec.cpu.quota, spec.memory.quota),
+        limit=(spec.gpu.limit, spec.cpu.limit, spec.memory.limit),
+        weight=(spec.gpu.over_quota_weight, spec.cpu.over_quota_weight, spec.memory.over_quota_weight),
+        request=requests[node.name],
+        fair_share=(share[0], share[1], share[2]),
+    )
+    for child in node.children:
+        _emit(child, pool, shares, requests, rows)

@@ -1,0 +1,320 @@
+"""The engine's input (Snapshot) and output (Decisions), as plain immutable data.
+
+The Kubernetes side turns watched objects into a :class:`Snapshot` and turns
+:class:`Decisions` into API calls; the engine in between sees nothing else.
+Keeping both ends frozen dataclasses lets a test or a benchmark write a
+cluster by hand, and lets the engine trust that nobody changes its input while
+a session runs.
+
+Units, everywhere in the engine:
+
+- GPU: milli-GPUs (1000 = one whole GPU) when counting quota, limits and fair
+  share; GPU memory in MiB per device.
+- CPU: millicores.
+- Memory: MiB.
+
+Times are seconds since the epoch (floats), so a snapshot file can say
+``created: 1700000000`` and the engine never deals with time zones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from agent.contract import DEFAULT_NODE_POOL, Action, EvictionAction, UnschedulableReason
+
+# Jobs at or above this priority are non-preemptible unless they say
+# otherwise; KAI's "build" priority class (100) sits here too.
+NON_PREEMPTIBLE_PRIORITY = 100
+
+UNLIMITED = -1
+
+
+class TaskStatus(StrEnum):
+    """Where a pod is in its life, as far as placement cares.
+
+    ``RELEASING`` pods (terminating) still hold their resources but can be
+    neither placed nor evicted again.
+    """
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RELEASING = "Releasing"
+
+
+class PlacementStrategy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration with Kubernetes semantics (empty key + Exists = all)."""
+
+    key: str = ""
+    operator: str = "Equal"  # "Equal" or "Exists"
+    value: str = ""
+    effect: str = ""  # empty matches every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    """One of the agent's NodeConditions, already read off the Node.
+
+    ``action`` is the recommended action the agent wrote in the message and
+    ``gpu_indices`` the GPUs the message names (empty when it names none, or
+    names the node as a whole); the Kubernetes side parses both once so the
+    engine never reads free text.
+    """
+
+    type: str
+    status: bool
+    reason: str = ""
+    message: str = ""
+    action: Action = Action.NONE
+    gpu_indices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str = ""
+    memory_mib: int = 81920
+    healthy: bool = True
+    mig_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the engine sees it.
+
+    ``schedulable`` is False when cordoned; ``draining`` is set while
+    remediation drains the node (its pods are evicted by health eviction).
+    """
+
+    name: str
+    pool: str = DEFAULT_NODE_POOL
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    schedulable: bool = True
+    conditions: tuple[NodeCondition, ...] = ()
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueResource:
+    """Quota (deserved), limit and over-quota weight for one resource.
+
+    ``quota`` and ``limit`` are in engine units (see the module docstring);
+    ``UNLIMITED`` (-1) means no bound.
+    """
+
+    quota: int = 0
+    limit: int = UNLIMITED
+    over_quota_weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A node of the queue tree; only leaves (queues nobody names as parent) take jobs."""
+
+    name: str
+    parent: str | None = None
+    priority: int = 0
+    node_pool: str = DEFAULT_NODE_POOL
+    gpu: QueueResource = QueueResource()
+    cpu: QueueResource = QueueResource()
+    memory: QueueResource = QueueResource()
+
+    @property
+    def resources(self) -> tuple[QueueResource, QueueResource, QueueResource]:
+        """In the engine's resource order: GPU, CPU, memory."""
+        return (self.gpu, self.cpu, self.memory)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A pod.
+
+    Whole GPUs come from ``gpus`` (the ``nvidia.com/gpu`` request); a GPU
+    slice comes from the pod's annotations (fraction or MiB, optionally on N
+    devices), parsed by the engine so that a malformed value becomes a reason
+    on the job instead of a crash. Running pods carry their node and the GPU
+    indices they hold.
+    """
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    status: TaskStatus = TaskStatus.PENDING
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    node: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A pod group: its tasks are placed together (at least ``min_member``).
+
+    ``preemptible`` None means "infer from priority". ``below_min_member_since``
+    is when the Kubernetes side first saw the running gang below
+    ``min_member`` (None while it is whole); stale-gang eviction compares it
+    with the snapshot time.
+    """
+
+    name: str
+    queue: str
+    namespace: str = "default"
+    uid: str = ""
+    priority: int = 0
+    preemptible: bool | None = None
+    min_member: int = 1
+    created: float = 0.0
+    tasks: tuple[Task, ...] = ()
+    below_min_member_since: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def is_preemptible(self) -> bool:
+        if self.preemptible is not None:
+            return self.preemptible
+        return self.priority < NON_PREEMPTIBLE_PRIORITY
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Settings of one scheduler; per-pool placement strategy."""
+
+    default_strategy: PlacementStrategy = PlacementStrategy.BINPACK
+    pool_strategies: Mapping[str, PlacementStrategy] = field(default_factory=dict)
+    stale_gang_grace_s: float = 60.0
+
+    def strategy(self, pool: str) -> PlacementStrategy:
+        return self.pool_strategies.get(pool, self.default_strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[Node, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    jobs: tuple[Job, ...] = ()
+    now: float = 0.0
+    config: SchedulerConfig = SchedulerConfig()
+
+
+# --------------------------------------------------------------------------
+# Decisions
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A resource vector in engine units (milli-GPU, millicores, MiB)."""
+
+    gpu: int = 0
+    cpu: int = 0
+    memory: int = 0
+
+    @classmethod
+    def of(cls, values: list[int] | tuple[int, ...]) -> Resources:
+        return cls(values[0], values[1], values[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Bind one pod to a node and to GPUs on it.
+
+    ``gpu_memory_mib`` is the slice per GPU for fractional pods (None for
+    whole GPUs or none). ``pipelined`` binds wait for evictions decided in the
+    same session on that node to finish before they are executed.
+    """
+
+    job: str
+    namespace: str
+    pod: str
+    uid: str
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_memory_mib: tuple[int, ...] | None = None
+    pipelined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Evict one pod; ``beneficiary`` is the job the room is made for, if any."""
+
+    job: str
+    namespace: str
+    pod: str
+    uid: str
+    node: str
+    action: EvictionAction
+    reason: str
+    beneficiary: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    code: UnschedulableReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Why a job is still (wholly or partly) pending after the session."""
+
+    job: str
+    queue: str
+    reasons: tuple[PendingReason, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueShare:
+    """A queue's fair share and what it holds, for the Queue status."""
+
+    queue: str
+    pool: str
+    fair_share: Resources
+    allocated: Resources
+    request: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    binds: tuple[Bind, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    pending: tuple[JobStatus, ...] = ()
+    queue_shares: tuple[QueueShare, ...] = ()

@@ -1,0 +1,342 @@
+"""One scheduling cycle: Snapshot in, Decisions out.
+
+A session builds the working state from the snapshot (pools, node health,
+queue tree, jobs; running pods charged to their nodes and queues), computes
+fair share, runs the actions in their fixed order and turns what they
+committed into decisions. Bad input never stops the cycle: a pod with a
+malformed GPU annotation, a job naming an unknown queue, a running pod on a
+node that does not exist are logged and reported on the job, and everything
+else is scheduled as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent.contract import UnschedulableReason
+from agent.logconfig import get_logger
+from scheduler.engine import explain
+from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
+from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
+from scheduler.engine.health import judge
+from scheduler.engine.model import (
+    Bind,
+    Decisions,
+    Eviction,
+    JobStatus,
+    PendingReason,
+    QueueShare,
+    Resources,
+    Snapshot,
+    TaskStatus,
+)
+from scheduler.engine.placement import shape_of
+from scheduler.engine.resources import GpuRequest, parse_gpu_request
+from scheduler.engine.state import (
+    TIER_DEGRADED,
+    TIER_HEALTHY,
+    Cluster,
+    JobState,
+    NodeState,
+    PoolState,
+    QueueState,
+    TaskState,
+    milli_of,
+)
+
+log = get_logger(__name__)
+
+Action = Callable[[Cluster], None]
+
+# The fixed order of a session (issue: health eviction first, stale gangs last).
+ACTIONS: tuple[tuple[str, Action], ...] = (
+    ("health_evict", health_evict.run),
+    ("allocate", allocate.run),
+    ("consolidate", consolidate.run),
+    ("reclaim", reclaim.run),
+    ("preempt", preempt.run),
+    ("stale_gangs", stale_gangs.run),
+)
+
+
+def run_session(snapshot: Snapshot) -> Decisions:
+    cluster = build_cluster(snapshot)
+    for _name, action in ACTIONS:
+        action(cluster)
+    return decisions(cluster)
+
+
+# --------------------------------------------------------------------------
+# Snapshot -> working state
+# --------------------------------------------------------------------------
+
+
+def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, NodeState]]:
+    config = snapshot.config
+    pools: dict[str, PoolState] = {}
+    nodes: dict[str, NodeState] = {}
+    for spec in sorted(snapshot.nodes, key=lambda n: n.name):
+        if spec.name in nodes:
+            log.warning("duplicate node in snapshot; keeping the first", node=spec.name)
+            continue
+        pool = pools.get(spec.pool)
+        if pool is None:
+            pool = PoolState(spec.pool, config.strategy(spec.pool))
+            pools[spec.pool] = pool
+        verdict = judge(spec)
+        if verdict.node_fatal is not None:
+            excluded: str | None = verdict.node_fatal
+        elif not spec.schedulable:
+            excluded = "cordoned"
+        else:
+            excluded = None
+        gpu_index = [g.index for g in spec.gpus]
+        gpu_mem = [g.memory_mib for g in spec.gpus]
+        bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
+        gpu_ok = [r is None for r in bad_reason]
+        node = NodeState(
+            spec=spec,
+            pool=pool,
+            pidx=len(pool.nodes),
+            free_cpu=spec.cpu_milli,
+            free_mem=spec.memory_mib,
+            gpu_index=gpu_index,
+            gpu_mem=gpu_mem,
+            gpu_free=list(gpu_mem),
+            gpu_whole=[0] * len(gpu_mem),
+            gpu_slices=[0] * len(gpu_mem),
+            gpu_ok=gpu_ok,
+            gpu_bad_reason=bad_reason,
+            free_whole=sum(gpu_ok),
+            mig=any(g.mig_enabled for g in spec.gpus),
+            accepts=excluded is None,
+            excluded=excluded,
+            node_fatal=verdict.node_fatal,
+            degraded=verdict.degraded,
+            tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
+        )
+        pool.nodes.append(node)
+        nodes[spec.name] = node
+        if spec.gpus:
+            pool.reference_gpu_mem = max(pool.reference_gpu_mem, *gpu_mem)
+            low = min(gpu_mem)
+            pool.min_gpu_mem = low if pool.min_gpu_mem == 0 else min(pool.min_gpu_mem, low)
+            pool.max_gpus = max(pool.max_gpus, len(gpu_mem))
+        if node.accepts:
+            cap = pool.capacity
+            cap[0] += 1000 * node.free_whole
+            cap[1] += spec.cpu_milli
+            cap[2] += spec.memory_mib
+    return pools, nodes
+
+
+def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict[str, QueueState], dict[str, str]]:
+    tree = build_tree(snapshot.queues)
+    for name, problem in sorted(tree.errors.items()):
+        log.warning("queue unusable", queue=name, problem=problem)
+    states: dict[str, QueueState] = {}
+
+    def add(node: TreeQueue, parent: QueueState | None) -> None:
+        spec = node.spec
+        state = QueueState(
+            tree=node,
+            pool=spec.node_pool,
+            parent=parent,
+            quota=[s.quota for s in spec.resources],
+            limit=[s.limit for s in spec.resources],
+        )
+        state.path = [*parent.path, state] if parent is not None else [state]
+        states[spec.name] = state
+        for child in node.children:
+            add(child, state)
+
+    for pool_name in sorted(tree.roots):
+        if pool_name not in pools:
+            pools[pool_name] = PoolState(pool_name, snapshot.config.strategy(pool_name))
+        for root in tree.roots[pool_name]:
+            add(root, None)
+    return states, tree.errors
+
+
+def build_cluster(snapshot: Snapshot) -> Cluster:
+    pools, nodes = _build_pools(snapshot)
+    queues, queue_errors = _build_queues(snapshot, pools)
+    cluster = Cluster(
+        pools=pools,
+        nodes=nodes,
+        queues=queues,
+        jobs=[],
+        now=snapshot.now,
+        stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
+    )
+    parsed: dict[tuple[int, tuple[tuple[str, str], ...]], GpuRequest | str] = {}
+    demand: dict[str, list[int]] = {}
+    take = cluster.take
+    for spec in sorted(snapshot.jobs, key=lambda j: j.key):
+        queue = queues.get(spec.queue)
+        error: PendingReason | None = None
+        if queue is None:
+            why = queue_errors.get(spec.queue, f"queue {spec.queue} does not exist")
+            error = PendingReason(UnschedulableReason.UNKNOWN_QUEUE, why)
+        elif not queue.tree.is_leaf:
+            error = PendingReason(
+                UnschedulableReason.NOT_LEAF_QUEUE, f"queue {spec.queue} has child queues; only leaf queues take jobs"
+            )
+            queue = None
+        pool = pools[queue.pool] if queue is not None else None
+        job = JobState(spec=spec, key=spec.key, queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error)
+        if queue is not None:
+            queue.jobs.append(job)
+        cluster.jobs.append(job)
+        want = demand.setdefault(queue.name, [0, 0, 0]) if queue is not None else None
+        for tspec in sorted(spec.tasks, key=lambda t: t.name):
+            request: GpuRequest | str
+            if not tspec.annotations:
+                request = GpuRequest(whole=tspec.gpus) if tspec.gpus > 0 else _NO_GPU
+                if tspec.gpus < 0:
+                    request = parse_gpu_request(tspec.gpus, tspec.annotations)
+            else:
+                akey = (tspec.gpus, tuple(sorted(tspec.annotations.items())))
+                cached = parsed.get(akey)
+                if cached is None:
+                    cached = parse_gpu_request(tspec.gpus, tspec.annotations)
+                    parsed[akey] = cached
+                request = cached
+            if isinstance(request, str):
+                log.warning("invalid GPU request", job=spec.key, pod=tspec.name, problem=request)
+                if job.error is None:
+                    job.error = PendingReason(UnschedulableReason.INVALID_REQUEST, f"pod {tspec.name}: {request}")
+                request = _NO_GPU
+            running = tspec.status is not TaskStatus.PENDING
+            task = TaskState(
+                spec=tspec,
+                job=job,
+                gpu=request,
+                cpu=tspec.cpu_milli,
+                mem=tspec.memory_mib,
+                milli=milli_of(request, pool),
+                was_running=running,
+                releasing=tspec.status is TaskStatus.RELEASING,
+            )
+            job.tasks.append(task)
+            if want is not None:
+                want[0] += task.milli
+                want[1] += task.cpu
+                want[2] += task.mem
+            if running:
+                _place_running(cluster, task, take)
+            else:
+                task.shape = shape_of(task)
+    rows = fair_shares(
+        _tree_of(queues),
+        {name: p.capacity for name, p in pools.items()},
+        demand,
+    )
+    for name, row in rows.items():
+        state = queues[name]
+        state.share = list(row.fair_share)
+        state.request = list(row.request)
+    cluster.index_all()
+    return cluster
+
+
+_NO_GPU = GpuRequest()
+
+
+def _tree_of(queues: dict[str, QueueState]) -> QueueTree:
+    roots: dict[str, list[TreeQueue]] = {}
+    for q in sorted(queues.values(), key=lambda q: q.name):
+        if q.parent is None:
+            roots.setdefault(q.pool, []).append(q.tree)
+    return QueueTree({n: q.tree for n, q in queues.items()}, roots, {})
+
+
+def _place_running(cluster: Cluster, task: TaskState, take: Callable[..., None]) -> None:
+    spec = task.spec
+    node = cluster.nodes.get(spec.node) if spec.node is not None else None
+    if node is None:
+        log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
+        return
+    positions: list[int] = []
+    for index in spec.gpu_indices:
+        p = node.position(index)
+        if p is None:
+            log.warning("running pod holds a GPU the node does not list", pod=spec.name, node=node.name, gpu=index)
+            continue
+        positions.append(p)
+    if task.gpu.is_slice:
+        slices = tuple(task.gpu.slice_on(node.gpu_mem[p]) for p in positions)
+        take(task, node, tuple(positions), slices)
+    else:
+        take(task, node, tuple(positions), ())
+
+
+# --------------------------------------------------------------------------
+# Working state -> decisions
+# --------------------------------------------------------------------------
+
+
+def decisions(cluster: Cluster) -> Decisions:
+    seen: set[int] = set()
+    touched: list[TaskState] = []
+    for task in cluster.touched:
+        if id(task) not in seen:
+            seen.add(id(task))
+            touched.append(task)
+    touched.sort(key=lambda t: (t.job.key, t.spec.name))
+    binds: list[Bind] = []
+    evictions: list[Eviction] = []
+    for task in touched:
+        spec = task.spec
+        job = task.job
+        if task.was_running and task.eviction is not None:
+            action, reason, beneficiary = task.eviction
+            if task.node is not None:
+                reason = f"{reason}; room kept for it on node {task.node.name}"
+            evictions.append(
+                Eviction(
+                    job=job.key,
+                    namespace=spec.namespace,
+                    pod=spec.name,
+                    uid=spec.uid,
+                    node=spec.node or "",
+                    action=action,
+                    reason=reason,
+                    beneficiary=beneficiary,
+                )
+            )
+        elif not task.was_running and task.node is not None:
+            node = task.node
+            binds.append(
+                Bind(
+                    job=job.key,
+                    namespace=spec.namespace,
+                    pod=spec.name,
+                    uid=spec.uid,
+                    node=node.name,
+                    gpu_indices=tuple(node.gpu_index[p] for p in task.gpu_pos),
+                    gpu_memory_mib=task.slices if task.slices else None,
+                    pipelined=node.evicted_here,
+                )
+            )
+    pending: list[JobStatus] = []
+    for job in cluster.jobs:
+        if any(t.is_pending for t in job.tasks):
+            pending.append(
+                JobStatus(
+                    job=job.key,
+                    queue=job.spec.queue,
+                    reasons=tuple(explain.reasons(cluster, job)),
+                )
+            )
+    shares = [
+        QueueShare(
+            queue=q.name,
+            pool=q.pool,
+            fair_share=Resources.of(q.share),
+            allocated=Resources.of(q.alloc),
+            request=Resources.of(q.request),
+        )
+        for q in sorted(cluster.queues.values(), key=lambda q: (q.pool, q.name))
+    ]
+    return Decisions(tuple(binds), tuple(evictions), tuple(pending), tuple(shares))

@@ -1,0 +1,325 @@
+"""The session's mutable working state, built once from the Snapshot.
+
+The Snapshot is immutable; a session needs to simulate "what if this pod ran
+there, and that one were gone". This module holds that simulation: per node
+the free CPU, memory and per-GPU memory bins; per queue what it holds; per
+pod where it currently sits. Two primitives change it, :meth:`Cluster.take`
+and :meth:`Cluster.release`, and they are exact inverses, so a statement can
+undo a plan by replaying its log backwards instead of copying the cluster.
+
+Indexes kept up to date by those two primitives, so that placement does not
+scan every node for every pod:
+
+- per pool and health tier, nodes bucketed by their count of free whole GPUs;
+- per pool and health tier, nodes with partly used (sliced) GPUs bucketed by
+  the largest free memory on such a GPU;
+- per pool, the total of free whole GPUs (a gang that needs more is refused
+  without looking at a node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.contract import EvictionAction
+from scheduler.engine.fairshare import TreeQueue
+from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
+from scheduler.engine.resources import MILLI, GpuRequest
+
+# Health tiers: healthy nodes are tried before degraded ones.
+TIER_HEALTHY = 0
+TIER_DEGRADED = 1
+TIERS = (TIER_HEALTHY, TIER_DEGRADED)
+
+
+@dataclass(slots=True, eq=False)
+class NodeState:
+    spec: Node
+    pool: PoolState
+    pidx: int  # index within its pool
+    free_cpu: int
+    free_mem: int
+    gpu_index: list[int]  # device index per position
+    gpu_mem: list[int]  # MiB per position
+    gpu_free: list[int]  # free MiB per position
+    gpu_whole: list[int]  # whole-GPU holders per position (more than 1 only in bad snapshots)
+    gpu_slices: list[int]  # slice holders per position
+    gpu_ok: list[bool]  # usable: healthy and not faulted
+    gpu_bad_reason: list[str | None]
+    free_whole: int  # usable positions held by nobody
+    mig: bool
+    accepts: bool  # takes new pods at all
+    excluded: str | None  # why it takes none (for explanations)
+    node_fatal: str | None
+    degraded: tuple[str, ...]
+    tier: int
+    tasks: list[TaskState] = field(default_factory=list)
+    evicted_here: bool = False
+    bucket: int | None = None  # key in pool.whole_buckets[tier], when accepting
+    shared_key: int | None = None  # key in pool.shared_buckets[tier]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def position(self, gpu_index: int) -> int | None:
+        try:
+            return self.gpu_index.index(gpu_index)
+        except ValueError:
+            return None
+
+
+@dataclass(slots=True, eq=False)
+class PoolState:
+    name: str
+    strategy: PlacementStrategy
+    nodes: list[NodeState] = field(default_factory=list)
+    capacity: list[int] = field(default_factory=lambda: [0, 0, 0])
+    reference_gpu_mem: int = 0  # largest GPU memory in the pool
+    min_gpu_mem: int = 0
+    max_gpus: int = 0
+    granule: int = 1024  # MiB per shared bucket
+    free_whole_total: int = 0
+    whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
+    shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
+    fail_cache: dict[tuple[object, ...], int] = field(default_factory=dict)
+    eligibility: dict[tuple[object, ...], list[bool]] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class QueueState:
+    tree: TreeQueue
+    pool: str
+    parent: QueueState | None
+    quota: list[int]
+    limit: list[int]
+    path: list[QueueState] = field(default_factory=list)  # top-level .. self
+    alloc: list[int] = field(default_factory=lambda: [0, 0, 0])
+    np_alloc: list[int] = field(default_factory=lambda: [0, 0, 0])
+    share: list[int] = field(default_factory=lambda: [0, 0, 0])
+    request: list[int] = field(default_factory=lambda: [0, 0, 0])
+    jobs: list[JobState] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.tree.name
+
+    def share_ratio(self) -> float:
+        """Largest allocated/fair-share ratio over resources: below 1 is "below fair share"."""
+        worst = 0.0
+        for r in range(3):
+            a = self.alloc[r]
+            if a <= 0:
+                continue
+            s = self.share[r]
+            if s <= 0:
+                return float("inf")
+            worst = max(worst, a / s)
+        return worst
+
+
+@dataclass(slots=True, eq=False)
+class TaskState:
+    spec: Task
+    job: JobState
+    gpu: GpuRequest
+    cpu: int
+    mem: int
+    milli: int  # milli-GPUs charged to the queue
+    was_running: bool  # held resources in the snapshot
+    releasing: bool
+    node: NodeState | None = None
+    gpu_pos: tuple[int, ...] = ()
+    slices: tuple[int, ...] = ()  # MiB per position, for slice holders
+    eviction: tuple[EvictionAction, str, str | None] | None = None
+    shape: tuple[object, ...] = ()
+
+    @property
+    def is_pending(self) -> bool:
+        """Still waiting for a place (never ran, not placed this session)."""
+        return not self.was_running and self.node is None
+
+
+@dataclass(slots=True, eq=False)
+class JobState:
+    spec: Job
+    key: str
+    queue: QueueState | None
+    pool: PoolState | None
+    preemptible: bool
+    tasks: list[TaskState] = field(default_factory=list)
+    error: PendingReason | None = None
+    reasons: list[PendingReason] = field(default_factory=list)
+    unplaced: TaskState | None = None  # the task that found no node, for explanations
+
+    @property
+    def held(self) -> int:
+        """Tasks holding resources now (running, or placed this session)."""
+        return sum(1 for t in self.tasks if t.node is not None and not t.releasing)
+
+    def pending_tasks(self) -> list[TaskState]:
+        return [t for t in self.tasks if t.is_pending]
+
+    def needs_gang(self) -> bool:
+        """True while the job has pending tasks and fewer than min_member held."""
+        return self.held < self.spec.min_member and any(t.is_pending for t in self.tasks)
+
+
+@dataclass(slots=True, eq=False)
+class Cluster:
+    """All working state of one session, plus the counters actions consult."""
+
+    pools: dict[str, PoolState]
+    nodes: dict[str, NodeState]
+    queues: dict[str, QueueState]
+    jobs: list[JobState]
+    now: float
+    stale_gang_grace_s: float
+    # Bumped whenever resources are released: a cached "nothing fits" is
+    # only trusted while it is unchanged.
+    release_version: int = 0
+    # Bumped on every committed statement.
+    commit_version: int = 0
+    touched: list[TaskState] = field(default_factory=list)
+    indexed: bool = False
+    # Pending-reason analyses by pod shape, filled once the actions are done.
+    explain_cache: dict[tuple[object, ...], PendingReason] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------
+    # The two primitives
+    # ------------------------------------------------------------------
+
+    def take(self, task: TaskState, node: NodeState, positions: tuple[int, ...], slices: tuple[int, ...]) -> None:
+        """Make ``task`` hold its request on ``node`` (GPU ``positions``)."""
+        node.free_cpu -= task.cpu
+        node.free_mem -= task.mem
+        before = node.free_whole
+        if slices:
+            for p, s in zip(positions, slices, strict=True):
+                if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
+                    node.free_whole -= 1
+                node.gpu_slices[p] += 1
+                node.gpu_free[p] -= s
+        else:
+            for p in positions:
+                if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
+                    node.free_whole -= 1
+                node.gpu_whole[p] += 1
+        node.tasks.append(task)
+        task.node = node
+        task.gpu_pos = positions
+        task.slices = slices
+        self._charge(task, 1)
+        if positions and self.indexed:
+            self._reindex(node, before)
+
+    def release(self, task: TaskState) -> None:
+        """Undo :meth:`take`: ``task`` no longer holds anything."""
+        node = task.node
+        assert node is not None
+        node.free_cpu += task.cpu
+        node.free_mem += task.mem
+        before = node.free_whole
+        if task.slices:
+            for p, s in zip(task.gpu_pos, task.slices, strict=True):
+                node.gpu_slices[p] -= 1
+                node.gpu_free[p] += s
+                if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
+                    node.free_whole += 1
+        else:
+            for p in task.gpu_pos:
+                node.gpu_whole[p] -= 1
+                if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
+                    node.free_whole += 1
+        node.tasks.remove(task)
+        positions = task.gpu_pos
+        task.node = None
+        task.gpu_pos = ()
+        task.slices = ()
+        self._charge(task, -1)
+        self.release_version += 1
+        if positions and self.indexed:
+            self._reindex(node, before)
+
+    def _charge(self, task: TaskState, sign: int) -> None:
+        queue = task.job.queue
+        if queue is None:
+            return
+        gpu, cpu, mem = task.milli * sign, task.cpu * sign, task.mem * sign
+        np = not task.job.preemptible
+        for q in queue.path:
+            a = q.alloc
+            a[0] += gpu
+            a[1] += cpu
+            a[2] += mem
+            if np:
+                n = q.np_alloc
+                n[0] += gpu
+                n[1] += cpu
+                n[2] += mem
+
+    def _reindex(self, node: NodeState, free_before: int) -> None:
+        if not node.accepts:
+            return
+        pool = node.pool
+        if node.free_whole != free_before:
+            pool.free_whole_total += node.free_whole - free_before
+            buckets = pool.whole_buckets[node.tier]
+            if node.bucket is not None:
+                del buckets[node.bucket][node.pidx]
+            node.bucket = node.free_whole
+            buckets.setdefault(node.free_whole, {})[node.pidx] = node
+        if not node.mig:
+            self._reindex_shared(node)
+
+    def _reindex_shared(self, node: NodeState) -> None:
+        best = 0
+        for p, ok in enumerate(node.gpu_ok):
+            if ok and node.gpu_slices[p] and not node.gpu_whole[p] and node.gpu_free[p] > best:
+                best = node.gpu_free[p]
+        pool = node.pool
+        key = best // pool.granule if best > 0 else None
+        if key != node.shared_key:
+            shared = pool.shared_buckets[node.tier]
+            if node.shared_key is not None:
+                del shared[node.shared_key][node.pidx]
+            if key is not None:
+                shared.setdefault(key, {})[node.pidx] = node
+            node.shared_key = key
+
+    def index_all(self) -> None:
+        """Build the placement indexes once every running pod is accounted."""
+        for pool in self.pools.values():
+            pool.free_whole_total = 0
+            for node in pool.nodes:
+                if not node.accepts:
+                    continue
+                pool.free_whole_total += node.free_whole
+                node.bucket = node.free_whole
+                pool.whole_buckets[node.tier].setdefault(node.free_whole, {})[node.pidx] = node
+                if not node.mig:
+                    self._reindex_shared(node)
+        self.indexed = True
+
+    # ------------------------------------------------------------------
+    # Queries
+    # ------------------------------------------------------------------
+
+    def job_request(self, tasks: list[TaskState]) -> list[int]:
+        total = [0, 0, 0]
+        for t in tasks:
+            total[0] += t.milli
+            total[1] += t.cpu
+            total[2] += t.mem
+        return total
+
+
+def whole_gpus(task: TaskState) -> int:
+    """Whole GPUs a task needs, for pool-level quick checks (slices count 0)."""
+    return task.gpu.whole
+
+
+def milli_of(request: GpuRequest, pool: PoolState | None) -> int:
+    if request.whole:
+        return request.whole * MILLI
+    return request.milli_gpus(pool.reference_gpu_mem if pool is not None else 0)

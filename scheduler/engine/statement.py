@@ -1,0 +1,86 @@
+"""A transaction over the working state: apply, roll back, commit.
+
+Every action plans on a :class:`Statement`: it places and evicts pods for
+real in the working state (so later steps of the same plan see the room they
+made), and if the plan fails it rolls back to a mark, leaving the state as it
+was. Rolling back replays an undo log in reverse through the exact inverse
+primitives; nothing is copied, so a failed plan costs what it did, not the
+size of the cluster.
+
+Only committed work becomes a decision: :meth:`Statement.commit` hands the
+tasks it touched to the cluster, which the session turns into binds and
+evictions at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.contract import EvictionAction
+from scheduler.engine.state import Cluster, NodeState, TaskState
+
+_ALLOCATE = 0
+_EVICT = 1
+
+
+@dataclass(slots=True)
+class _Entry:
+    kind: int
+    task: TaskState
+    node: NodeState | None = None
+    positions: tuple[int, ...] = ()
+    slices: tuple[int, ...] = ()
+    eviction: tuple[EvictionAction, str, str | None] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Statement:
+    cluster: Cluster
+    log: list[_Entry] = field(default_factory=list)
+
+    def allocate(self, task: TaskState, node: NodeState, positions: tuple[int, ...], slices: tuple[int, ...]) -> None:
+        self.cluster.take(task, node, positions, slices)
+        self.log.append(_Entry(_ALLOCATE, task))
+
+    def evict(self, task: TaskState, action: EvictionAction, reason: str, beneficiary: str | None) -> None:
+        node = task.node
+        assert node is not None
+        entry = _Entry(_EVICT, task, node, task.gpu_pos, task.slices, task.eviction)
+        self.cluster.release(task)
+        task.eviction = (action, reason, beneficiary)
+        self.log.append(entry)
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def rollback(self, mark: int = 0) -> None:
+        """Undo everything after ``mark``, newest first."""
+        log = self.log
+        cluster = self.cluster
+        while len(log) > mark:
+            entry = log.pop()
+            if entry.kind == _ALLOCATE:
+                cluster.release(entry.task)
+            else:
+                assert entry.node is not None
+                cluster.take(entry.task, entry.node, entry.positions, entry.slices)
+                entry.task.eviction = entry.eviction
+
+    def commit(self) -> None:
+        if not self.log:
+            return
+        touched = self.cluster.touched
+        for entry in self.log:
+            touched.append(entry.task)
+            if entry.kind == _EVICT and entry.node is not None:
+                entry.node.evicted_here = True
+        self.cluster.commit_version += 1
+        self.log = []
+
+    def evicted_jobs(self, since: int = 0) -> list[str]:
+        """Keys of jobs evicted after ``since``, in eviction order, once each."""
+        seen: dict[str, None] = {}
+        for entry in self.log[since:]:
+            if entry.kind == _EVICT:
+                seen.setdefault(entry.task.job.key, None)
+        return list(seen)
