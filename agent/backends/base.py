@@ -1,0 +1,118 @@
+"""The hardware interface the agent reads a node through.
+
+Two implementations stand behind it: ``nvml`` (the real node: NVML through
+``pynvml``, ``/dev/kmsg``, sysfs, netlink, ``statvfs``) and ``sim`` (a scripted
+node from a scenario file, with faults injected on demand). Keeping the seam
+here, at the hardware, means every probe, rule and publisher above it runs the
+same code in the demo, the benchmarks, the tests and production.
+
+A node is four sources, bundled in :class:`NodeHardware`:
+
+* :class:`GpuBackend`: GPU samples and asynchronous GPU events (NVML).
+* :class:`KmsgSource`: raw kernel-log records (the kmsg probe parses them).
+* :class:`IbSource`: InfiniBand/RoCE port samples (sysfs plus netlink).
+* :class:`MountSource`: shared-storage responsiveness.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from agent.samples import GpuEvent, GpuSample, IbPortSample, MountSample
+
+
+class BackendUnavailableError(Exception):
+    """The GPU library cannot be used right now (not installed, driver not
+    loaded, not initialised). The GPU probe reports it and retries with
+    backoff; the rest of the agent keeps running."""
+
+
+class GpuBackend(ABC):
+    """GPUs as NVML shows them.
+
+    ``open`` must succeed before ``sample`` or ``wait_event``; after a
+    :class:`BackendUnavailableError` from either, the caller closes and reopens.
+    ``sample`` is called from the poll loop, ``wait_event`` from one event
+    thread; implementations must allow those two to run concurrently.
+    """
+
+    name: str = "gpu"
+
+    @abstractmethod
+    def open(self) -> None:
+        """Initialise the library and subscribe to events.
+
+        Raises :class:`BackendUnavailableError` with a readable reason on failure.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the library; safe to call when not open."""
+
+    @abstractmethod
+    def sample(self) -> tuple[GpuSample, ...]:
+        """One sample per enumerated GPU, lost GPUs flagged, in index order."""
+
+    @abstractmethod
+    def wait_event(self, timeout_s: float) -> GpuEvent | None:
+        """Block up to ``timeout_s`` for the next XID/ECC/retirement event.
+
+        Returns ``None`` when nothing happened in time.
+        """
+
+
+class KmsgSource(ABC):
+    """Raw kernel-log records, from the start of the ring buffer onwards."""
+
+    @abstractmethod
+    def read(self, timeout_s: float) -> list[str]:
+        """Records available now, waiting up to ``timeout_s`` when there are
+        none. Each record is one ``/dev/kmsg`` record text
+        (``"6,1234,5678901,-;NVRM: Xid ..."``)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the source; a blocked ``read`` returns soon after."""
+
+
+class IbSource(ABC):
+    """InfiniBand and RoCE ports of the node's HCAs."""
+
+    @abstractmethod
+    def read_ports(self) -> tuple[IbPortSample, ...]:
+        """One sample per port; raises ``OSError`` when the source is unreadable."""
+
+    def close(self) -> None:
+        """Release netlink sockets and the like."""
+        return None
+
+
+class MountSource(ABC):
+    """Responsiveness of the configured shared-storage mounts."""
+
+    @abstractmethod
+    def check(self) -> tuple[MountSample, ...]:
+        """The latest result per mount; must return promptly even when a
+        filesystem hangs (checks run elsewhere, under a timeout)."""
+
+    def close(self) -> None:
+        """Stop background checkers."""
+        return None
+
+
+@dataclass(slots=True)
+class NodeHardware:
+    """The four sources of one node, opened by a backend factory."""
+
+    gpu: GpuBackend
+    kmsg: KmsgSource | None
+    ib: IbSource
+    mounts: MountSource
+
+    def close(self) -> None:
+        self.gpu.close()
+        if self.kmsg is not None:
+            self.kmsg.close()
+        self.ib.close()
+        self.mounts.close()

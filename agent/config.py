@@ -1,0 +1,283 @@
+"""The agent's config file: thresholds, windows and the expected topology.
+
+One YAML file (``--config``, env ``GPUWARDEN_CONFIG``) holds every tunable
+of detection and judgement, each with a documented default so that an empty
+file, or none, is a working configuration. The file is read once at startup:
+a poll never re-reads it (the poll budget is milliseconds).
+
+A malformed file is a startup error that names the bad key
+(``pcie.window_s: expected a number, got 'abc'``): a typo in a threshold must
+not silently become the default on a fleet of nodes.
+
+Example with every key at its default::
+
+    poll_interval_s: 10          # seconds between polls (XIDs are event-driven)
+    kmsg_path: /dev/kmsg         # kernel log; missing or unreadable is logged, not fatal
+    sysfs_root: /sys             # root of sysfs (tests point it at a fixture tree)
+    hysteresis:
+      raise_polls: 1             # polls a non-latched signal must be present before it is raised
+      clear_polls: 3             # polls it must be absent before it clears
+      clear_ratio: 0.5           # a rate fault clears only below threshold * clear_ratio
+    gpu:
+      expected_count: null       # null: the most GPUs seen since the agent started
+      nvml_retry_initial_s: 1    # first retry after NVML fails to initialise ...
+      nvml_retry_max_s: 300      # ... doubling up to this
+      retired_pages_limit: 64    # pre-Ampere: retired pages that mean "replace the board"
+    xid:
+      unknown: event             # event | condition: what an XID missing from the catalogue does
+      unknown_action: RESET_GPU  # action of the condition when unknown is "condition"
+      dedup_window_s: 10         # the same XID from NVML and the kernel log within this is one
+      overrides: {}              # e.g. {94: {kind: hardware, action: RESET_GPU}} (kind: hardware|application|ignore)
+    nvlink:
+      error_rate_per_min: 60     # replay+recovery+CRC errors per minute per link
+      window_s: 300              # window the rate is measured over
+    pcie:
+      replay_rate_per_min: 60    # PCIe replay counter growth per minute
+      window_s: 300
+      gen_load_pct: 30           # a generation drop counts while GPU utilisation is at least this
+      gen_sustained_s: 0         # >0: also count a drop lasting this long whatever the load
+    infiniband:
+      expected_rate_gbps: null   # null: the highest rate seen on any port of the same link layer
+      expected_ports: []         # "mlx5_0/1": ports that must be up even if never seen up
+      link_downed_hold_s: 600    # how long a link_downed increment keeps the port degraded
+      netdev: true               # read netdev state and speed through netlink
+    storage:
+      mounts: []                 # [{path: /mnt/shared, timeout_s: 5}]
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from agent.contract import Action
+
+
+class ConfigError(ValueError):
+    """The config file is unusable; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class HysteresisConfig:
+    raise_polls: int = 1
+    clear_polls: int = 3
+    clear_ratio: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    expected_count: int | None = None
+    nvml_retry_initial_s: float = 1.0
+    nvml_retry_max_s: float = 300.0
+    retired_pages_limit: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class XidOverride:
+    kind: str  # hardware | application | ignore
+    action: str = Action.RESET_GPU.value
+    meaning: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class XidConfig:
+    unknown: str = "event"
+    unknown_action: str = Action.RESET_GPU.value
+    dedup_window_s: float = 10.0
+    overrides: dict[int, XidOverride] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkConfig:
+    error_rate_per_min: float = 60.0
+    window_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class PcieConfig:
+    replay_rate_per_min: float = 60.0
+    window_s: float = 300.0
+    gen_load_pct: int = 30
+    gen_sustained_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandConfig:
+    expected_rate_gbps: float | None = None
+    expected_ports: list[str] = field(default_factory=list)
+    link_downed_hold_s: float = 600.0
+    netdev: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    path: str
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    mounts: list[MountConfig] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    poll_interval_s: float = 10.0
+    kmsg_path: str = "/dev/kmsg"
+    sysfs_root: str = "/sys"
+    hysteresis: HysteresisConfig = field(default_factory=HysteresisConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    xid: XidConfig = field(default_factory=XidConfig)
+    nvlink: NvlinkConfig = field(default_factory=NvlinkConfig)
+    pcie: PcieConfig = field(default_factory=PcieConfig)
+    infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+_ACTIONS = {a.value for a in Action}
+_XID_KINDS = {"hardware", "application", "ignore"}
+
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(args[0], value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item,) = get_args(tp)
+        return [_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        ktype, vtype = get_args(tp)
+        return {_convert(ktype, k, f"{key}.{k}"): _convert(vtype, v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and hasattr(tp, "__dataclass_fields__"):
+        return from_mapping(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
+
+
+def from_mapping(cls: type[Any], data: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from parsed YAML, rejecting unknown keys.
+
+    Errors name the dotted key under ``prefix``. Shared with the sim
+    scenario files so both read alike.
+    """
+    where = prefix or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    hints = get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for name in data:
+        if name not in known:
+            dotted = f"{prefix}.{name}" if prefix else str(name)
+            raise ConfigError(f"{dotted}: unknown key (known: {', '.join(sorted(known))})")
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        dotted = f"{prefix}.{name}" if prefix else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], dotted)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ConfigError(f"{dotted}: required key missing")
+    return cls(**kwargs)
+
+
+def _validate(cfg: AgentConfig) -> None:
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{key}: must be greater than 0, got {value!r}")
+
+    positive("poll_interval_s", cfg.poll_interval_s)
+    if cfg.hysteresis.raise_polls < 1:
+        raise ConfigError(f"hysteresis.raise_polls: must be at least 1, got {cfg.hysteresis.raise_polls}")
+    if cfg.hysteresis.clear_polls < 1:
+        raise ConfigError(f"hysteresis.clear_polls: must be at least 1, got {cfg.hysteresis.clear_polls}")
+    if not 0 < cfg.hysteresis.clear_ratio <= 1:
+        raise ConfigError(f"hysteresis.clear_ratio: must be in (0, 1], got {cfg.hysteresis.clear_ratio}")
+    positive("gpu.nvml_retry_initial_s", cfg.gpu.nvml_retry_initial_s)
+    positive("gpu.nvml_retry_max_s", cfg.gpu.nvml_retry_max_s)
+    if cfg.gpu.expected_count is not None and cfg.gpu.expected_count < 0:
+        raise ConfigError(f"gpu.expected_count: must not be negative, got {cfg.gpu.expected_count}")
+    if cfg.xid.unknown not in {"event", "condition"}:
+        raise ConfigError(f"xid.unknown: must be 'event' or 'condition', got {cfg.xid.unknown!r}")
+    if cfg.xid.unknown_action not in _ACTIONS:
+        raise ConfigError(f"xid.unknown_action: must be one of {sorted(_ACTIONS)}, got {cfg.xid.unknown_action!r}")
+    for xid, ov in cfg.xid.overrides.items():
+        if ov.kind not in _XID_KINDS:
+            raise ConfigError(f"xid.overrides.{xid}.kind: must be one of {sorted(_XID_KINDS)}, got {ov.kind!r}")
+        if ov.action not in _ACTIONS:
+            raise ConfigError(f"xid.overrides.{xid}.action: must be one of {sorted(_ACTIONS)}, got {ov.action!r}")
+    positive("xid.dedup_window_s", cfg.xid.dedup_window_s)
+    positive("nvlink.error_rate_per_min", cfg.nvlink.error_rate_per_min)
+    positive("nvlink.window_s", cfg.nvlink.window_s)
+    positive("pcie.replay_rate_per_min", cfg.pcie.replay_rate_per_min)
+    positive("pcie.window_s", cfg.pcie.window_s)
+    if cfg.pcie.gen_sustained_s < 0:
+        raise ConfigError(f"pcie.gen_sustained_s: must not be negative, got {cfg.pcie.gen_sustained_s}")
+    if cfg.infiniband.expected_rate_gbps is not None:
+        positive("infiniband.expected_rate_gbps", cfg.infiniband.expected_rate_gbps)
+    for i, port in enumerate(cfg.infiniband.expected_ports):
+        dev, sep, num = port.partition("/")
+        if not sep or not dev or not num.isdigit():
+            raise ConfigError(f"infiniband.expected_ports[{i}]: expected 'device/port', got {port!r}")
+    for i, m in enumerate(cfg.storage.mounts):
+        positive(f"storage.mounts[{i}].timeout_s", m.timeout_s)
+        if not m.path.startswith("/"):
+            raise ConfigError(f"storage.mounts[{i}].path: must be absolute, got {m.path!r}")
+
+
+def config_from_dict(data: Any) -> AgentConfig:
+    """Build and validate a config from parsed YAML (``None`` = all defaults)."""
+    cfg: AgentConfig = from_mapping(AgentConfig, data, "")
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None) -> AgentConfig:
+    """Read the config file; ``None`` gives the defaults."""
+    if path is None:
+        return config_from_dict(None)
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+    return config_from_dict(data)

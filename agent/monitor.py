@@ -1,0 +1,312 @@
+"""The agent's poll loop: probes, then rules, then a HealthReport.
+
+:class:`Monitor` is what the publishers hook into::
+
+    monitor = Monitor(config, build_hardware("sim", config), node_name)
+    monitor.restore(faults_read_back_from_the_node)   # latched faults survive restarts
+    monitor.run(stop_event, on_report)                # on_report(report, sample) per report
+
+``run`` produces a report every ``poll_interval_s`` **and** as soon as a GPU
+event arrives (an NVML event-set XID or a kernel-log XID line): the event
+threads push into an :class:`EventHub` which wakes the loop, so an XID reaches
+``on_report`` well within a second instead of at the next poll. ``on_report``
+runs on the loop's thread; an exception from it is logged and the loop goes
+on (a publisher outage must not stop detection).
+
+Other entry points, all thread-safe:
+
+* :meth:`Monitor.poll` / :meth:`Monitor.step`: one poll now (``--once``, tests).
+* :meth:`Monitor.restore`: seed faults read back after a restart.
+* :meth:`Monitor.clear`: clear latched faults of one entity after repair and
+  re-validation; the next report no longer has them (unless the signal is
+  still there).
+* :meth:`Monitor.wake`: ask ``run`` for a report now.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from types import ModuleType
+
+from agent.backends.base import NodeHardware
+from agent.backends.nvml import NvmlBackend
+from agent.backends.sim import SimNode, load_scenario
+from agent.config import AgentConfig
+from agent.logconfig import get_logger
+from agent.model import Fault, HealthReport
+from agent.probes.gpu import GpuProbe
+from agent.probes.infiniband import SysfsIbSource
+from agent.probes.kmsg import KmsgProbe, open_kmsg
+from agent.probes.netdev import NetdevReader
+from agent.probes.storage import StatvfsMountSource
+from agent.rules.engine import HealthRules
+from agent.samples import GpuEvent, GpuEventKind, GpuSample, IbPortSample, NodeSample, XidCount
+
+log = get_logger(__name__)
+
+OnReport = Callable[[HealthReport, NodeSample], None]
+
+# Event-driven polls closer together than this are merged (an ECC storm must
+# not turn into a poll storm).
+MIN_POLL_GAP_S = 0.05
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventHub:
+    """Collects GPU events from the NVML and kernel-log threads.
+
+    The same XID usually arrives twice, once per source; events with the same
+    GPU, kind and XID within ``dedup_window_s`` of each other are one. The hub
+    also keeps per-GPU XID counts since start for the metrics publisher.
+    """
+
+    def __init__(self, dedup_window_s: float, wake: Callable[[], None]) -> None:
+        self._window = dedup_window_s
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._queue: list[GpuEvent] = []
+        self._recent: dict[tuple[str, str, int], datetime] = {}
+        self._counts: dict[tuple[str, int], int] = {}
+        self._bus_by_uuid: dict[str, str] = {}
+        self._gpu_by_bus: dict[str, GpuSample] = {}
+        self.duplicates = 0
+
+    def set_inventory(self, gpus: Iterable[GpuSample]) -> None:
+        with self._lock:
+            for g in gpus:
+                if g.uuid and g.pci_bus_id:
+                    self._bus_by_uuid[g.uuid] = g.pci_bus_id
+                    self._gpu_by_bus[g.pci_bus_id] = g
+
+    def push(self, event: GpuEvent) -> None:
+        with self._lock:
+            bus = event.pci_bus_id or (self._bus_by_uuid.get(event.uuid) if event.uuid else None)
+            gpu_key = bus or event.uuid or "?"
+            key = (gpu_key, event.kind.value, event.xid or 0)
+            last = self._recent.get(key)
+            if last is not None and abs((event.time - last).total_seconds()) <= self._window:
+                self.duplicates += 1
+                return
+            self._recent[key] = event.time
+            if len(self._recent) > 4096:
+                newest = max(self._recent.values())
+                self._recent = {k: t for k, t in self._recent.items() if (newest - t).total_seconds() <= self._window}
+            if event.kind is GpuEventKind.XID and event.xid is not None:
+                ck = (gpu_key, event.xid)
+                self._counts[ck] = self._counts.get(ck, 0) + 1
+            self._queue.append(event)
+        log.info(
+            "gpu_event",
+            kind=str(event.kind),
+            source=str(event.source),
+            xid=event.xid,
+            pci_bus_id=bus,
+            uuid=event.uuid,
+        )
+        self._wake()
+
+    def drain(self) -> tuple[GpuEvent, ...]:
+        with self._lock:
+            out, self._queue = tuple(self._queue), []
+            return out
+
+    def counts(self) -> tuple[XidCount, ...]:
+        with self._lock:
+            out = []
+            for (gpu_key, xid), n in sorted(self._counts.items()):
+                g = self._gpu_by_bus.get(gpu_key)
+                out.append(
+                    XidCount(
+                        pci_bus_id=g.pci_bus_id if g else (gpu_key if ":" in gpu_key else None),
+                        uuid=g.uuid if g else (gpu_key if gpu_key.startswith("GPU-") else None),
+                        gpu_index=g.index if g else None,
+                        xid=xid,
+                        count=n,
+                    )
+                )
+            return tuple(out)
+
+
+class Monitor:
+    """Runs the probes and rules for one node; see the module docstring."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        hardware: NodeHardware,
+        node: str,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.config = config
+        self.hardware = hardware
+        self.node = node
+        self._clock = clock
+        self._wake = threading.Event()
+        self.hub = EventHub(config.xid.dedup_window_s, self._wake.set)
+        self.gpu_probe = GpuProbe(
+            hardware.gpu,
+            self.hub.push,
+            retry_initial_s=config.gpu.nvml_retry_initial_s,
+            retry_max_s=config.gpu.nvml_retry_max_s,
+        )
+        self.kmsg_probe = KmsgProbe(hardware.kmsg, self.hub.push) if hardware.kmsg is not None else None
+        self.rules = HealthRules(config, node)
+        self._lock = threading.RLock()
+        self._started = False
+        self.polls = 0
+        self.last_report: HealthReport | None = None
+        self.last_sample: NodeSample | None = None
+
+    # ---------------------------------------------------------------- life
+
+    def start(self) -> None:
+        """Read the kernel-log backlog and start the event threads (idempotent).
+
+        The backlog is read synchronously so the first report already has the
+        XIDs logged since boot.
+        """
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            if self.kmsg_probe is not None:
+                found = self.kmsg_probe.drain()
+                log.info("kmsg_backlog_read", gpu_events=found, records=self.kmsg_probe.records_read)
+                self.kmsg_probe.start()
+            self.gpu_probe.start_events()
+
+    def close(self) -> None:
+        """Stop event threads and release the hardware."""
+        if self.kmsg_probe is not None:
+            self.kmsg_probe.stop()
+        self.gpu_probe.stop()
+        self.hardware.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- poll
+
+    def _gather(self) -> NodeSample:
+        now = self._clock()
+        errors: list[str] = []
+        gpus, gpu_error = self.gpu_probe.sample()
+        if gpu_error is not None:
+            errors.append(f"gpu: {gpu_error}")
+        self.hub.set_inventory(gpus)
+        ib_ports: tuple[IbPortSample, ...] = ()
+        ib_error: str | None = None
+        try:
+            ib_ports = self.hardware.ib.read_ports()
+        except OSError as exc:
+            ib_error = f"{exc.strerror or exc}"
+            errors.append(f"infiniband: {ib_error}")
+            log.error("ib_probe_failed", error=ib_error)
+        mounts = self.hardware.mounts.check()
+        return NodeSample(
+            time=now,
+            gpus=gpus,
+            gpu_source_error=gpu_error,
+            events=self.hub.drain(),
+            xid_counts=self.hub.counts(),
+            ib_ports=ib_ports,
+            ib_source_error=ib_error,
+            mounts=mounts,
+            errors=tuple(errors),
+        )
+
+    def step(self) -> tuple[HealthReport, NodeSample]:
+        """One poll: sample everything, judge, and return report and sample."""
+        with self._lock:
+            if not self._started:
+                self.start()
+            self._wake.clear()
+            sample = self._gather()
+            report = self.rules.evaluate(sample)
+            self.polls += 1
+            self.last_report, self.last_sample = report, sample
+            return report, sample
+
+    def poll(self) -> HealthReport:
+        """One poll; the report only."""
+        return self.step()[0]
+
+    def wake(self) -> None:
+        """Make :meth:`run` produce a report now."""
+        self._wake.set()
+
+    def restore(self, faults: Iterable[Fault]) -> int:
+        """Seed faults read back from the Node after a restart (see
+        :meth:`HealthRules.restore`); returns how many were added."""
+        with self._lock:
+            return self.rules.restore(faults)
+
+    def clear(self, entity_key: str) -> tuple[Fault, ...]:
+        """Clear every fault on ``entity_key`` (an :attr:`Entity.key`) after
+        repair and re-validation, and wake :meth:`run` to publish it."""
+        with self._lock:
+            gone = self.rules.clear(entity_key)
+        self._wake.set()
+        return gone
+
+    def run(self, stop: threading.Event, on_report: OnReport) -> None:
+        """Poll every interval and on every GPU event until ``stop`` is set."""
+        self.start()
+        interval = self.config.poll_interval_s
+        next_due = time.monotonic()
+        last_poll = 0.0
+        while not stop.is_set():
+            gap = time.monotonic() - last_poll
+            if gap < MIN_POLL_GAP_S:
+                stop.wait(MIN_POLL_GAP_S - gap)
+            last_poll = time.monotonic()
+            report, sample = self.step()
+            try:
+                on_report(report, sample)
+            except Exception:
+                log.exception("report_handler_failed")
+            next_due += interval
+            now = time.monotonic()
+            if next_due <= now:
+                next_due = now + interval
+            while not stop.is_set():
+                remaining = next_due - time.monotonic()
+                if remaining <= 0:
+                    break
+                if self._wake.wait(min(remaining, 0.2)):
+                    break
+
+
+def build_hardware(
+    backend: str,
+    config: AgentConfig,
+    scenario: str = "default",
+    nvml_module: ModuleType | None = None,
+) -> NodeHardware:
+    """Open the node's hardware sources for ``backend`` (``nvml`` or ``sim``).
+
+    ``nvml`` reads the real node: NVML (``nvml_module`` defaults to the
+    installed ``pynvml``), the kernel log at ``config.kmsg_path``, InfiniBand
+    under ``config.sysfs_root`` with netlink for netdevs, and the configured
+    mounts. ``sim`` simulates all of it from ``scenario`` (a shipped name or a
+    file path); nothing is read from the host.
+    """
+    if backend == "sim":
+        return SimNode(load_scenario(scenario)).hardware()
+    if backend == "nvml":
+        return NodeHardware(
+            gpu=NvmlBackend(nvml_module),
+            kmsg=open_kmsg(config.kmsg_path),
+            ib=SysfsIbSource(config.sysfs_root, NetdevReader() if config.infiniband.netdev else None),
+            mounts=StatvfsMountSource(config.storage.mounts, config.poll_interval_s),
+        )
+    raise ValueError(f"unknown backend {backend!r} (known: nvml, sim)")

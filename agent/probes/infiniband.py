@@ -1,0 +1,141 @@
+"""InfiniBand probe: HCA ports from sysfs, their netdevs through netlink.
+
+For every ``<sysfs_root>/class/infiniband/<dev>/ports/<n>/`` it reads
+``state``, ``phys_state``, ``rate`` and ``link_layer`` and the error counters
+``link_downed``, ``symbol_error``, ``link_error_recovery`` and
+``port_rcv_errors``. The netdev behind a port is found under
+``<dev>/device/net/`` (matched to the port by its ``dev_port``), and its
+operational state and speed come from :mod:`agent.probes.netdev`.
+
+A file that is missing means the HCA does not expose it (RoCE ports lack some
+counters): the field is ``None``, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.backends.base import IbSource
+from agent.logconfig import get_logger
+from agent.probes.netdev import NetdevReader
+from agent.samples import IbCounters, IbPortSample
+
+log = get_logger(__name__)
+
+_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        log.warning("sysfs_read_failed", path=str(path), error=exc.strerror or str(exc))
+        return None
+
+
+def _named(text: str | None) -> str:
+    """``"4: ACTIVE"`` -> ``"ACTIVE"``; unknown when absent."""
+    if not text:
+        return "UNKNOWN"
+    _, sep, name = text.partition(":")
+    return name.strip() if sep else text.strip()
+
+
+def parse_rate_gbps(text: str | None) -> float | None:
+    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5."""
+    if not text:
+        return None
+    head = text.split(None, 1)[0]
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def _counter(path: Path) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        log.warning("sysfs_counter_unparsable", path=str(path), value=text[:50])
+        return None
+
+
+class SysfsIbSource(IbSource):
+    """Reads every HCA port under ``<sysfs_root>/class/infiniband``."""
+
+    def __init__(self, sysfs_root: str, netdevs: NetdevReader | None = None) -> None:
+        self.root = Path(sysfs_root) / "class" / "infiniband"
+        self._netdevs = netdevs
+        self._netdev_map: dict[tuple[str, int], str] | None = None
+
+    def _map_netdevs(self, devices: list[str]) -> dict[tuple[str, int], str]:
+        """(device, port) -> netdev name, from ``device/net/*/dev_port``."""
+        out: dict[tuple[str, int], str] = {}
+        for dev in devices:
+            net_dir = self.root / dev / "device" / "net"
+            try:
+                names = sorted(os.listdir(net_dir))
+            except OSError:
+                continue
+            for name in names:
+                dev_port = _counter(net_dir / name / "dev_port")
+                port = (dev_port or 0) + 1
+                out.setdefault((dev, port), name)
+        return out
+
+    def read_ports(self) -> tuple[IbPortSample, ...]:
+        try:
+            devices = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return ()
+        if self._netdev_map is None:
+            self._netdev_map = self._map_netdevs(devices)
+        raw: list[tuple[str, int, Path]] = []
+        for dev in devices:
+            ports_dir = self.root / dev / "ports"
+            try:
+                ports = sorted(int(p) for p in os.listdir(ports_dir) if p.isdigit())
+            except OSError as exc:
+                log.warning("ib_ports_unreadable", device=dev, error=exc.strerror or str(exc))
+                continue
+            raw.extend((dev, p, ports_dir / str(p)) for p in ports)
+
+        netdev_state = {}
+        if self._netdevs is not None:
+            wanted = {n for (d, p), n in self._netdev_map.items()}
+            try:
+                netdev_state = self._netdevs.read(wanted)
+            except OSError as exc:
+                log.warning("netdev_read_failed", error=exc.strerror or str(exc))
+
+        samples: list[IbPortSample] = []
+        for dev, port, pdir in raw:
+            counters = IbCounters(**{c: _counter(pdir / "counters" / c) for c in _COUNTERS})
+            netdev = self._netdev_map.get((dev, port))
+            nd = netdev_state.get(netdev) if netdev else None
+            samples.append(
+                IbPortSample(
+                    device=dev,
+                    port=port,
+                    state=_named(_read(pdir / "state")),
+                    phys_state=_named(_read(pdir / "phys_state")),
+                    rate_gbps=parse_rate_gbps(_read(pdir / "rate")),
+                    link_layer=_read(pdir / "link_layer") or "InfiniBand",
+                    counters=counters,
+                    netdev=netdev,
+                    netdev_oper_state=nd.oper_state if nd else None,
+                    netdev_speed_mbps=nd.speed_mbps if nd else None,
+                )
+            )
+        return tuple(samples)
+
+    def close(self) -> None:
+        if self._netdevs is not None:
+            self._netdevs.close()

@@ -1,0 +1,291 @@
+"""The rules engine: runs every rule on a sample and keeps faults' lifetimes.
+
+Rules say what they see now; this module decides what is raised:
+
+* **Latching.** Fatal faults (hardware XIDs, row remap pending/failure,
+  retired pages, a lost GPU) stay raised once raised, until :meth:`clear` is
+  called for their entity by repair and re-validation. A counter that stops
+  growing, or a kernel-log line that scrolled away, does not clear them.
+* **Hysteresis.** Other faults are raised after ``hysteresis.raise_polls``
+  consecutive polls with the signal and cleared after
+  ``hysteresis.clear_polls`` consecutive polls without it; rate rules add a
+  lower clearing threshold on top. So a signal that comes and goes every poll
+  raises once and stays raised instead of flapping.
+* **Since-times** are kept from the first raise, across polls and, through
+  :meth:`restore`, across agent restarts.
+
+The engine is not thread-safe by itself; the monitor serialises calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from agent.config import AgentConfig
+from agent.contract import HEALTHY_REASONS, ConditionType, Reason
+from agent.logconfig import get_logger
+from agent.model import Entity, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
+from agent.rules.base import Finding, Rule, RuleContext
+from agent.rules.gpu_count import GpuCountRule
+from agent.rules.infiniband import InfinibandRule
+from agent.rules.memory import MemoryRule
+from agent.rules.nvlink import NvlinkRule
+from agent.rules.pcie import PcieRule
+from agent.rules.storage import StorageRule
+from agent.rules.xid import XidRule
+from agent.samples import GpuSample, NodeSample
+
+log = get_logger(__name__)
+
+FaultKey = tuple[str, str, str]
+
+# Reasons that latch whatever the fault object restored from a Node says:
+# a restarted agent reads conditions back without knowing how they were made.
+LATCHED_REASONS: frozenset[str] = frozenset(
+    {
+        Reason.ROW_REMAP_PENDING,
+        Reason.ROW_REMAP_FAILURE,
+        Reason.RETIRED_PAGES_PENDING,
+        Reason.RETIRED_PAGES_LIMIT,
+        Reason.GPU_LOST,
+    }
+)
+
+
+def is_latched(fault: Fault) -> bool:
+    return fault.latched or fault.condition is ConditionType.GPU_XID_ERROR or fault.reason in LATCHED_REASONS
+
+
+@dataclass(slots=True)
+class _Active:
+    fault: Fault
+    absent_polls: int = 0
+
+
+class HealthRules:
+    """Every rule, plus the state that makes faults latch and not flap."""
+
+    def __init__(self, config: AgentConfig, node: str) -> None:
+        self.config = config
+        self.node = node
+        self._raise_polls = config.hysteresis.raise_polls
+        self._clear_polls = config.hysteresis.clear_polls
+        self._rules: tuple[Rule, ...] = (
+            XidRule(config),
+            MemoryRule(config),
+            NvlinkRule(config),
+            PcieRule(config),
+            InfinibandRule(config),
+            GpuCountRule(config),
+            StorageRule(config),
+        )
+        self._active: dict[FaultKey, _Active] = {}
+        self._pending: dict[FaultKey, int] = {}
+        self._by_bus: dict[str, GpuSample] = {}
+        self._by_uuid: dict[str, GpuSample] = {}
+        self._pending_events: list[HealthEvent] = []
+
+    # ------------------------------------------------------------ state API
+
+    @property
+    def active_faults(self) -> tuple[Fault, ...]:
+        return tuple(a.fault for a in self._active.values())
+
+    def restore(self, faults: Iterable[Fault]) -> int:
+        """Seed faults read back after a restart; returns how many were new.
+
+        Latched ones (by flag, condition or reason) stay until :meth:`clear`;
+        others are treated as raised and clear with the usual hysteresis if
+        their signal is gone.
+        """
+        added = 0
+        for fault in faults:
+            if fault.key in self._active:
+                continue
+            self._active[fault.key] = _Active(replace(fault, latched=is_latched(fault)))
+            added += 1
+        if added:
+            log.info("faults_restored", count=added)
+        return added
+
+    def clear(self, entity_key: str) -> tuple[Fault, ...]:
+        """Drop every fault on ``entity_key`` (repair and re-validation done).
+
+        A signal that is still present raises the fault again at the next
+        poll, which is what re-validation wants to see.
+        """
+        gone = tuple(a.fault for k, a in self._active.items() if k[2] == entity_key)
+        for fault in gone:
+            del self._active[fault.key]
+            self._pending_events.append(self._cleared_event(fault, datetime.now(UTC), why="cleared after repair"))
+        for k in [k for k in self._pending if k[2] == entity_key]:
+            del self._pending[k]
+        if gone:
+            log.info("faults_cleared", entity=entity_key, count=len(gone))
+        return gone
+
+    # ------------------------------------------------------------ evaluate
+
+    def _remember_gpus(self, sample: NodeSample) -> None:
+        for gpu in sample.gpus:
+            if gpu.lost and gpu.uuid in self._by_uuid:
+                continue
+            if gpu.uuid:
+                self._by_uuid[gpu.uuid] = gpu
+            if gpu.pci_bus_id:
+                self._by_bus[gpu.pci_bus_id] = gpu
+
+    @staticmethod
+    def _cleared_event(fault: Fault, when: datetime, why: str) -> HealthEvent:
+        return HealthEvent(
+            EventType.NORMAL,
+            HEALTHY_REASONS[fault.condition],
+            f"{fault.reason} {why} on {fault.entity.describe()}",
+            fault.entity,
+            when,
+        )
+
+    def evaluate(self, sample: NodeSample) -> HealthReport:
+        self._remember_gpus(sample)
+        ctx = RuleContext(
+            config=self.config,
+            now=sample.time,
+            gpus_by_bus=self._by_bus,
+            gpus_by_uuid=self._by_uuid,
+            active=set(self._active),
+        )
+        findings: dict[FaultKey, Finding] = {}
+        for rule in self._rules:
+            try:
+                for finding in rule.evaluate(sample, ctx):
+                    findings.setdefault(finding.key, finding)
+            except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
+                # A rule tripping over odd input must not cost the other rules.
+                log.error("rule_failed", rule=type(rule).__name__, error=repr(exc))
+        events = self._pending_events
+        self._pending_events = []
+        events.extend(ctx.events)
+
+        for key, f in findings.items():
+            active = self._active.get(key)
+            if active is not None:
+                active.absent_polls = 0
+                active.fault = replace(
+                    active.fault,
+                    message=f.message,
+                    action=f.action,
+                    entity=f.entity,
+                    latched=active.fault.latched or f.latched,
+                )
+                continue
+            count = self._pending.get(key, 0) + 1
+            if f.latched or f.immediate or count >= self._raise_polls:
+                self._pending.pop(key, None)
+                fault = Fault(
+                    condition=f.condition,
+                    reason=f.reason,
+                    message=f.message,
+                    action=f.action,
+                    entity=f.entity,
+                    since=f.since or sample.time,
+                    latched=f.latched,
+                )
+                self._active[key] = _Active(fault)
+                if f.condition is not ConditionType.GPU_XID_ERROR:  # the XID rule already made its Event
+                    events.append(HealthEvent(EventType.WARNING, f.reason, f.message, f.entity, sample.time))
+                log.warning("fault_raised", condition=str(f.condition), reason=f.reason, entity=f.entity.key)
+            else:
+                self._pending[key] = count
+        for key in [k for k in self._pending if k not in findings]:
+            del self._pending[key]
+        for key in [k for k in self._active if k not in findings]:
+            active = self._active[key]
+            if active.fault.latched:
+                continue
+            active.absent_polls += 1
+            if active.absent_polls >= self._clear_polls:
+                del self._active[key]
+                events.append(self._cleared_event(active.fault, sample.time, why="cleared"))
+                log.info("fault_cleared", condition=str(active.fault.condition), reason=active.fault.reason)
+        return self._report(sample, tuple(events))
+
+    # -------------------------------------------------------------- report
+
+    def _report(self, sample: NodeSample, events: tuple[HealthEvent, ...]) -> HealthReport:
+        faults = tuple(
+            sorted(
+                (a.fault for a in self._active.values()),
+                key=lambda f: (f.condition.value, f.entity.key, f.reason),
+            )
+        )
+        by_entity: dict[str, list[Fault]] = {}
+        for fault in faults:
+            by_entity.setdefault(fault.entity.key, []).append(fault)
+
+        gpus: list[GpuStatus] = []
+        listed: set[str] = set()
+        for g in sample.gpus:
+            key = Entity.gpu(g.index, g.uuid or None, g.pci_bus_id or None).key
+            listed.add(g.uuid)
+            mine = tuple(by_entity.get(key, ()))
+            gpus.append(
+                GpuStatus(
+                    index=g.index,
+                    uuid=g.uuid,
+                    pci_bus_id=g.pci_bus_id,
+                    model=g.name,
+                    memory_total_mib=g.memory_total_mib,
+                    memory_used_mib=g.memory_used_mib,
+                    mig_enabled=g.mig_enabled,
+                    healthy=not g.lost and not mine,
+                    faults=mine,
+                )
+            )
+        if sample.gpu_source_error is None:
+            # GPUs seen before that NVML no longer enumerates at all.
+            for uuid, g in self._by_uuid.items():
+                if uuid in listed:
+                    continue
+                key = Entity.gpu(g.index, g.uuid or None, g.pci_bus_id or None).key
+                gpus.append(
+                    GpuStatus(
+                        index=g.index,
+                        uuid=g.uuid,
+                        pci_bus_id=g.pci_bus_id,
+                        model=g.name,
+                        memory_total_mib=g.memory_total_mib,
+                        memory_used_mib=None,
+                        mig_enabled=g.mig_enabled,
+                        healthy=False,
+                        faults=tuple(by_entity.get(key, ())),
+                    )
+                )
+
+        ports = []
+        for p in sample.ib_ports:
+            mine = tuple(by_entity.get(Entity.ib(p.device, p.port).key, ()))
+            ports.append(
+                IbPortStatus(
+                    device=p.device,
+                    port=p.port,
+                    state=p.state,
+                    phys_state=p.phys_state,
+                    rate_gbps=p.rate_gbps,
+                    link_layer=p.link_layer,
+                    netdev=p.netdev,
+                    healthy=not mine,
+                    faults=mine,
+                )
+            )
+        errors = list(sample.errors)
+        return HealthReport(
+            node=self.node,
+            time=sample.time,
+            gpus=tuple(gpus),
+            ib_ports=tuple(ports),
+            faults=faults,
+            events=events,
+            errors=tuple(errors),
+        )

@@ -1,0 +1,97 @@
+"""InfiniBand rule: ports down, trained at a lower rate, or flapping.
+
+Which ports must be up: those listed in ``infiniband.expected_ports``, those
+seen ACTIVE since the agent started, and those with a fault raised now (so a
+port that was down when the agent restarted keeps its restored fault). A port
+never up and never expected is an unused port, not a fault.
+
+* not ``ACTIVE``/``LinkUp``, or its netdev not ``UP``: ``IbPortDown``;
+* rate below the expected rate (configured, else the highest seen on any port
+  of the same link layer): ``IbRateDegraded``;
+* ``link_downed`` incremented: ``IbLinkDowned``, held for
+  ``infiniband.link_downed_hold_s`` because the flap itself is over by the
+  time anyone looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.config import AgentConfig
+from agent.contract import Action, ConditionType, Reason
+from agent.model import Entity
+from agent.rules.base import Finding, RuleContext
+from agent.samples import NodeSample
+
+_UP_STATES = {"UP", "UNKNOWN"}  # UNKNOWN: drivers that do not report operstate
+
+
+class InfinibandRule:
+    def __init__(self, config: AgentConfig) -> None:
+        self._cfg = config.infiniband
+        self._expected = set(config.infiniband.expected_ports)
+        self._seen_up: set[str] = set()
+        self._max_rate: dict[str, float] = {}
+        self._downed: dict[str, int] = {}
+        self._downed_until: dict[str, tuple[float, int]] = {}
+
+    def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
+        cond = ConditionType.INFINIBAND_DEGRADED
+        t = sample.time.timestamp()
+        for p in sample.ib_ports:
+            name = f"{p.device}/{p.port}"
+            if p.state == "ACTIVE":
+                self._seen_up.add(name)
+                if p.rate_gbps is not None:
+                    self._max_rate[p.link_layer] = max(self._max_rate.get(p.link_layer, 0.0), p.rate_gbps)
+        for p in sample.ib_ports:
+            name = f"{p.device}/{p.port}"
+            entity = Entity.ib(p.device, p.port)
+            watched = (
+                name in self._seen_up
+                or name in self._expected
+                or any(k[2] == entity.key for k in ctx.active if k[0] == cond.value)
+            )
+            netdev_down = p.netdev_oper_state is not None and p.netdev_oper_state.upper() not in _UP_STATES
+            port_down = p.state != "ACTIVE" or p.phys_state != "LinkUp"
+            if watched and (port_down or netdev_down):
+                what = [f"state {p.state}/{p.phys_state}"]
+                if p.netdev:
+                    what.append(f"netdev {p.netdev} {p.netdev_oper_state or 'unknown'}")
+                yield Finding(
+                    cond,
+                    Reason.IB_PORT_DOWN,
+                    f"{entity.describe()} is down ({', '.join(what)}); recommended action {Action.REPLACE}",
+                    Action.REPLACE,
+                    entity,
+                )
+            expected = self._cfg.expected_rate_gbps or self._max_rate.get(p.link_layer)
+            if p.state == "ACTIVE" and p.rate_gbps is not None and expected and p.rate_gbps < expected:
+                yield Finding(
+                    cond,
+                    Reason.IB_RATE_DEGRADED,
+                    f"{entity.describe()}: rate {p.rate_gbps:g} Gb/s, expected {expected:g} Gb/s; "
+                    f"recommended action {Action.REPLACE}",
+                    Action.REPLACE,
+                    entity,
+                )
+            downed = p.counters.link_downed
+            if downed is not None:
+                before = self._downed.get(name)
+                self._downed[name] = downed
+                if before is not None and downed > before:
+                    held = self._downed_until.get(name, (0.0, 0))[1]
+                    self._downed_until[name] = (t + self._cfg.link_downed_hold_s, held + downed - before)
+            until = self._downed_until.get(name)
+            if until is not None:
+                if t < until[0]:
+                    yield Finding(
+                        cond,
+                        Reason.IB_LINK_DOWNED,
+                        f"{entity.describe()}: link went down {until[1]} time(s) recently "
+                        f"(link_downed {downed}); recommended action {Action.RESTART_APP}",
+                        Action.RESTART_APP,
+                        entity,
+                    )
+                else:
+                    del self._downed_until[name]

@@ -1,0 +1,96 @@
+"""XID rule: GPU events from NVML and the kernel log, judged by the catalogue.
+
+Hardware XIDs raise ``GpuXidError`` (reason ``Xid<N>``), latched; every XID
+occurrence also becomes an Event, so application XIDs are visible without
+touching the node's conditions. An XID missing from the catalogue gives an
+Event (and the metric the publisher derives from the sample's XID counts)
+unless the config says unknown XIDs raise a condition. A "fallen off the bus"
+line with no XID number marks the GPU lost (``GpuMissing``/``GpuLost``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.config import AgentConfig
+from agent.contract import Action, ConditionType, Reason, xid_reason
+from agent.model import Entity, EntityKind, EventType, HealthEvent
+from agent.rules.base import Finding, RuleContext
+from agent.rules.xid_catalogue import XidInfo, XidKind, lookup
+from agent.samples import GpuEvent, GpuEventKind, NodeSample
+
+
+class XidRule:
+    def __init__(self, config: AgentConfig) -> None:
+        self._overrides = {
+            xid: XidInfo(xid, XidKind(ov.kind), Action(ov.action), ov.meaning or f"XID {xid} (operator override)")
+            for xid, ov in config.xid.overrides.items()
+        }
+        self._unknown_condition = config.xid.unknown == "condition"
+        self._unknown_action = Action(config.xid.unknown_action)
+
+    def _entity(self, ev: GpuEvent, ctx: RuleContext) -> Entity:
+        gpu = None
+        if ev.uuid:
+            gpu = ctx.gpus_by_uuid.get(ev.uuid)
+        if gpu is None and ev.pci_bus_id:
+            gpu = ctx.gpus_by_bus.get(ev.pci_bus_id)
+        if gpu is not None:
+            return ctx.gpu_entity(gpu)
+        # A GPU NVML never showed us (NVML down, or lost before we started).
+        return Entity(kind=EntityKind.GPU, uuid=ev.uuid, pci_bus_id=ev.pci_bus_id)
+
+    def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
+        for ev in sample.events:
+            if ev.kind is GpuEventKind.FALLEN_OFF_BUS:
+                entity = self._entity(ev, ctx)
+                yield Finding(
+                    ConditionType.GPU_MISSING,
+                    Reason.GPU_LOST,
+                    f"{entity.describe()} has fallen off the bus (kernel log); recommended action {Action.REBOOT}",
+                    Action.REBOOT,
+                    entity,
+                    latched=True,
+                    since=ev.time,
+                    immediate=True,
+                )
+                continue
+            if ev.kind is not GpuEventKind.XID or ev.xid is None:
+                continue
+            info = lookup(ev.xid, self._overrides)
+            if info is not None and info.kind is XidKind.IGNORE:
+                continue
+            entity = self._entity(ev, ctx)
+            reason = xid_reason(ev.xid)
+            detail = f": {ev.message}" if ev.message else ""
+            if info is None:
+                text = f"{entity.describe()}: XID {ev.xid}, not in the catalogue{detail} (seen via {ev.source})"
+                ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
+                if self._unknown_condition:
+                    yield Finding(
+                        ConditionType.GPU_XID_ERROR,
+                        reason,
+                        f"{text}; recommended action {self._unknown_action}",
+                        self._unknown_action,
+                        entity,
+                        latched=True,
+                        since=ev.time,
+                        immediate=True,
+                    )
+                continue
+            text = (
+                f"{entity.describe()}: XID {ev.xid} ({info.kind}), {info.meaning}{detail}; "
+                f"recommended action {info.action}"
+            )
+            ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
+            if info.kind is XidKind.HARDWARE:
+                yield Finding(
+                    ConditionType.GPU_XID_ERROR,
+                    reason,
+                    text,
+                    info.action,
+                    entity,
+                    latched=True,
+                    since=ev.time,
+                    immediate=True,
+                )

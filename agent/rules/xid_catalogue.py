@@ -1,0 +1,99 @@
+"""The XID catalogue: what each XID means and what to do about it.
+
+One table, as data, so that reviewing a severity is reading one line and an
+operator can override any entry from the config file (``xid.overrides``).
+
+``APPLICATION`` XIDs are faults of the program running on the GPU (a bad
+kernel, a page fault, a watchdog on a hung context): the GPU itself is fine,
+so they raise Events only, never a condition. ``HARDWARE`` XIDs mean the GPU,
+its memory, its links or its firmware need attention: they set
+``GpuXidError`` and latch until repair and re-validation clear them.
+
+Severities and actions follow NVIDIA's published XID catalogue and GPU debug
+guidelines, mapped onto our five actions; where NVIDIA says "ignore" or
+"informational" for a hardware-originated XID we still keep it out of the
+conditions (``APPLICATION`` kind, ``NONE`` action), because other signals
+(row remapping, NVLink state) carry the actionable part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+from agent.contract import Action
+
+
+class XidKind(StrEnum):
+    APPLICATION = "application"
+    HARDWARE = "hardware"
+    # Operator override: drop the XID entirely (no Event, no condition).
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True, slots=True)
+class XidInfo:
+    xid: int
+    kind: XidKind
+    action: Action
+    meaning: str
+
+
+_A, _H = XidKind.APPLICATION, XidKind.HARDWARE
+
+_ROWS: tuple[XidInfo, ...] = (
+    XidInfo(8, _A, Action.RESTART_APP, "GPU stopped processing (channel idle timeout)"),
+    XidInfo(13, _A, Action.RESTART_APP, "graphics engine exception, usually an out-of-bounds access in a kernel"),
+    XidInfo(31, _A, Action.RESTART_APP, "GPU memory page fault, usually an illegal address in the application"),
+    XidInfo(32, _A, Action.RESTART_APP, "invalid or corrupted push buffer stream"),
+    XidInfo(38, _A, Action.NONE, "driver firmware error (informational)"),
+    XidInfo(43, _A, Action.RESTART_APP, "GPU stopped processing; the application's channel was reset"),
+    XidInfo(45, _A, Action.RESTART_APP, "preemptive cleanup of a channel after an earlier error"),
+    XidInfo(46, _H, Action.RESET_GPU, "GPU stopped processing (GPU timeout)"),
+    XidInfo(48, _H, Action.RESET_GPU, "double-bit ECC error in GPU memory"),
+    XidInfo(54, _H, Action.REPLACE, "auxiliary power is not connected to the GPU board"),
+    XidInfo(61, _H, Action.RESET_GPU, "internal micro-controller breakpoint or warning"),
+    XidInfo(62, _H, Action.RESET_GPU, "internal micro-controller halt"),
+    XidInfo(63, _A, Action.NONE, "row remapping or page retirement recorded (acted on through remap state)"),
+    XidInfo(64, _H, Action.RESET_GPU, "row remapping or page retirement failed to record"),
+    XidInfo(68, _A, Action.RESTART_APP, "video decoder (NVDEC) exception"),
+    XidInfo(69, _A, Action.RESTART_APP, "graphics engine class error"),
+    XidInfo(74, _H, Action.RESET_GPU, "NVLink error"),
+    XidInfo(79, _H, Action.REBOOT, "GPU has fallen off the bus"),
+    XidInfo(92, _A, Action.NONE, "high single-bit ECC error rate (informational)"),
+    XidInfo(94, _A, Action.RESTART_APP, "contained memory error; only the affected application was stopped"),
+    XidInfo(95, _H, Action.RESET_GPU, "uncontained memory error"),
+    XidInfo(109, _H, Action.RESET_GPU, "context switch timeout"),
+    XidInfo(110, _H, Action.RESET_GPU, "security fault"),
+    XidInfo(119, _H, Action.RESET_GPU, "GSP firmware RPC timeout"),
+    XidInfo(120, _H, Action.RESET_GPU, "GSP firmware error"),
+    XidInfo(121, _A, Action.NONE, "chip-to-chip (C2C) link corrected error (informational)"),
+    XidInfo(136, _H, Action.RESET_GPU, "NVLink training failed"),
+    XidInfo(137, _A, Action.NONE, "NVLink privilege error (informational)"),
+    XidInfo(140, _H, Action.RESET_GPU, "unrecovered ECC error"),
+    XidInfo(143, _H, Action.RESET_GPU, "GPU initialisation error"),
+    XidInfo(144, _H, Action.RESET_GPU, "NVLink SAW error"),
+    XidInfo(145, _H, Action.RESET_GPU, "NVLink RLW error"),
+    XidInfo(146, _H, Action.RESET_GPU, "NVLink TLW error"),
+    XidInfo(147, _H, Action.RESET_GPU, "NVLink TREX error"),
+    XidInfo(148, _H, Action.RESET_GPU, "NVLink power control error"),
+    XidInfo(149, _H, Action.RESET_GPU, "NVLink NETIR error"),
+    XidInfo(150, _H, Action.RESET_GPU, "NVLink MSE error"),
+    XidInfo(151, _H, Action.REBOOT, "confidential-computing key rotation error"),
+    XidInfo(154, _H, Action.RESET_GPU, "GPU recovery action changed: the driver asks for a reset or reboot"),
+    XidInfo(155, _H, Action.RESET_GPU, "NVLink software-defined error"),
+    XidInfo(156, _H, Action.RESET_GPU, "resource retirement event; a reset applies it"),
+    XidInfo(157, _H, Action.REPLACE, "resource retirement failure"),
+    XidInfo(158, _H, Action.RESET_GPU, "GPU fatal timeout"),
+)
+
+XID_CATALOGUE: MappingProxyType[int, XidInfo] = MappingProxyType({row.xid: row for row in _ROWS})
+"""XID number -> what it means and what to do; read-only."""
+
+
+def lookup(xid: int, overrides: dict[int, XidInfo] | None = None) -> XidInfo | None:
+    """The entry for ``xid``, an operator override first; ``None`` if unknown."""
+    if overrides and xid in overrides:
+        return overrides[xid]
+    return XID_CATALOGUE.get(xid)

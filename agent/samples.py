@@ -1,0 +1,278 @@
+"""Raw samples: what the probes read, before any judgement.
+
+The probes fill these plain, immutable records; the health rules read them to
+decide on faults, and the metrics publisher reads them to export gauges and
+counters. Nothing here says whether a value is good or bad.
+
+Conventions, so that every reader interprets a sample the same way:
+
+* ``None`` means "this hardware has no such thing, or the driver does not
+  report it" (NVML ``NotSupported``, a missing sysfs file). It is never a
+  fault and never zero.
+* Counters are the hardware's cumulative values as read; rates are the rules'
+  business (they keep the history).
+* PCI bus ids are normalised by :func:`normalize_bus_id` to
+  ``dddd:bb:dd`` (lower case, function dropped) because NVML spells them
+  ``00000000:3B:00.0`` and the kernel log ``0000:3b:00``; both must map to the
+  same GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``00000000:3B:00.0`` / ``0000:3b:00`` / ``3b:00.0`` -> ``0000:3b:00``.
+
+    The domain is cut to its last four hex digits (NVML pads it to eight), the
+    PCI function is dropped (a GPU is one function), and case is folded.
+    Text that is not a bus id is returned lower-cased and stripped, so a
+    lookup simply misses instead of raising.
+    """
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    parts = text.split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    if len(parts) != 3:
+        return text
+    domain, bus, devfn = parts
+    device = devfn.split(".", 1)[0]
+    return f"{domain[-4:].rjust(4, '0')}:{bus.rjust(2, '0')}:{device.rjust(2, '0')}"
+
+
+# ---------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """``nvmlDeviceGetRemappedRows``: Ampere and later.
+
+    ``pending`` means a remap is recorded but takes effect only after a GPU
+    reset; ``failure`` means the GPU ran out of spare rows for a bank.
+    """
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPages:
+    """Dynamic page retirement: pre-Ampere GPUs (Volta and older).
+
+    ``pending`` means retired pages wait for a reboot or GPU reset to be
+    blacklisted.
+    """
+
+    single_bit_ecc: int
+    double_bit_ecc: int
+    pending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkSample:
+    """One NVLink of one GPU: state and the data-link error counters."""
+
+    link: int
+    active: bool
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+
+    @property
+    def error_total(self) -> int:
+        """Sum of the counters this link reports (unsupported ones count 0)."""
+        return sum(
+            v
+            for v in (self.replay_errors, self.recovery_errors, self.crc_flit_errors, self.crc_data_errors)
+            if v is not None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PcieSample:
+    """PCIe link of one GPU: current against maximum, and the replay counter."""
+
+    current_gen: int | None = None
+    max_gen: int | None = None
+    current_width: int | None = None
+    max_width: int | None = None
+    replay_counter: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything NVML told us about one GPU in one poll.
+
+    ``lost`` is True when NVML answered ``GPU_IS_LOST`` (the GPU fell off the
+    bus): the identity fields then hold what was last known about it and the
+    rest are ``None``. ``errors`` lists fields that failed for a reason other
+    than "not supported" (they are logged; the sample keeps what did work).
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str  # normalised, see normalize_bus_id
+    name: str
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    mig_enabled: bool | None = None
+    utilization_gpu_pct: int | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    nvlinks: tuple[NvlinkSample, ...] = ()
+    pcie: PcieSample | None = None
+    lost: bool = False
+    errors: tuple[str, ...] = ()
+
+    @property
+    def memory_total_mib(self) -> int:
+        return (self.memory_total_bytes or 0) // (1024 * 1024)
+
+    @property
+    def memory_used_mib(self) -> int | None:
+        return None if self.memory_used_bytes is None else self.memory_used_bytes // (1024 * 1024)
+
+
+class GpuEventKind(StrEnum):
+    """What an asynchronous GPU event says happened."""
+
+    XID = "xid"
+    # "GPU has fallen off the bus" printed without an XID number.
+    FALLEN_OFF_BUS = "fallen_off_bus"
+    ECC_SINGLE_BIT = "ecc_single_bit"
+    ECC_DOUBLE_BIT = "ecc_double_bit"
+    # Row remap / page retirement recorded, or failed to record.
+    RETIREMENT = "retirement"
+    RETIREMENT_FAILURE = "retirement_failure"
+
+
+class EventSource(StrEnum):
+    NVML = "nvml"
+    KMSG = "kmsg"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """One asynchronous GPU event, from the NVML event set or the kernel log.
+
+    ``pci_bus_id`` (normalised) identifies the GPU; NVML events also carry
+    ``uuid``. ``time`` is when it happened as best known: the kernel's record
+    time for kmsg lines (so a restarted agent keeps the real time), arrival
+    time for NVML events.
+    """
+
+    kind: GpuEventKind
+    source: EventSource
+    time: datetime
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    xid: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    """How many times one XID was seen on one GPU since the agent started."""
+
+    pci_bus_id: str | None
+    uuid: str | None
+    gpu_index: int | None
+    xid: int
+    count: int
+
+
+# ---------------------------------------------------------------------------
+# InfiniBand / RoCE
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IbCounters:
+    """Port error counters from ``ports/<n>/counters/`` (cumulative)."""
+
+    link_downed: int | None = None
+    symbol_error: int | None = None
+    link_error_recovery: int | None = None
+    port_rcv_errors: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortSample:
+    """One port of one HCA: sysfs state and rate, plus its netdev's link.
+
+    ``state`` and ``phys_state`` are the names sysfs prints after the number
+    (``4: ACTIVE`` -> ``ACTIVE``, ``5: LinkUp`` -> ``LinkUp``). The ``netdev_*``
+    fields come from netlink (pyroute2) for the RoCE or IPoIB interface behind
+    the port, when there is one.
+    """
+
+    device: str
+    port: int
+    state: str
+    phys_state: str
+    rate_gbps: float | None
+    link_layer: str
+    counters: IbCounters = field(default_factory=IbCounters)
+    netdev: str | None = None
+    netdev_oper_state: str | None = None  # IFLA_OPERSTATE: UP, DOWN, LOWERLAYERDOWN, ...
+    netdev_speed_mbps: int | None = None  # ethtool link speed
+
+
+# ---------------------------------------------------------------------------
+# Shared storage
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MountSample:
+    """The latest responsiveness check of one configured mount point.
+
+    ``mounted`` is False when the path is not a mount point (the shared
+    filesystem is missing and jobs would write to the root disk); ``responsive``
+    is False while a ``statvfs`` has been outstanding longer than the timeout.
+    """
+
+    path: str
+    mounted: bool
+    responsive: bool
+    latency_s: float | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# One poll
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    """All raw samples of one poll.
+
+    ``gpus`` holds every GPU NVML enumerated (lost ones flagged);
+    ``gpu_source_error`` is set when NVML could not be used at all this poll
+    (library missing, driver not loaded), in which case ``gpus`` is empty and
+    means "unknown", not "no GPUs". ``events`` are the GPU events that arrived
+    since the previous poll, de-duplicated across NVML and the kernel log;
+    ``xid_counts`` are cumulative since the agent started. ``errors`` names
+    every probe that failed this poll.
+    """
+
+    time: datetime
+    gpus: tuple[GpuSample, ...] = ()
+    gpu_source_error: str | None = None
+    events: tuple[GpuEvent, ...] = ()
+    xid_counts: tuple[XidCount, ...] = ()
+    ib_ports: tuple[IbPortSample, ...] = ()
+    ib_source_error: str | None = None
+    mounts: tuple[MountSample, ...] = ()
+    errors: tuple[str, ...] = ()

@@ -1,0 +1,1 @@
+"""Sim scenario files shipped with gpuwarden (``--scenario NAME``)."""
