@@ -1,15 +1,203 @@
-"""``gpuwarden scheduler`` and ``gpuwarden fairshare`` subcommands."""
+"""``gpuwarden scheduler`` and ``gpuwarden fairshare`` subcommands.
+
+``fairshare FILE`` prints the fair-share table for a queue tree and demand.
+``scheduler --snapshot FILE`` runs one full session over a snapshot file and
+prints the decisions; it is the offline face of the scheduler process, whose
+connected mode (watching a cluster) adds its own flags to this subcommand.
+Both read the YAML formats documented in :mod:`scheduler.snapshot_io`.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent.cliutil import add_flag
+from agent.logconfig import get_logger
+from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
+from scheduler.engine.model import UNLIMITED, Decisions, Queue
+from scheduler.engine.resources import MEMORY, MIB_PER_GIB, MILLI, RESOURCE_NAMES, RESOURCES
+from scheduler.engine.session import run_session
+from scheduler.snapshot_io import SnapshotError, load_fairshare, load_snapshot
+
+log = get_logger(__name__)
 
 
 def register(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser("scheduler", help="run the gpuwarden scheduler")
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "scheduler",
+        help="run the gpuwarden scheduler",
+        description="Run scheduling sessions. With --snapshot, run one session over a snapshot file and print it.",
+    )
+    add_flag(parser, "--snapshot", required=True, help="snapshot YAML file to schedule (offline mode)")
+    add_flag(parser, "--output", choices=["text", "json"], default="text", help="how to print the decisions")
     parser.set_defaults(func=run)
+
+    fair: argparse.ArgumentParser = sub.add_parser(
+        "fairshare",
+        help="print the fair-share table for a queue tree and demand",
+        description="Compute fair share per node pool, queue and resource from a YAML file.",
+    )
+    fair.add_argument("file", help="YAML file with capacity, queues and demand")
+    fair.set_defaults(func=run_fairshare)
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
+
+
+def _amount(resource: int, value: int) -> str:
+    """Engine units to the units people write: GPUs, cores, GiB."""
+    if value == UNLIMITED:
+        return "unlimited"
+    divisor = MIB_PER_GIB if resource == MEMORY else MILLI
+    return f"{value / divisor:g}"
+
+
+_UNITS = ("GPUs", "cores", "GiB")
+
+
+def print_fairshare(
+    queues: Sequence[Queue],
+    capacity: dict[str, tuple[int, int, int]],
+    demand: dict[str, tuple[int, int, int]],
+    out: TextIO,
+) -> None:
+    tree = build_tree(queues)
+    for name, problem in sorted(tree.errors.items()):
+        out.write(f"warning: queue {name} left out: {problem}\n")
+    for name in sorted(demand):
+        node = tree.queues.get(name)
+        if node is None:
+            out.write(f"warning: demand for unknown queue {name} ignored\n")
+        elif not node.is_leaf:
+            out.write(f"warning: demand for {name} ignored: only leaf queues take work\n")
+    rows = fair_shares(tree, capacity, demand)
+    for pool in sorted(tree.roots):
+        cap = capacity.get(pool, (0, 0, 0))
+        described = ", ".join(f"{_amount(r, cap[r])} {_UNITS[r]}" for r in RESOURCES)
+        out.write(f"\nNode pool {pool} (healthy capacity: {described})\n\n")
+        table = [["QUEUE", "RESOURCE", "QUOTA", "LIMIT", "WEIGHT", "REQUEST", "FAIR SHARE"]]
+        pool_rows = [r for r in rows.values() if r.pool == pool]
+        order = {n: i for i, n in enumerate(_tree_order(tree.roots[pool]))}
+        for row in sorted(pool_rows, key=lambda r: order[r.queue]):
+            for r in RESOURCES:
+                table.append(
+                    [
+                        ("  " * row.depth + row.queue) if r == 0 else "",
+                        f"{RESOURCE_NAMES[r]} ({_UNITS[r]})",
+                        _amount(r, row.quota[r]),
+                        _amount(r, row.limit[r]),
+                        f"{row.weight[r]:g}",
+                        _amount(r, row.request[r]),
+                        _amount(r, row.fair_share[r]),
+                    ]
+                )
+        _table(table, out)
+
+
+def _tree_order(roots: list[TreeQueue]) -> list[str]:
+    names: list[str] = []
+
+    def walk(node: TreeQueue) -> None:
+        names.append(node.name)
+        for child in node.children:
+            walk(child)
+
+    for root in roots:
+        walk(root)
+    return names
+
+
+def run_fairshare(args: argparse.Namespace) -> int:
+    try:
+        data = load_fairshare(Path(args.file))
+    except SnapshotError as exc:
+        sys.stderr.write(f"gpuwarden fairshare: {exc}\n")
+        return 2
+    print_fairshare(data.queues, data.capacity, data.demand, sys.stdout)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Decisions
+# --------------------------------------------------------------------------
+
+
+def print_decisions(decisions: Decisions, out: TextIO) -> None:
+    out.write(f"Binds ({len(decisions.binds)})\n")
+    if decisions.binds:
+        rows = [["JOB", "POD", "NODE", "GPUS", "SLICE (MiB/GPU)", "PIPELINED"]]
+        for b in decisions.binds:
+            rows.append(
+                [
+                    b.job,
+                    b.pod,
+                    b.node,
+                    ",".join(map(str, b.gpu_indices)) or "-",
+                    ",".join(map(str, b.gpu_memory_mib)) if b.gpu_memory_mib else "-",
+                    "yes" if b.pipelined else "no",
+                ]
+            )
+        _table(rows, out)
+    out.write(f"\nEvictions ({len(decisions.evictions)})\n")
+    if decisions.evictions:
+        rows = [["JOB", "POD", "NODE", "ACTION", "FOR", "REASON"]]
+        for e in decisions.evictions:
+            rows.append([e.job, e.pod, e.node, e.action.value, e.beneficiary or "-", e.reason])
+        _table(rows, out)
+    out.write(f"\nPending ({len(decisions.pending)})\n")
+    for p in decisions.pending:
+        for reason in p.reasons:
+            out.write(f"  {p.job} (queue {p.queue}): {reason.code.value}: {reason.message}\n")
+    out.write("\nQueues\n")
+    rows = [["POOL", "QUEUE", "RESOURCE", "FAIR SHARE", "ALLOCATED", "REQUEST"]]
+    for q in decisions.queue_shares:
+        share = (q.fair_share.gpu, q.fair_share.cpu, q.fair_share.memory)
+        alloc = (q.allocated.gpu, q.allocated.cpu, q.allocated.memory)
+        req = (q.request.gpu, q.request.cpu, q.request.memory)
+        for r in RESOURCES:
+            rows.append(
+                [
+                    q.pool if r == 0 else "",
+                    q.queue if r == 0 else "",
+                    _UNITS[r],
+                    _amount(r, share[r]),
+                    _amount(r, alloc[r]),
+                    _amount(r, req[r]),
+                ]
+            )
+    _table(rows, out)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("gpuwarden scheduler: not built yet")
+    try:
+        snapshot = load_snapshot(Path(args.snapshot))
+    except SnapshotError as exc:
+        sys.stderr.write(f"gpuwarden scheduler: {exc}\n")
+        return 2
+    decisions = run_session(snapshot)
+    log.info(
+        "session done",
+        binds=len(decisions.binds),
+        evictions=len(decisions.evictions),
+        pending=len(decisions.pending),
+    )
+    if args.output == "json":
+        json.dump(asdict(decisions), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print_decisions(decisions, sys.stdout)
+    return 0

@@ -1,0 +1,475 @@
+"""Read a cluster snapshot, or a queue tree with demand, from YAML.
+
+These files let a person ask the engine "what would you do" without a
+cluster (``gpuwarden scheduler --snapshot FILE``, ``gpuwarden fairshare
+FILE``), and let tests and demos write clusters by hand. Amounts are written
+the way Kubernetes writes them and converted to engine units here:
+
+- CPU: cores as a number (``8``, ``0.5``) or millicores (``"500m"``);
+- memory: a quantity (``64Gi``, ``512Mi``, ``1G``; a bare number is bytes);
+- GPU quota/limit/demand: GPUs as a number (``4``, ``2.5``);
+- ``-1`` (or ``unlimited``) for an unbounded quota or limit.
+
+Snapshot file::
+
+    now: 1700000000                # seconds since the epoch
+    config:                        # optional
+      strategy: binpack            # default placement: binpack | spread
+      poolStrategies: {inference: spread}
+      staleGangGraceSeconds: 60
+    nodes:
+      - name: node-a
+        pool: default              # optional; the node-pool label value
+        cpu: 64
+        memory: 512Gi
+        gpus: 8                    # a count (uniform GPUs) ...
+        gpuMemory: 80Gi            # ... with their memory, or a list:
+        # gpus: [{index: 0, memory: 80Gi, healthy: true, mig: false, uuid: GPU-...}]
+        labels: {zone: a}
+        taints: [{key: dedicated, value: infer, effect: NoSchedule}]
+        schedulable: true          # false = cordoned
+        draining: false            # true = remediation is draining it
+        conditions:
+          - {type: GpuXidError, status: "True", reason: Xid79, action: REBOOT, gpus: [3]}
+    queues:                        # see the fair-share file below
+      - {name: research, gpu: {quota: 8, limit: -1, overQuotaWeight: 1}}
+    jobs:
+      - name: train
+        namespace: default
+        queue: research
+        priority: 50
+        preemptible: true          # optional; inferred from priority
+        minMember: 2
+        created: 1699990000
+        belowMinMemberSince: null  # when a running gang was first seen short
+        tasks:
+          - name: train-0          # or `replicas: 4` to make train-0..train-3
+            cpu: 8
+            memory: 64Gi
+            gpus: 1                # whole GPUs (nvidia.com/gpu)
+            annotations: {gpuwarden.io/gpu-fraction: "0.5"}
+            status: Pending        # Pending | Running | Releasing
+            node: node-a           # running pods: where, and which GPUs
+            gpuIndices: [0]
+            nodeSelector: {}
+            tolerations: [{key: dedicated, operator: Equal, value: infer, effect: NoSchedule}]
+
+Fair-share file::
+
+    capacity:                      # healthy capacity per node pool
+      default: {gpu: 16, cpu: 256, memory: 2Ti}
+    queues:
+      - name: dept-a
+        priority: 0
+        pool: default
+        gpu: {quota: 8, limit: -1, overQuotaWeight: 1}
+        cpu: {quota: 64}
+        memory: {quota: 512Gi}
+      - {name: team-1, parent: dept-a, gpu: {quota: 4}}
+    demand:                        # what each leaf queue asks for
+      team-1: {gpu: 10, cpu: 64, memory: 256Gi}
+
+Every problem in a file is reported at once, each with its place in the
+document (``jobs[2].tasks[0].cpu: ...``); a file with problems is refused
+whole rather than scheduled in part. Pod annotations are passed through as
+written: a malformed GPU slice is the engine's to report on the job.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.contract import DEFAULT_NODE_POOL, Action
+from scheduler.engine.model import (
+    UNLIMITED,
+    Gpu,
+    Job,
+    Node,
+    NodeCondition,
+    PlacementStrategy,
+    Queue,
+    QueueResource,
+    SchedulerConfig,
+    Snapshot,
+    Taint,
+    TaintEffect,
+    Task,
+    TaskStatus,
+    Toleration,
+)
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI
+
+_BYTES_PER_MIB = 1024 * 1024
+_SUFFIXES = {
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "Pi": 1024**5,
+    "k": 1000,
+    "K": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+    "P": 1000**5,
+}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+class SnapshotError(ValueError):
+    """A file that cannot be read; the message lists every problem found."""
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareInput:
+    queues: tuple[Queue, ...]
+    capacity: dict[str, tuple[int, int, int]]
+    demand: dict[str, tuple[int, int, int]]
+
+
+class _Reader:
+    """Walks a parsed document, collecting problems instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, where: str, message: str) -> None:
+        self.problems.append(f"{where}: {message}")
+
+    def mapping(self, value: Any, where: str) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.fail(where, f"expected a mapping, got {type(value).__name__}")
+            return {}
+        return value
+
+    def sequence(self, value: Any, where: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail(where, f"expected a list, got {type(value).__name__}")
+            return []
+        return value
+
+    def labels(self, value: Any, where: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.mapping(value, where).items()}
+
+    def string(self, data: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+        value = data.get(key, default)
+        if value is None:
+            self.fail(f"{where}.{key}", "required")
+            return ""
+        return str(value)
+
+    def integer(self, data: Mapping[str, Any], key: str, where: str, default: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{where}.{key}", f"expected a whole number, got {value!r}")
+            return default
+        return value
+
+    def number(self, data: Mapping[str, Any], key: str, where: str, default: float) -> float:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(f"{where}.{key}", f"expected a number, got {value!r}")
+            return default
+        return float(value)
+
+    def boolean(self, data: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if isinstance(value, str) and value.lower() in {"true", "false"}:
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            self.fail(f"{where}.{key}", f"expected true or false, got {value!r}")
+            return default
+        return value
+
+    def time(self, data: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(f"{where}.{key}", f"expected seconds since the epoch or a timestamp, got {value!r}")
+            return default
+        return float(value)
+
+    def cpu(self, value: Any, where: str) -> int:
+        """Cores (number) or millicores ("500m") -> millicores."""
+        if isinstance(value, str) and value.endswith("m"):
+            try:
+                return int(value[:-1])
+            except ValueError:
+                pass
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            return math.ceil(value * MILLI)
+        elif isinstance(value, str):
+            try:
+                return math.ceil(float(value) * MILLI)
+            except ValueError:
+                pass
+        self.fail(where, f"not a CPU amount: {value!r} (use cores like 8 or 0.5, or millicores like 500m)")
+        return 0
+
+    def memory(self, value: Any, where: str) -> int:
+        """A quantity (64Gi, 512Mi, bytes) -> MiB, rounded up."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return math.ceil(value / _BYTES_PER_MIB)
+        if isinstance(value, str):
+            match = _QUANTITY.match(value)
+            if match and (match.group(2) == "" or match.group(2) in _SUFFIXES):
+                amount = float(match.group(1)) * _SUFFIXES.get(match.group(2), 1)
+                return math.ceil(amount / _BYTES_PER_MIB)
+        self.fail(where, f"not a memory quantity: {value!r} (use e.g. 64Gi or 512Mi)")
+        return 0
+
+    def gpus(self, value: Any, where: str) -> int:
+        """GPUs as a number -> milli-GPUs."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return math.ceil(value * MILLI)
+        self.fail(where, f"not a GPU amount: {value!r}")
+        return 0
+
+    def bound(self, value: Any, resource: int, where: str) -> int:
+        if value in (-1, "-1", "unlimited"):
+            return UNLIMITED
+        if resource == GPU:
+            return self.gpus(value, where)
+        if resource == CPU:
+            return self.cpu(value, where)
+        return self.memory(value, where)
+
+    def vector(self, data: Any, where: str) -> tuple[int, int, int]:
+        data = self.mapping(data, where)
+        unknown = set(data) - {"gpu", "cpu", "memory"}
+        for key in sorted(unknown):
+            self.fail(f"{where}.{key}", "unknown resource (use gpu, cpu, memory)")
+        return (
+            self.gpus(data.get("gpu", 0), f"{where}.gpu"),
+            self.cpu(data.get("cpu", 0), f"{where}.cpu"),
+            self.memory(data.get("memory", 0), f"{where}.memory"),
+        )
+
+    # ------------------------------------------------------------------
+
+    def queue(self, data: Any, where: str) -> Queue:
+        data = self.mapping(data, where)
+        resources: list[QueueResource] = []
+        for resource, key in ((GPU, "gpu"), (CPU, "cpu"), (MEMORY, "memory")):
+            setting = self.mapping(data.get(key), f"{where}.{key}")
+            quota = self.bound(setting.get("quota", 0), resource, f"{where}.{key}.quota")
+            limit = self.bound(setting.get("limit", -1), resource, f"{where}.{key}.limit")
+            weight = self.number(setting, "overQuotaWeight", f"{where}.{key}", 1.0)
+            if weight < 0:
+                self.fail(f"{where}.{key}.overQuotaWeight", "must not be negative")
+            resources.append(QueueResource(quota, limit, weight))
+        parent = data.get("parent")
+        return Queue(
+            name=self.string(data, "name", where),
+            parent=str(parent) if parent is not None else None,
+            priority=self.integer(data, "priority", where, 0),
+            node_pool=self.string(data, "pool", where, DEFAULT_NODE_POOL),
+            gpu=resources[0],
+            cpu=resources[1],
+            memory=resources[2],
+        )
+
+    def node(self, data: Any, where: str) -> Node:
+        data = self.mapping(data, where)
+        gpus_value = data.get("gpus", 0)
+        gpus: list[Gpu] = []
+        if isinstance(gpus_value, int) and not isinstance(gpus_value, bool):
+            memory = self.memory(data.get("gpuMemory", "80Gi"), f"{where}.gpuMemory")
+            gpus = [Gpu(index=i, memory_mib=memory) for i in range(gpus_value)]
+        else:
+            for i, raw_gpu in enumerate(self.sequence(gpus_value, f"{where}.gpus")):
+                gw = f"{where}.gpus[{i}]"
+                g = self.mapping(raw_gpu, gw)
+                gpus.append(
+                    Gpu(
+                        index=self.integer(g, "index", gw, i),
+                        uuid=str(g.get("uuid", "")),
+                        memory_mib=self.memory(g.get("memory", "80Gi"), f"{gw}.memory"),
+                        healthy=self.boolean(g, "healthy", gw, True),
+                        mig_enabled=self.boolean(g, "mig", gw, False),
+                    )
+                )
+        taints: list[Taint] = []
+        for i, raw_taint in enumerate(self.sequence(data.get("taints"), f"{where}.taints")):
+            tw = f"{where}.taints[{i}]"
+            t = self.mapping(raw_taint, tw)
+            effect = str(t.get("effect", TaintEffect.NO_SCHEDULE.value))
+            if effect not in {e.value for e in TaintEffect}:
+                self.fail(f"{tw}.effect", f"unknown taint effect {effect!r}")
+                effect = TaintEffect.NO_SCHEDULE.value
+            taints.append(Taint(self.string(t, "key", tw), str(t.get("value", "")), TaintEffect(effect)))
+        conditions: list[NodeCondition] = []
+        for i, raw_cond in enumerate(self.sequence(data.get("conditions"), f"{where}.conditions")):
+            cw = f"{where}.conditions[{i}]"
+            c = self.mapping(raw_cond, cw)
+            action = str(c.get("action", Action.NONE.value))
+            if action not in {a.value for a in Action}:
+                self.fail(f"{cw}.action", f"unknown action {action!r} (one of {', '.join(a.value for a in Action)})")
+                action = Action.NONE.value
+            indices = self.sequence(c.get("gpus"), f"{cw}.gpus")
+            conditions.append(
+                NodeCondition(
+                    type=self.string(c, "type", cw),
+                    status=self.boolean(c, "status", cw, True),
+                    reason=str(c.get("reason", "")),
+                    message=str(c.get("message", "")),
+                    action=Action(action),
+                    gpu_indices=tuple(int(x) for x in indices if isinstance(x, int)),
+                )
+            )
+        return Node(
+            name=self.string(data, "name", where),
+            pool=self.string(data, "pool", where, DEFAULT_NODE_POOL),
+            cpu_milli=self.cpu(data.get("cpu", 0), f"{where}.cpu"),
+            memory_mib=self.memory(data.get("memory", 0), f"{where}.memory"),
+            gpus=tuple(gpus),
+            labels=self.labels(data.get("labels"), f"{where}.labels"),
+            taints=tuple(taints),
+            schedulable=self.boolean(data, "schedulable", where, True),
+            conditions=tuple(conditions),
+            draining=self.boolean(data, "draining", where, False),
+        )
+
+    def tasks(self, data: Any, where: str) -> list[Task]:
+        data = self.mapping(data, where)
+        status = str(data.get("status", TaskStatus.PENDING.value))
+        if status not in {s.value for s in TaskStatus}:
+            self.fail(f"{where}.status", f"unknown status {status!r} (Pending, Running or Releasing)")
+            status = TaskStatus.PENDING.value
+        tolerations: list[Toleration] = []
+        for i, raw_tol in enumerate(self.sequence(data.get("tolerations"), f"{where}.tolerations")):
+            t = self.mapping(raw_tol, f"{where}.tolerations[{i}]")
+            tolerations.append(
+                Toleration(
+                    key=str(t.get("key", "")),
+                    operator=str(t.get("operator", "Equal")),
+                    value=str(t.get("value", "")),
+                    effect=str(t.get("effect", "")),
+                )
+            )
+        node = data.get("node")
+        common: dict[str, Any] = {
+            "namespace": str(data.get("namespace", "default")),
+            "status": TaskStatus(status),
+            "cpu_milli": self.cpu(data.get("cpu", 0), f"{where}.cpu"),
+            "memory_mib": self.memory(data.get("memory", 0), f"{where}.memory"),
+            "gpus": self.integer(data, "gpus", where, 0),
+            "annotations": self.labels(data.get("annotations"), f"{where}.annotations"),
+            "node_selector": self.labels(data.get("nodeSelector"), f"{where}.nodeSelector"),
+            "tolerations": tuple(tolerations),
+            "node": str(node) if node is not None else None,
+            "gpu_indices": tuple(
+                int(x) for x in self.sequence(data.get("gpuIndices"), f"{where}.gpuIndices") if isinstance(x, int)
+            ),
+        }
+        replicas = data.get("replicas")
+        name = self.string(data, "name", where)
+        if replicas is None:
+            return [Task(name=name, uid=str(data.get("uid", "")), **common)]
+        count = self.integer(data, "replicas", where, 1)
+        return [Task(name=f"{name}-{i}", uid="", **common) for i in range(count)]
+
+    def job(self, data: Any, where: str) -> Job:
+        data = self.mapping(data, where)
+        tasks: list[Task] = []
+        for i, t in enumerate(self.sequence(data.get("tasks"), f"{where}.tasks")):
+            tasks.extend(self.tasks(t, f"{where}.tasks[{i}]"))
+        preemptible = data.get("preemptible")
+        if preemptible is not None and not isinstance(preemptible, bool):
+            self.fail(f"{where}.preemptible", f"expected true or false, got {preemptible!r}")
+            preemptible = None
+        return Job(
+            name=self.string(data, "name", where),
+            queue=self.string(data, "queue", where),
+            namespace=str(data.get("namespace", "default")),
+            uid=str(data.get("uid", "")),
+            priority=self.integer(data, "priority", where, 0),
+            preemptible=preemptible,
+            min_member=self.integer(data, "minMember", where, 1),
+            created=self.time(data, "created", where, 0.0) or 0.0,
+            tasks=tuple(tasks),
+            below_min_member_since=self.time(data, "belowMinMemberSince", where, None),
+        )
+
+    def config(self, data: Any, where: str) -> SchedulerConfig:
+        data = self.mapping(data, where)
+        valid = {s.value for s in PlacementStrategy}
+        default = str(data.get("strategy", PlacementStrategy.BINPACK.value))
+        if default not in valid:
+            self.fail(f"{where}.strategy", f"unknown strategy {default!r} (binpack or spread)")
+            default = PlacementStrategy.BINPACK.value
+        per_pool: dict[str, PlacementStrategy] = {}
+        for pool, strategy in self.mapping(data.get("poolStrategies"), f"{where}.poolStrategies").items():
+            if str(strategy) not in valid:
+                self.fail(f"{where}.poolStrategies.{pool}", f"unknown strategy {strategy!r}")
+                continue
+            per_pool[str(pool)] = PlacementStrategy(str(strategy))
+        return SchedulerConfig(
+            default_strategy=PlacementStrategy(default),
+            pool_strategies=per_pool,
+            stale_gang_grace_s=self.number(data, "staleGangGraceSeconds", where, 60.0),
+        )
+
+    def raise_if_problems(self, source: str) -> None:
+        if self.problems:
+            lines = "\n  ".join(self.problems)
+            raise SnapshotError(f"{source}: {len(self.problems)} problem(s):\n  {lines}")
+
+
+def _load_document(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SnapshotError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise SnapshotError(f"{path}: expected a mapping at the top of the document")
+    return data
+
+
+def parse_snapshot(data: Mapping[str, Any], source: str = "snapshot") -> Snapshot:
+    reader = _Reader()
+    nodes = [reader.node(n, f"nodes[{i}]") for i, n in enumerate(reader.sequence(data.get("nodes"), "nodes"))]
+    queues = [reader.queue(q, f"queues[{i}]") for i, q in enumerate(reader.sequence(data.get("queues"), "queues"))]
+    jobs = [reader.job(j, f"jobs[{i}]") for i, j in enumerate(reader.sequence(data.get("jobs"), "jobs"))]
+    config = reader.config(data.get("config"), "config")
+    now = reader.time(data, "now", "snapshot", 0.0) or 0.0
+    reader.raise_if_problems(source)
+    return Snapshot(tuple(nodes), tuple(queues), tuple(jobs), now, config)
+
+
+def load_snapshot(path: Path) -> Snapshot:
+    return parse_snapshot(_load_document(path), str(path))
+
+
+def parse_fairshare(data: Mapping[str, Any], source: str = "fair-share input") -> FairShareInput:
+    reader = _Reader()
+    queues = [reader.queue(q, f"queues[{i}]") for i, q in enumerate(reader.sequence(data.get("queues"), "queues"))]
+    capacity = {
+        str(pool): reader.vector(v, f"capacity.{pool}")
+        for pool, v in reader.mapping(data.get("capacity"), "capacity").items()
+    }
+    demand = {str(q): reader.vector(v, f"demand.{q}") for q, v in reader.mapping(data.get("demand"), "demand").items()}
+    reader.raise_if_problems(source)
+    return FairShareInput(tuple(queues), capacity, demand)
+
+
+def load_fairshare(path: Path) -> FairShareInput:
+    return parse_fairshare(_load_document(path), str(path))
