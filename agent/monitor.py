@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from types import ModuleType
+from typing import Any
 
 from agent.backends.base import NodeHardware
 from agent.backends.nvml import NvmlBackend
@@ -290,7 +290,7 @@ def build_hardware(
     backend: str,
     config: AgentConfig,
     scenario: str = "default",
-    nvml_module: ModuleType | None = None,
+    nvml_module: Any = None,
 ) -> NodeHardware:
     """Open the node's hardware sources for ``backend`` (``nvml`` or ``sim``).
 

@@ -27,7 +27,6 @@ import ctypes
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any, TypeVar
 
 from agent.backends.base import BackendUnavailableError, GpuBackend
@@ -71,7 +70,7 @@ class NvmlBackend(GpuBackend):
 
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
             import pynvml as nvml_module  # noqa: PLC0415 - tests inject a stand-in instead
 

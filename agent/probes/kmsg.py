@@ -59,7 +59,7 @@ def parse_record(record: str, boot_epoch: float) -> GpuEvent | None:
 
     ``boot_epoch`` converts the record's monotonic timestamp into wall time.
     """
-    text = record.rstrip("\n")
+    text = record.split("\n", 1)[0]
     if "NVRM" not in text:  # cheap reject: nearly every record
         return None
     usec: int | None = None
@@ -178,6 +178,8 @@ def open_kmsg(path: str) -> KmsgSource | None:
     log costs the agent its XID history, not its other probes.
     """
     try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
         return DevKmsgSource(path)
     except OSError as exc:
         log.warning(
@@ -206,7 +208,11 @@ class KmsgProbe:
         """Read everything available now (the backlog since boot) synchronously."""
         n = 0
         while True:
-            records = self._source.read(0)
+            try:
+                records = self._source.read(0)
+            except OSError as exc:
+                log.error("kmsg_read_failed", error=exc.strerror or str(exc))
+                return n
             if not records:
                 return n
             n += self._handle(records)

@@ -1,0 +1,204 @@
+"""Kernel-log parsing on real-format lines, and the kmsg reader."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agent.probes.kmsg import DevKmsgSource, KmsgProbe, open_kmsg, parse_record
+from agent.samples import EventSource, GpuEvent, GpuEventKind
+
+FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
+BOOT = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("record", "bus", "xid", "message"),
+    [
+        # r418-r460: no pid
+        (
+            "4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+            "0000:3b:00",
+            79,
+            "GPU has fallen off the bus.",
+        ),
+        # r470: pid=
+        (
+            "4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+            "0000:3b:00",
+            79,
+            "GPU has fallen off the bus.",
+        ),
+        # r525+: pid='<unknown>', name=<unknown>
+        (
+            "4,9,5000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x1",
+            "0000:86:00",
+            13,
+            "Graphics Exception: ESR 0x1",
+        ),
+        # r550 GSP
+        (
+            "4,9,5000000,-;NVRM: Xid (PCI:0000:DB:00): 119, pid=3321, name=nvidia-smi, Timeout after 6s of waiting",
+            "0000:db:00",
+            119,
+            "Timeout after 6s of waiting",
+        ),
+        # pre-r400: no PCI: prefix, hex words
+        (
+            "4,9,5000000,-;NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0",
+            "0000:03:00",
+            13,
+            "0003 00000000 0000a1c0",
+        ),
+        # dmesg output and journal lines
+        (
+            "[ 5.000000] NVRM: Xid (PCI:0000:18:00): 48, pid=7, name=x, An uncorrectable double bit error",
+            "0000:18:00",
+            48,
+            "An uncorrectable double bit error",
+        ),
+        (
+            "Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:18:00): 94, pid=7, name=x, Contained: CE User Channel",
+            "0000:18:00",
+            94,
+            "Contained: CE User Channel",
+        ),
+        # no text after the number
+        ("4,9,5000000,-;NVRM: Xid (PCI:0000:18:00): 45", "0000:18:00", 45, ""),
+    ],
+)
+def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
+    ev = parse_record(record, BOOT)
+    assert ev is not None
+    assert (ev.kind, ev.source, ev.pci_bus_id, ev.xid, ev.message) == (
+        GpuEventKind.XID,
+        EventSource.KMSG,
+        bus,
+        xid,
+        message,
+    )
+
+
+def test_record_time_is_boot_plus_monotonic_timestamp() -> None:
+    ev = parse_record("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", BOOT)
+    assert ev is not None and ev.time == datetime.fromtimestamp(BOOT + 5, tz=UTC)
+    ev = parse_record("[   12.500000] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=a, MMU Fault", BOOT)
+    assert ev is not None and ev.time == datetime.fromtimestamp(BOOT + 12.5, tz=UTC)
+
+
+@pytest.mark.parametrize(
+    ("record", "bus"),
+    [
+        ("3,1,1,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "0000:3b:00"),
+        (
+            "3,1,1,-;NVRM: The NVIDIA GPU 0000:9a:00.0 (PCI ID: 10de:20b0) installed in this system has fallen off "
+            "the bus and is not responding to commands.",
+            "0000:9a:00",
+        ),
+        ("3,1,1,-;NVRM: GPU at PCI:0000:5d:00: GPU has fallen off the bus.", "0000:5d:00"),
+    ],
+)
+def test_fallen_off_the_bus_lines(record: str, bus: str) -> None:
+    ev = parse_record(record, BOOT)
+    assert ev is not None and ev.kind is GpuEventKind.FALLEN_OFF_BUS and ev.pci_bus_id == bus
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "6,3,9234567,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+        "6,181,7,c;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress",
+        "6,2,812345,-;pci 0000:3b:00.0: [10de:2330] type 00 class 0x030200",
+        "4,1,1,-;NVRM: GPU at PCI:0000:5d:00: GPU-9f8a2e1c-0000-0000-0000-000000000000",
+        "",
+        "garbage without structure",
+    ],
+)
+def test_other_records_are_not_events(record: str) -> None:
+    assert parse_record(record, BOOT) is None
+
+
+def test_a_captured_log_replays_through_the_reader(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(FIXTURE.read_text())
+    source = DevKmsgSource(str(log))
+    events: list[GpuEvent] = []
+    probe = KmsgProbe(source, events.append, boot_epoch=BOOT)
+    try:
+        assert probe.drain() == 11
+    finally:
+        source.close()
+    kinds = [(e.kind.value, e.pci_bus_id, e.xid) for e in events]
+    assert kinds == [
+        ("xid", "0000:3b:00", 79),
+        ("fallen_off_bus", "0000:3b:00", None),
+        ("xid", "0000:86:00", 13),
+        ("xid", "0000:86:00", 13),
+        ("xid", "0000:18:00", 48),
+        ("xid", "0000:18:00", 63),
+        ("xid", "0000:03:00", 13),
+        ("xid", "0000:db:00", 119),
+        ("xid", "0000:db:00", 154),
+        ("fallen_off_bus", "0000:9a:00", None),
+        ("xid", "0000:ab:00", 999),
+    ]
+    # Dictionary continuation lines (" SUBSYSTEM=pci") are not records.
+    assert probe.records_read == 15
+
+
+def test_reader_thread_sees_lines_appended_later(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,1,-;boot\n")
+    got = threading.Event()
+    events: list[GpuEvent] = []
+
+    def sink(ev: GpuEvent) -> None:
+        events.append(ev)
+        got.set()
+
+    probe = KmsgProbe(DevKmsgSource(str(log)), sink, boot_epoch=BOOT)
+    try:
+        probe.drain()
+        probe.start()
+        with open(log, "a") as f:
+            f.write("4,2,2000000,-;NVRM: Xid (PCI:0000:18:00): 74, pid=1, name=a, NVLink: fatal error detected\n")
+        assert got.wait(5.0)
+    finally:
+        probe.stop()
+    assert events[0].xid == 74
+
+
+def test_missing_kmsg_is_logged_not_fatal(tmp_path: Path) -> None:
+    assert open_kmsg(str(tmp_path / "no-such-kmsg")) is None
+
+
+def test_a_directory_is_not_a_kernel_log(tmp_path: Path) -> None:
+    assert open_kmsg(str(tmp_path)) is None
+
+
+def test_read_errors_during_drain_are_logged_not_raised(tmp_path: Path) -> None:
+    class BrokenSource(DevKmsgSource):
+        def read(self, timeout_s: float) -> list[str]:
+            raise OSError(5, "Input/output error")
+
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    probe = KmsgProbe(BrokenSource(str(path)), lambda ev: None, boot_epoch=BOOT)
+    assert probe.drain() == 0
+
+
+def test_dev_kmsg_reads_the_real_ring_buffer() -> None:
+    source = open_kmsg("/dev/kmsg")
+    if source is None:
+        # Without CAP_SYSLOG the agent must carry on without it.
+        assert os.geteuid() != 0 or not os.path.exists("/dev/kmsg")
+        return
+    try:
+        records = source.read(0.5)
+    finally:
+        source.close()
+    assert records and all(";" in r for r in records)
