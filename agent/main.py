@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import socket
 import sys
@@ -27,6 +28,7 @@ from agent.contract import HEALTHY_REASONS, ConditionType, Reason
 from agent.logconfig import get_logger
 from agent.model import HealthReport
 from agent.monitor import Monitor, build_hardware
+from agent.publish.settings import add_flags as add_publish_flags
 from agent.samples import NodeSample
 
 log = get_logger(__name__)
@@ -46,12 +48,19 @@ def register(sub: Any) -> None:
         help="sim backend: a shipped scenario name or a scenario YAML file",
     )
     add_flag(parser, "--config", default=None, help="agent config file (YAML); defaults apply without one")
-    add_flag(parser, "--node-name", default=socket.gethostname(), help="name of this Kubernetes node")
+    add_flag(
+        parser,
+        "--node-name",
+        # NODE_NAME: the usual downward-API variable (spec.nodeName) in a DaemonSet.
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="name of this Kubernetes node",
+    )
     add_flag(parser, "--poll-interval", type=float, default=None, help="seconds between polls (overrides config)")
     add_flag(parser, "--kmsg-path", default=None, help="kernel log to read (overrides config)")
     add_flag(parser, "--sysfs-root", default=None, help="sysfs root for InfiniBand (overrides config)")
     add_flag(parser, "--once", action="store_true", help="poll once, print the report and exit")
     add_flag(parser, "--output", choices=["text", "json"], default="text", help="--once report format")
+    add_publish_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -178,6 +187,11 @@ def run(args: argparse.Namespace, handlers: list[Callable[[HealthReport, NodeSam
             out = report_json(report, sample) if args.output == "json" else format_report(report)
             print(out)
             return 0
+        if handlers is None and not args.standalone:
+            # Connected mode; the kubernetes client is imported only here.
+            from agent.daemon import run_daemon  # noqa: PLC0415 -- keeps --once free of the kubernetes client
+
+            return run_daemon(args, monitor)
         stop = threading.Event()
 
         def _stop(signum: int, _frame: object) -> None:

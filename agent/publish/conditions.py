@@ -18,6 +18,7 @@ agent does not make conditions look new.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -35,7 +36,10 @@ log = get_logger(__name__)
 MAX_LISTED_FAULTS = 4
 # Each fault's own text is cut to this many characters so that one verbose
 # fault cannot push the others and the recommended action out of view.
-MAX_FAULT_TEXT = 160
+MAX_FAULT_TEXT = 240
+# The rules end a fault's message with its action; the condition message
+# states the node's action once at the end instead.
+_ACTION_TAIL = re.compile(r"[;,.]?\s*recommended action:?\s+[A-Z_]+\.?\s*$", re.IGNORECASE)
 
 HEALTHY_MESSAGES: Mapping[ConditionType, str] = {
     ConditionType.GPU_XID_ERROR: "No fatal XID on any GPU",
@@ -175,13 +179,20 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def fault_text(fault: Fault) -> str:
-    """ "GPU 3 (GPU-…, 0000:3b:00): <what the rule said>", without repeating the entity."""
+def fault_text(fault: Fault, *, with_action: bool = False) -> str:
+    """The fault as "GPU 3 (GPU-…, 0000:3b:00): <what the rule said>".
+
+    The entity is not repeated when the rule's message already starts with
+    it, and the rule's own "recommended action" tail is dropped; with
+    ``with_action`` the fault's action comes back in brackets, for messages
+    that list faults with different actions.
+    """
     who = fault.entity.describe()
-    what = fault.message.strip() or fault.reason
-    if fault.entity.kind is EntityKind.NODE or what.startswith(who):
-        return _clip(what, MAX_FAULT_TEXT)
-    return _clip(f"{who}: {what}", MAX_FAULT_TEXT)
+    what = _ACTION_TAIL.sub("", fault.message.strip()) or fault.reason
+    if fault.entity.kind is not EntityKind.NODE and not what.startswith(who):
+        what = f"{who}: {what}"
+    tail = f" [{fault.action.value}]" if with_action else ""
+    return _clip(what, MAX_FAULT_TEXT - len(tail)) + tail
 
 
 def condition_reason(faults: Iterable[Fault]) -> str:
@@ -199,9 +210,10 @@ def condition_message(faults: Iterable[Fault]) -> str:
     (one fault seen through two signals) are listed once.
     """
     ordered = sorted(faults, key=_fault_order)
+    mixed = len({f.action for f in ordered}) > 1
     texts: list[str] = []
     for fault in ordered:
-        text = fault_text(fault)
+        text = fault_text(fault, with_action=mixed)
         if text not in texts:
             texts.append(text)
     listed = texts[:MAX_LISTED_FAULTS]

@@ -32,12 +32,10 @@ from agent.logconfig import get_logger
 from agent.model import EntityKind, HealthEvent
 from agent.publish.conditions import format_time, now_utc
 from agent.publish.kube import JSON, ApiError, KubeApi
+from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 
 log = get_logger(__name__)
 
-# Where node Events go: the kubelet writes its node Events to "default" too,
-# so `kubectl get events` there shows both.
-DEFAULT_NAMESPACE = "default"
 MAX_MESSAGE = 1024
 # Distinct events kept while the API server is away. Each is small; beyond
 # this a sustained outage with a flood of distinct events loses the oldest.
@@ -92,7 +90,7 @@ class EventsPublisher:
         api: KubeApi,
         node_name: str,
         *,
-        namespace: str = DEFAULT_NAMESPACE,
+        namespace: str = DEFAULT_EVENTS_NAMESPACE,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._api = api

@@ -121,3 +121,14 @@ def test_conditions_read_back_from_a_node_ignore_other_types_and_bad_entries() -
     assert set(found) == {ConditionType.GPU_XID_ERROR}
     assert found[ConditionType.GPU_XID_ERROR].problem
     assert found[ConditionType.GPU_XID_ERROR].last_transition == T0 - timedelta(minutes=30)
+
+
+def test_rule_action_tail_is_stated_once_and_mixed_actions_are_kept_per_fault() -> None:
+    single = replace(remap_fault(3), message="row remap pending; recommended action RESET_GPU")
+    message = condition_message([single])
+    assert message.count("RESET_GPU") == 1
+    assert message.endswith("Recommended action: RESET_GPU.")
+    mixed = condition_message([single, remap_fault(4, failure=True)])
+    assert "[RESET_GPU]" in mixed
+    assert "[REPLACE]" in mixed
+    assert mixed.endswith("Recommended action: REPLACE.")

@@ -1,0 +1,370 @@
+"""The long-running agent: monitor loop, publishers, HTTP endpoint, signals.
+
+Three threads, so that no part can stall another:
+
+* the **monitor** thread polls the hardware and runs the rules
+  (:meth:`agent.monitor.Monitor.run`); for each report it only updates the
+  metrics, queues the report's Events and hands the report over. Detection
+  never waits for the API server.
+* the **publisher** thread writes the latest report to Kubernetes
+  (conditions, capacity, GPUNode, Events). It coalesces reports -- only the
+  latest state matters, Events are queued separately -- and on failure keeps
+  the desired state, backs off with jitter, logs once per outage, and
+  republishes everything when the API server answers again.
+* the **HTTP** thread serves /metrics, /healthz and /readyz.
+
+Restart safety: before publishing anything the agent reads its Node and
+GPUNode back, seeds the monitor with the faults they record (latched ones
+stay raised) and waits for a report made after that, so a restarted agent
+never reports a latched fault healthy and a steady node sees no flap.
+
+Request budget in steady state: one heartbeat patch of nodes/status per
+heartbeat period (60 s by default) and nothing else. The agent does not
+watch or poll its Node: the taint and uid it needs come back in the
+response to that heartbeat patch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from agent.config import ConfigError
+from agent.contract import TAINT_QUARANTINE, Action, ConditionType
+from agent.logconfig import get_logger
+from agent.model import Entity, Fault, HealthReport
+from agent.monitor import Monitor
+from agent.publish.capacity import CapacityPublisher
+from agent.publish.conditions import ConditionsPublisher, ConditionState
+from agent.publish.events import EventsPublisher
+from agent.publish.gpunode import GpuNodePublisher
+from agent.publish.http import HealthServer
+from agent.publish.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
+from agent.publish.metrics import MetricsPublisher
+from agent.publish.settings import DaemonSettings, settings_from_args
+from agent.samples import NodeSample
+
+log = get_logger(__name__)
+
+_ACTION_SUFFIX = re.compile(r"\s*Recommended action: ([A-Z_]+)\.\s*$")
+
+
+def faults_from_conditions(conditions: dict[ConditionType, ConditionState], covered: set[ConditionType]) -> list[Fault]:
+    """Node-wide faults standing in for True conditions the GPUNode has no detail for.
+
+    The GPUNode may be gone (deleted by hand, or never written because the
+    API server failed first); the condition alone still says a fault was
+    raised, and the rules latch it by condition and reason.
+    """
+    out: list[Fault] = []
+    for ctype, state in conditions.items():
+        if not state.problem or ctype in covered:
+            continue
+        match = _ACTION_SUFFIX.search(state.message)
+        action = Action.NONE
+        message = state.message
+        if match:
+            message = state.message[: match.start()].rstrip(". ") or state.reason
+            try:
+                action = Action(match.group(1))
+            except ValueError:
+                action = Action.NONE
+        out.append(
+            Fault(
+                condition=ctype,
+                reason=state.reason,
+                message=message,
+                action=action,
+                entity=Entity.node(),
+                since=state.last_transition,
+            )
+        )
+    return out
+
+
+def _taints(node: JSON) -> list[JSON]:
+    spec = node.get("spec") or {}
+    return [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+
+
+class AgentDaemon:
+    """One node's agent, connected to Kubernetes. See the module docstring."""
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        api_client: client.ApiClient,
+        settings: DaemonSettings,
+    ) -> None:
+        self.monitor = monitor
+        self.settings = settings
+        self.stats = RequestStats()
+        self.api = KubeApi(api_client, timeout_s=settings.api_timeout_s, stats=self.stats)
+        node = settings.node_name
+        self.metrics = MetricsPublisher(self.stats)
+        self.conditions = ConditionsPublisher(
+            self.api, node, heartbeat_period_s=settings.heartbeat_period_s, on_node=self._observe_node
+        )
+        self.capacity = CapacityPublisher(self.api, node)
+        self.gpunode = GpuNodePublisher(self.api, node)
+        self.events = EventsPublisher(self.api, node, namespace=settings.events_namespace)
+        self.server: HealthServer | None = None
+        if settings.metrics_port is not None:
+            self.server = HealthServer(
+                self.metrics.registry,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                liveness=self.liveness,
+                readiness=self.readiness,
+            )
+        self._backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s)
+        self._outage = OutageLog()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._latest: HealthReport | None = None
+        self._seq = 0
+        self._restored = False
+        self._restored_seq = 0
+        self._retry_at = 0.0
+        self._node_uid: str | None = None
+        self._started_at = time.monotonic()
+        self._last_report_at: float | None = None
+        self._published_seq = 0
+        self._threads: list[threading.Thread] = []
+
+    # ---------------------------------------------------------------- life
+
+    def start(self) -> None:
+        """Read state back, then start the HTTP, publisher and monitor threads.
+
+        The first read-back is tried here, before the first poll, so that in
+        the usual case the very first report already carries restored
+        faults; if the API server does not answer, the publisher thread keeps
+        trying and detection starts anyway.
+        """
+        self._started_at = time.monotonic()
+        try:
+            self._restore()
+        except ApiError as exc:
+            self._failed(exc)
+        if self.server is not None:
+            self.server.start()
+        for name, target in (("gpuwarden-publisher", self._publish_loop), ("gpuwarden-monitor", self._monitor_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info(
+            "agent_daemon_started",
+            node=self.settings.node_name,
+            heartbeat_period_s=self.settings.heartbeat_period_s,
+            metrics_port=self.server.port if self.server else None,
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the threads; a last attempt writes queued Events."""
+        self._stop.set()
+        self._wake.set()
+        self.monitor.wake()
+        for thread in self._threads:
+            thread.join(timeout=timeout_s)
+        self._threads = []
+        if self.server is not None:
+            self.server.stop()
+        if self.events.pending():
+            try:
+                self.events.flush()
+            except ApiError as exc:
+                log.warning("events_not_written_at_exit", pending=self.events.pending(), error=str(exc))
+        log.info("agent_daemon_stopped", node=self.settings.node_name)
+
+    def __enter__(self) -> AgentDaemon:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------- probes
+
+    def liveness(self) -> tuple[bool, str]:
+        """Fails when the poll loop or the publisher thread is stuck or dead.
+
+        Not on API-server trouble: restarting the agent would not fix that.
+        """
+        limit = max(60.0, 6 * self.monitor.config.poll_interval_s)
+        last = self._last_report_at if self._last_report_at is not None else self._started_at
+        age = time.monotonic() - last
+        if age > limit:
+            return False, f"no poll completed for {age:.0f}s (limit {limit:.0f}s)"
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead and not self._stop.is_set():
+            return False, f"thread stopped: {', '.join(dead)}"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._last_report_at is None:
+            return False, "no poll completed yet"
+        return True, "ok"
+
+    # ------------------------------------------------------------ monitor
+
+    def _monitor_loop(self) -> None:
+        self.monitor.run(self._stop, self.on_report)
+
+    def on_report(self, report: HealthReport, sample: NodeSample) -> None:
+        """Monitor thread: metrics now, Events queued, report handed over."""
+        self.metrics.observe_sample(sample)
+        self.metrics.observe_report(report)
+        self.metrics.observe_poll_duration(max(0.0, (datetime.now(UTC) - sample.time).total_seconds()))
+        self.events.enqueue(report.events)
+        with self._lock:
+            self._latest = report
+            self._seq += 1
+        self._last_report_at = time.monotonic()
+        self._wake.set()
+
+    # ---------------------------------------------------------- publisher
+
+    def _publish_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._wait_s())
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if time.monotonic() < self._retry_at:
+                continue
+            try:
+                self.publish_once()
+            except ApiError as exc:
+                self._failed(exc)
+            except Exception:
+                # A bug must not end publishing for good: log it with its
+                # traceback, back off, and try again with the next report.
+                log.exception("publish_failed_unexpectedly")
+                self._retry_at = time.monotonic() + self._backoff.next_delay()
+
+    def _wait_s(self) -> float:
+        now = time.monotonic()
+        if self._retry_at > now:
+            return self._retry_at - now
+        due = self.conditions.next_due()
+        if due is None:
+            return 1.0
+        return min(max(0.0, due - now), 60.0)
+
+    def publish_once(self) -> None:
+        """Bring the API server up to date with the latest report (publisher thread).
+
+        Raises :class:`ApiError`; on success after failures, logs the
+        recovery. Public for tests that drive publishing step by step.
+        """
+        if not self._restored:
+            self._restore()
+        with self._lock:
+            report, seq = self._latest, self._seq
+        if report is None or seq <= self._restored_seq:
+            return
+        self.conditions.publish(report)
+        self.capacity.publish(report)
+        self.gpunode.publish(report)
+        self.events.flush()
+        self._published_seq = seq
+        if self._outage.in_outage:
+            self._outage.recovered()
+        self._backoff.reset()
+        self._retry_at = 0.0
+
+    def _failed(self, exc: ApiError) -> None:
+        self._outage.failed(exc)
+        # The API server's state is unknown now (a request may have been
+        # applied without an answer; etcd may come back from a backup):
+        # resend everything once it answers.
+        self.conditions.invalidate()
+        self.capacity.invalidate()
+        self.gpunode.invalidate()
+        self._retry_at = time.monotonic() + self._backoff.next_delay()
+
+    def _restore(self) -> None:
+        name = self.settings.node_name
+        node = self.api.get_node(name)
+        if node is None:
+            raise ApiError("get_node", 404, f"node {name!r} does not exist")
+        self._observe_node(node)
+        found = self.conditions.restore(node)
+        self.capacity.restore(node)
+        faults = self.gpunode.restore(self.api.get_gpunode(name))
+        covered = {f.condition for f in faults}
+        faults += faults_from_conditions(found, covered)
+        added = self.monitor.restore(faults)
+        with self._lock:
+            self._restored_seq = self._seq
+        self._restored = True
+        log.info(
+            "state_restored",
+            node=name,
+            true_conditions=sorted(t.value for t, s in found.items() if s.problem),
+            faults=len(faults),
+            new_faults=added,
+        )
+        self.monitor.wake()
+
+    def _observe_node(self, node: JSON) -> None:
+        uid = (node.get("metadata") or {}).get("uid")
+        if isinstance(uid, str) and uid:
+            if self._node_uid is not None and uid != self._node_uid:
+                # The Node was deleted and created again under the same name:
+                # it has none of our conditions or capacity any more.
+                log.warning("node_recreated", node=self.settings.node_name, old_uid=self._node_uid, uid=uid)
+                self.capacity.invalidate()
+                self.gpunode.invalidate()
+            self._node_uid = uid
+            self.gpunode.set_node_uid(uid)
+            self.events.set_node_uid(uid)
+        self.metrics.set_quarantined(any(t.get("key") == TAINT_QUARANTINE for t in _taints(node)))
+
+    @property
+    def published_seq(self) -> int:
+        """How many reports had arrived when the API server was last brought up to date."""
+        return self._published_seq
+
+
+def run_daemon(args: argparse.Namespace, monitor: Monitor) -> int:
+    """``gpuwarden agent`` in connected mode: run until SIGTERM or SIGINT."""
+    try:
+        settings = settings_from_args(args)
+        api_client = load_api_client(args.kubeconfig)
+    except ConfigError as exc:
+        log.error("agent_config_invalid", error=str(exc))
+        return 2
+    except Exception as exc:  # the kubernetes config loaders raise several unrelated types
+        log.error("kubernetes_config_unusable", kubeconfig=args.kubeconfig, error=str(exc))
+        return 2
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("agent_stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with api_client:
+        try:
+            daemon = AgentDaemon(monitor, api_client, settings)
+        except OSError as exc:
+            log.error("metrics_port_unavailable", port=settings.metrics_port, error=str(exc))
+            return 2
+        daemon.start()
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            daemon.stop()
+    return 0

@@ -1,0 +1,76 @@
+"""The connected agent's settings and their flags.
+
+Kept apart from :mod:`agent.daemon` so that parsing ``gpuwarden agent``'s
+flags (``--help``, ``--once``) does not import the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from agent.cliutil import add_flag
+from agent.config import ConfigError
+
+# Node Events go where the kubelet puts its own: the default namespace.
+DEFAULT_EVENTS_NAMESPACE = "default"
+DEFAULT_METRICS_PORT = 9402
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSettings:
+    """How the connected agent publishes; every field has a flag (see :func:`add_flags`)."""
+
+    node_name: str
+    heartbeat_period_s: float = 60.0
+    metrics_host: str = "0.0.0.0"
+    # None: no HTTP endpoint (tests and the benchmark that run many agents).
+    metrics_port: int | None = DEFAULT_METRICS_PORT
+    events_namespace: str = DEFAULT_EVENTS_NAMESPACE
+    api_timeout_s: float = 10.0
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The connected agent's flags, added to ``gpuwarden agent``."""
+    group = parser.add_argument_group("publishing to Kubernetes and Prometheus")
+    add_flag(
+        group,
+        "--standalone",
+        action="store_true",
+        help="poll and log reports without connecting to Kubernetes or serving metrics",
+    )
+    add_flag(group, "--kubeconfig", default=None, help="kubeconfig file; in-cluster service account when unset")
+    add_flag(group, "--metrics-address", default="0.0.0.0", help="address for /metrics, /healthz, /readyz")
+    add_flag(
+        group, "--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="port for /metrics, /healthz, /readyz"
+    )
+    add_flag(
+        group,
+        "--heartbeat-period",
+        type=float,
+        default=60.0,
+        help="seconds between condition heartbeats (lastHeartbeatTime) when nothing changes",
+    )
+    add_flag(group, "--events-namespace", default=DEFAULT_EVENTS_NAMESPACE, help="namespace of the Node Events")
+    add_flag(group, "--api-timeout", type=float, default=10.0, help="seconds before a Kubernetes API request fails")
+
+
+def settings_from_args(args: argparse.Namespace) -> DaemonSettings:
+    if args.heartbeat_period <= 0:
+        raise ConfigError(f"--heartbeat-period: must be greater than 0, got {args.heartbeat_period}")
+    if args.api_timeout <= 0:
+        raise ConfigError(f"--api-timeout: must be greater than 0, got {args.api_timeout}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port: must be a port number, got {args.metrics_port}")
+    if not args.node_name:
+        raise ConfigError("--node-name: empty; set it, or NODE_NAME from the downward API")
+    return DaemonSettings(
+        node_name=args.node_name,
+        heartbeat_period_s=args.heartbeat_period,
+        metrics_host=args.metrics_address,
+        metrics_port=args.metrics_port,
+        events_namespace=args.events_namespace,
+        api_timeout_s=args.api_timeout,
+    )
