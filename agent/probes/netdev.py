@@ -8,24 +8,29 @@ pyroute2: one ``RTM_GETLINK`` dump per poll and one ethtool link-mode query
 per netdev.
 
 Sockets are opened once and reused: a netlink socket per poll would cost more
-than the whole poll budget. With ``netns`` the sockets are created inside that
-network namespace (from a short-lived thread that enters it; namespaces are
-per thread), and stay bound to it for their lifetime.
+than the whole poll budget. With ``netns`` (tests; the DaemonSet runs in the
+host's namespace) every call runs on one thread that entered that namespace,
+since namespaces are per thread and pyroute2 opens sockets lazily.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.logconfig import get_logger
 
 log = get_logger(__name__)
 
 _CLONE_NEWNET = 0x40000000
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,50 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
+class _NamespaceThread:
+    """A thread living in one network namespace that runs calls for others.
+
+    pyroute2 opens its sockets lazily, on the thread that first uses them, and
+    a socket belongs to the namespace of the thread that opened it; so every
+    netlink call for a namespace runs on this one thread.
+    """
+
+    def __init__(self, netns: str) -> None:
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._loop, args=(netns, ready), name=f"gpuwarden-netns:{netns}", daemon=True
+        )
+        self._thread.start()
+        ready.result(timeout=30)
+
+    def _loop(self, netns: str, ready: Future[None]) -> None:
+        try:
+            _enter_netns(netns)
+        except OSError as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed back to the caller's thread
+                fut.set_exception(exc)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        fut: Future[T] = Future()
+        self._calls.put((fn, fut))
+        return fut.result(timeout=60)
+
+    def stop(self) -> None:
+        self._calls.put(None)
+        self._thread.join(timeout=5)
+
+
 class NetdevReader:
     """Reads operational state and ethtool speed of named netdevs."""
 
@@ -55,53 +104,45 @@ class NetdevReader:
         self._ipr: Any = None
         self._ethtool: Any = None
         self._lock = threading.Lock()
+        self._ns_thread: _NamespaceThread | None = None
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        if self.netns is None:
+            return fn()
+        if self._ns_thread is None:
+            self._ns_thread = _NamespaceThread(self.netns)
+        return self._ns_thread.call(fn)
 
     def _open(self) -> None:
         from pyroute2 import IPRoute  # noqa: PLC0415 - imported only when IB netdevs are read
         from pyroute2.ethtool import Ethtool  # noqa: PLC0415
 
-        if self.netns is None:
-            self._ipr = IPRoute()
-            self._ethtool = Ethtool()
-            return
-        made: dict[str, Any] = {}
-        failure: list[BaseException] = []
-
-        def create() -> None:
-            try:
-                _enter_netns(self.netns or "")
-                made["ipr"] = IPRoute()
-                made["ethtool"] = Ethtool()
-            except BaseException as exc:  # handed to the caller's thread
-                failure.append(exc)
-
-        t = threading.Thread(target=create, name="gpuwarden-netns-open")
-        t.start()
-        t.join()
-        if failure:
-            raise failure[0]
-        self._ipr, self._ethtool = made["ipr"], made["ethtool"]
+        self._ipr = IPRoute()
+        self._ethtool = Ethtool()
 
     def read(self, names: set[str]) -> dict[str, NetdevState]:
         """State of each netdev in ``names`` that exists; others are absent."""
         if not names:
             return {}
         with self._lock:
-            if self._ipr is None:
-                self._open()
-            try:
-                links = self._ipr.get_links()
-            except Exception:
-                self._close_locked()
-                raise
-            out: dict[str, NetdevState] = {}
-            for link in links:
-                name = link.get_attr("IFLA_IFNAME")
-                if name not in names:
-                    continue
-                oper = link.get_attr("IFLA_OPERSTATE")
-                out[name] = NetdevState(oper_state=oper, speed_mbps=self._speed(name))
-            return out
+            return self._run(lambda: self._read(names))
+
+    def _read(self, names: set[str]) -> dict[str, NetdevState]:
+        if self._ipr is None:
+            self._open()
+        try:
+            links = self._ipr.get_links()
+        except Exception:
+            self._close_sockets()
+            raise
+        out: dict[str, NetdevState] = {}
+        for link in links:
+            name = link.get_attr("IFLA_IFNAME")
+            if name not in names:
+                continue
+            oper = link.get_attr("IFLA_OPERSTATE")
+            out[name] = NetdevState(oper_state=oper, speed_mbps=self._speed(name))
+        return out
 
     def _speed(self, name: str) -> int | None:
         try:
@@ -112,7 +153,7 @@ class NetdevReader:
         speed = mode.speed
         return int(speed) if isinstance(speed, int) and 0 < speed < 0xFFFF_FFFF else None
 
-    def _close_locked(self) -> None:
+    def _close_sockets(self) -> None:
         for sock in (self._ipr, self._ethtool):
             if sock is not None:
                 try:
@@ -123,4 +164,8 @@ class NetdevReader:
 
     def close(self) -> None:
         with self._lock:
-            self._close_locked()
+            if self._ipr is not None or self._ethtool is not None:
+                self._run(self._close_sockets)
+            if self._ns_thread is not None:
+                self._ns_thread.stop()
+                self._ns_thread = None
