@@ -1,0 +1,272 @@
+"""Invariants of a whole session over random clusters and queue trees."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, Action, ConditionType, EvictionAction
+from scheduler.engine.model import (
+    UNLIMITED,
+    Gpu,
+    Job,
+    Node,
+    NodeCondition,
+    PlacementStrategy,
+    Queue,
+    QueueResource,
+    SchedulerConfig,
+    Snapshot,
+    Task,
+    TaskStatus,
+)
+from scheduler.engine.placement import place_job
+from scheduler.engine.session import build_cluster, run_session
+from scheduler.engine.statement import Statement
+
+GPU_MEM = 40000
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        count = draw(st.integers(0, 4))
+        gpus = tuple(
+            Gpu(g, memory_mib=GPU_MEM, healthy=draw(st.booleans()) or draw(st.booleans()), mig_enabled=False)
+            for g in range(count)
+        )
+        conditions = ()
+        if count and draw(st.integers(0, 5)) == 0:
+            conditions = (NodeCondition(ConditionType.GPU_XID_ERROR.value, True, "Xid79", "", Action.RESET_GPU, (0,)),)
+        nodes.append(
+            Node(
+                f"n{i}",
+                cpu_milli=draw(st.sampled_from([4000, 16000, 64000])),
+                memory_mib=65536,
+                gpus=gpus,
+                schedulable=draw(st.integers(0, 6)) > 0,
+                conditions=conditions,
+                draining=draw(st.integers(0, 10)) == 0,
+            )
+        )
+    queues: list[Queue] = []
+    for i in range(draw(st.integers(1, 5))):
+        parent = draw(st.one_of(st.none(), st.sampled_from([q.name for q in queues]))) if queues else None
+        gpu = QueueResource(
+            draw(st.sampled_from([UNLIMITED, 0, 1000, 2000, 4000])),
+            draw(st.sampled_from([UNLIMITED, 1000, 3000, 6000])),
+            draw(st.sampled_from([0.0, 1.0, 2.0])),
+        )
+        queues.append(Queue(f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 1])), gpu=gpu))
+    leaves = [q.name for q in queues if q.name not in {p.parent for p in queues}]
+    jobs = []
+    for j in range(draw(st.integers(0, 10))):
+        size = draw(st.integers(1, 3))
+        kind = draw(st.sampled_from(["whole", "fraction", "mib", "cpu"]))
+        tasks = []
+        for t in range(size):
+            annotations: dict[str, str] = {}
+            gpus = 0
+            if kind == "whole":
+                gpus = draw(st.integers(1, 3))
+            elif kind == "fraction":
+                annotations[ANNOTATION_GPU_FRACTION] = draw(st.sampled_from(["0.25", "0.5", "0.7"]))
+            elif kind == "mib":
+                annotations[ANNOTATION_GPU_MEMORY] = draw(st.sampled_from(["5000", "15000", "30000"]))
+            tasks.append(
+                Task(
+                    f"j{j}-{t}",
+                    cpu_milli=draw(st.sampled_from([500, 2000])),
+                    memory_mib=1024,
+                    gpus=gpus,
+                    annotations=annotations,
+                )
+            )
+        jobs.append(
+            Job(
+                f"j{j}",
+                draw(st.sampled_from(leaves)),
+                priority=draw(st.sampled_from([10, 50, 100])),
+                min_member=draw(st.integers(1, size)),
+                created=float(j),
+                tasks=tuple(tasks),
+            )
+        )
+    strategy = draw(st.sampled_from(list(PlacementStrategy)))
+    return Snapshot(tuple(nodes), tuple(queues), tuple(jobs), config=SchedulerConfig(default_strategy=strategy))
+
+
+def _check(snapshot: Snapshot) -> None:
+    decisions = run_session(snapshot)
+    nodes = {n.name: n for n in snapshot.nodes}
+    cluster = build_cluster(snapshot)
+    jobs = {j.key: j for j in snapshot.jobs}
+    bound: dict[str, list[str]] = defaultdict(list)
+    per_gpu: dict[tuple[str, int], list[int | None]] = defaultdict(list)
+    for b in decisions.binds:
+        bound[b.job].append(b.pod)
+        n = nodes[b.node]
+        assert n.schedulable and not n.draining
+        state = cluster.nodes[b.node]
+        for k, index in enumerate(b.gpu_indices):
+            gpu = next(g for g in n.gpus if g.index == index)
+            assert gpu.healthy, "placed on an unhealthy GPU"
+            assert state.gpu_ok[state.position(index)], "placed on a faulted GPU"
+            per_gpu[(b.node, index)].append(b.gpu_memory_mib[k] if b.gpu_memory_mib else None)
+    # No GPU's memory over-committed; a whole GPU is never shared.
+    for slices in per_gpu.values():
+        if None in slices:
+            assert slices == [None]
+        else:
+            assert sum(s for s in slices if s is not None) <= GPU_MEM
+    # Gangs all or nothing.
+    for key, pods in bound.items():
+        assert len(pods) >= jobs[key].min_member
+    # No queue over its limit; non-preemptible work within quota.
+    spec = {q.name: q for q in snapshot.queues}
+    for share in decisions.queue_shares:
+        limit = spec[share.queue].gpu.limit
+        if limit != UNLIMITED:
+            assert share.allocated.gpu <= limit
+    np_alloc: dict[str, int] = defaultdict(int)
+    for q in cluster.queues.values():
+        for job in q.jobs:
+            if job.key in bound and not job.preemptible:
+                milli = sum(t.milli for t in job.tasks if t.spec.name in bound[job.key])
+                for anc in q.path:
+                    np_alloc[anc.name] += milli
+    for name, used in np_alloc.items():
+        quota = spec[name].gpu.quota
+        if quota != UNLIMITED:
+            assert used <= quota
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_session_invariants(snapshot: Snapshot) -> None:
+    _check(snapshot)
+
+
+def with_running_work(snapshot: Snapshot) -> Snapshot:
+    """Run once and feed the binds back as running pods, plus one more pod per
+    job at a higher priority: the next session has work to evict, reclaim,
+    preempt and consolidate."""
+    first = run_session(snapshot)
+    placed = {(b.job, b.pod): b for b in first.binds}
+    jobs = []
+    for job in snapshot.jobs:
+        tasks = []
+        for task in job.tasks:
+            b = placed.get((job.key, task.name))
+            if b is None:
+                tasks.append(task)
+                continue
+            tasks.append(
+                Task(
+                    task.name,
+                    cpu_milli=task.cpu_milli,
+                    memory_mib=task.memory_mib,
+                    gpus=task.gpus,
+                    annotations=task.annotations,
+                    status=TaskStatus.RUNNING,
+                    node=b.node,
+                    gpu_indices=b.gpu_indices,
+                )
+            )
+        more = Task(f"{job.name}-extra", gpus=1, cpu_milli=500, memory_mib=1024)
+        jobs.append(
+            Job(
+                job.name,
+                job.queue,
+                priority=job.priority + 1,
+                min_member=job.min_member,
+                created=job.created,
+                tasks=(*tasks, more),
+            )
+        )
+    return Snapshot(snapshot.nodes, snapshot.queues, tuple(jobs), config=snapshot.config)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
+    second = with_running_work(snapshot)
+    decisions = run_session(second)
+    running_pods = {(j.key, t.name) for j in second.jobs for t in j.tasks if t.status is TaskStatus.RUNNING}
+    evicted_jobs = {e.job for e in decisions.evictions}
+    for e in decisions.evictions:
+        assert (e.job, e.pod) in running_pods
+        assert e.reason
+    # A gang evicted for any reason but health is evicted whole.
+    for key in evicted_jobs:
+        job = next(j for j in second.jobs if j.key == key)
+        if job.min_member > 1:
+            gone = {e.pod for e in decisions.evictions if e.job == key}
+            assert gone == {t.name for t in job.tasks if t.status is TaskStatus.RUNNING}
+    # Binds never land on a GPU still held by a pod that was not evicted.
+    evicted_pods = {(e.job, e.pod) for e in decisions.evictions}
+    held: dict[tuple[str, int], int] = defaultdict(int)
+    for j in second.jobs:
+        for t in j.tasks:
+            if t.status is TaskStatus.RUNNING and (j.key, t.name) not in evicted_pods and t.gpus:
+                for index in t.gpu_indices:
+                    held[(t.node or "", index)] += 1
+    for b in decisions.binds:
+        if b.gpu_memory_mib is None:
+            for index in b.gpu_indices:
+                assert held[(b.node, index)] == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_rollback_leaves_state_untouched(snapshot: Snapshot) -> None:
+    cluster = build_cluster(with_running_work(snapshot))
+
+    def fingerprint() -> object:
+        return (
+            [
+                (n.name, n.free_cpu, n.free_mem, list(n.gpu_free), list(n.gpu_whole), list(n.gpu_slices), n.free_whole)
+                for n in cluster.nodes.values()
+            ],
+            [(q.name, list(q.alloc), list(q.np_alloc)) for q in cluster.queues.values()],
+            [
+                (p.name, p.free_whole_total, [{k: sorted(v) for k, v in b.items() if v} for b in p.whole_buckets])
+                for p in cluster.pools.values()
+            ],
+        )
+
+    before = fingerprint()
+    stmt = Statement(cluster)
+    for job in cluster.jobs:
+        for task in job.tasks:
+            if task.was_running and task.node is not None:
+                stmt.evict(task, EvictionAction.PREEMPT, "test", None)
+    for job in cluster.jobs:
+        if job.queue is not None:
+            place_job(cluster, stmt, job)
+    stmt.rollback()
+    assert fingerprint() == before
+
+
+def test_rollback_restores_a_known_plan() -> None:
+    snapshot = Snapshot(
+        nodes=(Node("n0", cpu_milli=8000, memory_mib=8192, gpus=tuple(Gpu(i, memory_mib=GPU_MEM) for i in range(2))),),
+        queues=(Queue("q", gpu=QueueResource(2000)),),
+        jobs=(
+            Job("run", "q", tasks=(Task("run-0", gpus=1, status=TaskStatus.RUNNING, node="n0", gpu_indices=(0,)),)),
+            Job("new", "q", tasks=(Task("new-0", annotations={ANNOTATION_GPU_FRACTION: "0.5"}),)),
+        ),
+    )
+    cluster = build_cluster(snapshot)
+    node = cluster.nodes["n0"]
+    stmt = Statement(cluster)
+    stmt.evict(cluster.jobs[1].tasks[0], EvictionAction.PREEMPT, "test", None)
+    assert node.free_whole == 2
+    assert place_job(cluster, stmt, cluster.jobs[0]) is None
+    assert node.gpu_slices == [1, 0] and node.free_whole == 1
+    stmt.rollback()
+    assert node.gpu_whole == [1, 0] and node.gpu_slices == [0, 0] and node.free_whole == 1
+    assert cluster.queues["q"].alloc[0] == 1000
