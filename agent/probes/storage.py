@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.backends.base import MountSource
@@ -28,32 +29,35 @@ from agent.samples import MountSample
 log = get_logger(__name__)
 
 
-@dataclass(slots=True)
-class _Result:
+@dataclass(frozen=True, slots=True)
+class MountCheck:
+    """The outcome of one synchronous check of a mount point."""
+
     mounted: bool
     error: str | None
     latency_s: float
 
 
-def check_mount(path: str) -> _Result:
+def check_mount(path: str) -> MountCheck:
     """One synchronous check of ``path`` (may block on a hung filesystem)."""
     start = time.monotonic()
     try:
         if not os.path.ismount(path):
             reason = "not a mount point" if os.path.isdir(path) else "no such directory"
-            return _Result(False, reason, time.monotonic() - start)
+            return MountCheck(False, reason, time.monotonic() - start)
         os.statvfs(path)
     except OSError as exc:
-        return _Result(True, exc.strerror or str(exc), time.monotonic() - start)
-    return _Result(True, None, time.monotonic() - start)
+        return MountCheck(True, exc.strerror or str(exc), time.monotonic() - start)
+    return MountCheck(True, None, time.monotonic() - start)
 
 
 class _Checker:
-    def __init__(self, mount: MountConfig, interval_s: float) -> None:
+    def __init__(self, mount: MountConfig, interval_s: float, check: Callable[[str], MountCheck]) -> None:
         self.mount = mount
+        self._check = check
         self.interval_s = interval_s
         self.started_at: float | None = None  # monotonic start of the check in flight
-        self.last: _Result | None = None
+        self.last: MountCheck | None = None
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"gpuwarden-mount:{mount.path}", daemon=True)
@@ -62,7 +66,7 @@ class _Checker:
     def _loop(self) -> None:
         while not self.stop.is_set():
             self.started_at = time.monotonic()
-            result = check_mount(self.mount.path)
+            result = self._check(self.mount.path)
             self.last = result
             self.started_at = None
             if result.error:
@@ -96,8 +100,15 @@ class _Checker:
 class StatvfsMountSource(MountSource):
     """Checks every configured mount in its own thread, every ``interval_s``."""
 
-    def __init__(self, mounts: list[MountConfig], interval_s: float) -> None:
-        self._checkers = [_Checker(m, interval_s) for m in mounts]
+    def __init__(
+        self,
+        mounts: list[MountConfig],
+        interval_s: float,
+        check: Callable[[str], MountCheck] = check_mount,
+    ) -> None:
+        """``check`` is the filesystem boundary (``ismount`` + ``statvfs``);
+        tests hand in one that blocks the way a hung NFS server does."""
+        self._checkers = [_Checker(m, interval_s, check) for m in mounts]
 
     def check(self) -> tuple[MountSample, ...]:
         now = time.monotonic()

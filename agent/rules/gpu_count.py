@@ -53,7 +53,7 @@ class GpuCountRule:
             yield Finding(
                 cond,
                 Reason.GPU_COUNT_MISMATCH,
-                f"{len(present)} of {expected} expected GPUs usable{names}; recommended action {Action.REBOOT}",
+                f"node: {len(present)} of {expected} expected GPUs usable{names}; recommended action {Action.REBOOT}",
                 Action.REBOOT,
                 Entity.node(),
             )

@@ -7,7 +7,12 @@ from pathlib import Path
 
 _STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4}
 _PHYS = {"Sleep": 1, "Polling": 2, "Disabled": 3, "LinkUp": 5, "LinkErrorRecovery": 6}
-_RATES = {400.0: "400 Gb/sec (4X NDR)", 200.0: "200 Gb/sec (4X HDR)", 100.0: "100 Gb/sec (4X EDR)", 25.0: "25 Gb/sec (1X EDR)"}
+_RATES = {
+    400.0: "400 Gb/sec (4X NDR)",
+    200.0: "200 Gb/sec (4X HDR)",
+    100.0: "100 Gb/sec (4X EDR)",
+    25.0: "25 Gb/sec (1X EDR)",
+}
 
 
 @dataclass
@@ -45,8 +50,13 @@ def two_hcas(root: Path) -> list[PortSpec]:
     link flapping (link_downed 3), port 2 down and polling."""
     specs = [
         PortSpec("mlx5_0", 1, netdev="ib0"),
-        PortSpec("mlx5_1", 1, rate_gbps=200.0, netdev="ib1",
-                 counters={"link_downed": 3, "symbol_error": 12, "link_error_recovery": 1, "port_rcv_errors": 4}),
+        PortSpec(
+            "mlx5_1",
+            1,
+            rate_gbps=200.0,
+            netdev="ib1",
+            counters={"link_downed": 3, "symbol_error": 12, "link_error_recovery": 1, "port_rcv_errors": 4},
+        ),
         PortSpec("mlx5_1", 2, state="DOWN", phys_state="Polling", rate_gbps=25.0, netdev="ib2"),
     ]
     for s in specs:

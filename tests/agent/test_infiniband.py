@@ -66,8 +66,13 @@ def test_degraded_hca_judged_from_the_tree(tmp_path: Path) -> None:
     # The flapping port goes down once more: link_downed increments.
     write_port(
         tmp_path,
-        PortSpec("mlx5_1", 1, rate_gbps=200.0, netdev="ib1",
-                 counters={"link_downed": 4, "symbol_error": 12, "link_error_recovery": 1, "port_rcv_errors": 4}),
+        PortSpec(
+            "mlx5_1",
+            1,
+            rate_gbps=200.0,
+            netdev="ib1",
+            counters={"link_downed": 4, "symbol_error": 12, "link_error_recovery": 1, "port_rcv_errors": 4},
+        ),
     )
     report = rules.evaluate(NodeSample(time=T0 + timedelta(seconds=10), ib_ports=source.read_ports()))
     reasons = {f.reason for f in report.faults if f.entity.key == "ib/mlx5_1/1"}

@@ -1,0 +1,419 @@
+"""Health rules: one table row per condition, then latching and hysteresis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.config import config_from_dict
+from agent.contract import Action, ConditionType, Reason
+from agent.model import EventType
+from agent.rules.engine import HealthRules
+from agent.rules.xid_catalogue import XID_CATALOGUE, XidKind
+from agent.samples import EventSource, GpuEvent, GpuEventKind, IbCounters, MountSample, NodeSample, RetiredPages
+from tests.agent.samples_factory import T0, at, gpu, link, node, pcie, port, xid
+
+C = ConditionType
+G0 = gpu(0)
+G1 = gpu(1)
+GPU0 = f"gpu/{G0.uuid}"
+GPU1 = f"gpu/{G1.uuid}"
+
+
+@dataclass
+class Case:
+    name: str
+    samples: list[NodeSample]
+    expected: set[tuple[str, str, str, str]]  # condition, reason, entity key, action
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = [
+    Case("healthy node", [node()], set()),
+    Case(
+        "row remap pending",
+        [node(gpus=(G0, gpu(1, remapped_rows=replace(G1.remapped_rows, pending=True, uncorrectable=1))))],
+        {(C.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_PENDING, GPU1, Action.RESET_GPU)},
+    ),
+    Case(
+        "row remap failure",
+        [node(gpus=(gpu(0, remapped_rows=replace(G0.remapped_rows, failure=True)),))],
+        {(C.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_FAILURE, GPU0, Action.REPLACE)},
+    ),
+    Case(
+        "retired pages pending and over the limit (pre-Ampere)",
+        [node(gpus=(gpu(0, remapped_rows=None, retired_pages=RetiredPages(60, 5, True)),))],
+        {
+            (C.GPU_MEMORY_DEGRADED, Reason.RETIRED_PAGES_PENDING, GPU0, Action.RESET_GPU),
+            (C.GPU_MEMORY_DEGRADED, Reason.RETIRED_PAGES_LIMIT, GPU0, Action.REPLACE),
+        },
+    ),
+    Case(
+        "NVLink goes down after being up",
+        [node(), node(t=at(10), gpus=(G0, gpu(1, nvlinks=(link(0), link(1, active=False), link(2), link(3)))))],
+        {(C.GPU_NVLINK_DEGRADED, Reason.NVLINK_DOWN, GPU1, Action.RESET_GPU)},
+    ),
+    Case(
+        "NVLink down from the start while up on the same model",
+        [node(gpus=(G0, gpu(1, nvlinks=(link(0), link(1), link(2, active=False), link(3)))))],
+        {(C.GPU_NVLINK_DEGRADED, Reason.NVLINK_DOWN, GPU1, Action.RESET_GPU)},
+    ),
+    Case(
+        "NVLinks never up anywhere (PCIe-only cards) are no fault",
+        [node(gpus=tuple(gpu(i, nvlinks=(link(0, active=False),)) for i in range(2)))],
+        set(),
+    ),
+    Case(
+        "NVLink errors growing too fast",
+        [
+            node(),
+            node(t=at(60), gpus=(gpu(0, nvlinks=(link(0, replay=500), link(1), link(2), link(3))), G1)),
+        ],
+        {(C.GPU_NVLINK_DEGRADED, Reason.NVLINK_ERROR_RATE, GPU0, Action.RESET_GPU)},
+    ),
+    Case(
+        "NVLink errors growing slowly",
+        [node(), node(t=at(60), gpus=(gpu(0, nvlinks=(link(0, replay=10), link(1), link(2), link(3))), G1))],
+        set(),
+    ),
+    Case(
+        "PCIe width below maximum",
+        [node(gpus=(gpu(0, pcie=pcie(current_width=8)),))],
+        {(C.GPU_PCIE_DEGRADED, Reason.PCIE_WIDTH_DEGRADED, GPU0, Action.REBOOT)},
+    ),
+    Case(
+        "PCIe generation drop while idle is power saving",
+        [node(gpus=(gpu(0, pcie=pcie(current_gen=1), utilization_gpu_pct=0),))],
+        set(),
+    ),
+    Case(
+        "PCIe generation drop under load",
+        [node(gpus=(gpu(0, pcie=pcie(current_gen=3), utilization_gpu_pct=95),))],
+        {(C.GPU_PCIE_DEGRADED, Reason.PCIE_GEN_DEGRADED, GPU0, Action.REBOOT)},
+    ),
+    Case(
+        "PCIe generation drop sustained past gen_sustained_s",
+        [
+            node(gpus=(gpu(0, pcie=pcie(current_gen=1)),)),
+            node(t=at(120), gpus=(gpu(0, pcie=pcie(current_gen=1)),)),
+        ],
+        {(C.GPU_PCIE_DEGRADED, Reason.PCIE_GEN_DEGRADED, GPU0, Action.REBOOT)},
+        {"pcie": {"gen_sustained_s": 100}},
+    ),
+    Case(
+        "PCIe replays growing",
+        [node(), node(t=at(60), gpus=(gpu(0, pcie=pcie(replay_counter=400)), G1))],
+        {(C.GPU_PCIE_DEGRADED, Reason.PCIE_REPLAY_RATE, GPU0, Action.REBOOT)},
+    ),
+    Case(
+        "IB port goes down after being active",
+        [node(), node(t=at(10), ports=(port("mlx5_0"), port("mlx5_1", state="DOWN", phys_state="Polling")))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "IB port at half the rate of its peers",
+        [node(ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "IB ports all below the configured rate",
+        [node()],
+        {
+            (C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_0/1", Action.REPLACE),
+            (C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_1/1", Action.REPLACE),
+        },
+        {"infiniband": {"expected_rate_gbps": 800}},
+    ),
+    Case(
+        "IB link_downed increments",
+        [
+            node(),
+            node(t=at(10), ports=(port("mlx5_0"), port("mlx5_1", counters=IbCounters(1, 0, 0, 0)))),
+        ],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_LINK_DOWNED, "ib/mlx5_1/1", Action.RESTART_APP)},
+    ),
+    Case(
+        "fewer GPUs than configured",
+        [node(gpus=2)],
+        {(C.GPU_MISSING, Reason.GPU_COUNT_MISMATCH, "node", Action.REBOOT)},
+        {"gpu": {"expected_count": 8}},
+    ),
+    Case(
+        "fewer GPUs than first seen",
+        [node(gpus=2), node(t=at(10), gpus=1)],
+        {(C.GPU_MISSING, Reason.GPU_COUNT_MISMATCH, "node", Action.REBOOT)},
+    ),
+    Case(
+        "a lost GPU",
+        [node(), node(t=at(10), gpus=(G0, replace(G1, lost=True, nvlinks=(), pcie=None)))],
+        {
+            (C.GPU_MISSING, Reason.GPU_LOST, GPU1, Action.REBOOT),
+            (C.GPU_MISSING, Reason.GPU_COUNT_MISMATCH, "node", Action.REBOOT),
+        },
+    ),
+    Case(
+        "NVML unavailable is not zero GPUs",
+        [node(), node(t=at(10), gpus=0, gpu_source_error="NVML could not initialise: Driver Not Loaded")],
+        set(),
+    ),
+    Case(
+        "a mount that is not mounted",
+        [node(mounts=(MountSample("/mnt/shared", mounted=False, responsive=False, error="not a mount point"),))],
+        {(C.STORAGE_DEGRADED, Reason.MOUNT_MISSING, "mount//mnt/shared", Action.REBOOT)},
+    ),
+    Case(
+        "a mount that does not answer",
+        [node(mounts=(MountSample("/mnt/shared", mounted=True, responsive=False, error="timed out"),))],
+        {(C.STORAGE_DEGRADED, Reason.MOUNT_HUNG, "mount//mnt/shared", Action.REBOOT)},
+    ),
+    Case(
+        "hardware XID",
+        [node(events=(xid(1, 79),))],
+        {(C.GPU_XID_ERROR, "Xid79", GPU1, Action.REBOOT)},
+    ),
+    Case("application XID", [node(events=(xid(1, 13), xid(0, 31), xid(0, 43), xid(0, 45), xid(0, 68)))], set()),
+    Case("unknown XID", [node(events=(xid(0, 999),))], set()),
+    Case(
+        "unknown XID configured to raise",
+        [node(events=(xid(0, 999),))],
+        {(C.GPU_XID_ERROR, "Xid999", GPU0, Action.REBOOT)},
+        {"xid": {"unknown": "condition", "unknown_action": "REBOOT"}},
+    ),
+    Case(
+        "XID override turns an application XID into a hardware one",
+        [node(events=(xid(0, 13),))],
+        {(C.GPU_XID_ERROR, "Xid13", GPU0, Action.RESET_GPU)},
+        {"xid": {"overrides": {13: {"kind": "hardware", "action": "RESET_GPU"}}}},
+    ),
+    Case(
+        "fallen off the bus in the kernel log",
+        [node(events=(GpuEvent(GpuEventKind.FALLEN_OFF_BUS, EventSource.KMSG, T0, pci_bus_id=G1.pci_bus_id),))],
+        {(C.GPU_MISSING, Reason.GPU_LOST, GPU1, Action.REBOOT)},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_condition_table(case: Case) -> None:
+    rules = HealthRules(config_from_dict(case.config), "node-a")
+    for sample in case.samples:
+        report = rules.evaluate(sample)
+    got = {(f.condition.value, f.reason, f.entity.key, f.action.value) for f in report.faults}
+    assert got == {(c.value if isinstance(c, C) else c, str(r), k, a.value) for c, r, k, a in case.expected}
+    for f in report.faults:
+        assert f.action.value in f.message and f.entity.describe() in f.message
+    present = {g.uuid for g in case.samples[-1].gpus if not g.lost}
+    for g in report.gpus:
+        assert g.healthy == (not g.faults and g.uuid in present)
+        assert {f.entity.key for f in g.faults} <= {f"gpu/{g.uuid}"}
+
+
+def test_every_catalogue_entry_is_used_as_documented() -> None:
+    required = {
+        13,
+        31,
+        43,
+        45,
+        46,
+        48,
+        54,
+        61,
+        62,
+        63,
+        64,
+        68,
+        69,
+        74,
+        79,
+        92,
+        94,
+        95,
+        109,
+        110,
+        119,
+        120,
+        121,
+        136,
+        137,
+        140,
+        143,
+        151,
+        154,
+        155,
+        156,
+        158,
+    }
+    assert required <= set(XID_CATALOGUE)
+    for number, info in XID_CATALOGUE.items():
+        rules = HealthRules(config_from_dict(None), "n")
+        report = rules.evaluate(node(events=(xid(0, number),)))
+        assert [e.reason for e in report.events] == [f"Xid{number}"]
+        raised = report.faults_for(C.GPU_XID_ERROR)
+        if info.kind is XidKind.HARDWARE:
+            assert [(f.reason, f.action, f.latched) for f in raised] == [(f"Xid{number}", info.action, True)]
+        else:
+            assert raised == ()
+    for app in (13, 31, 43, 45, 68):
+        assert XID_CATALOGUE[app].kind is XidKind.APPLICATION
+
+
+def test_xid_events_name_the_gpu_and_meaning() -> None:
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(xid(1, 13), xid(0, 999))))
+    texts = [e.message for e in report.events]
+    assert "GPU 1" in texts[0] and G1.pci_bus_id in texts[0] and "RESTART_APP" in texts[0]
+    assert "not in the catalogue" in texts[1]
+    assert all(e.type is EventType.WARNING for e in report.events)
+
+
+def test_ignored_xid_gives_nothing() -> None:
+    rules = HealthRules(config_from_dict({"xid": {"overrides": {45: {"kind": "ignore"}}}}), "n")
+    report = rules.evaluate(node(events=(xid(0, 45),)))
+    assert report.events == () and report.faults == ()
+
+
+def test_xid_on_a_gpu_nvml_never_showed_is_still_named() -> None:
+    ev = GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id="0000:c1:00", xid=79)
+    report = HealthRules(config_from_dict(None), "n").evaluate(NodeSample(time=T0, events=(ev,), gpu_source_error="x"))
+    (fault,) = report.faults
+    assert fault.entity.pci_bus_id == "0000:c1:00" and "0000:c1:00" in fault.message
+
+
+# --------------------------------------------------------------------------
+# Latching, hysteresis, since-times, restore and clear
+# --------------------------------------------------------------------------
+
+PENDING = gpu(0, remapped_rows=replace(G0.remapped_rows, pending=True))
+NARROW = gpu(0, pcie=pcie(current_width=8))
+
+
+def with_gpu0(g: Any, t: float) -> NodeSample:
+    return node(t=at(t), gpus=(g, G1))
+
+
+def test_latched_fault_survives_its_signal_until_cleared() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    first = rules.evaluate(with_gpu0(PENDING, 0)).faults
+    assert [f.reason for f in first] == [Reason.ROW_REMAP_PENDING] and first[0].latched
+    for t in range(1, 20):
+        report = rules.evaluate(with_gpu0(G0, t * 10))
+        assert report.faults == first  # same since, same everything
+    gone = rules.clear(GPU0)
+    assert [f.reason for f in gone] == [Reason.ROW_REMAP_PENDING]
+    report = rules.evaluate(with_gpu0(G0, 500))
+    assert report.faults == ()
+    assert [e.reason for e in report.events] == ["GpuMemoryHealthy"]
+
+
+def test_clear_with_the_signal_still_there_raises_again() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    rules.evaluate(with_gpu0(PENDING, 0))
+    rules.clear(GPU0)
+    again = rules.evaluate(with_gpu0(PENDING, 10)).faults
+    assert [f.reason for f in again] == [Reason.ROW_REMAP_PENDING] and again[0].since == at(10)
+
+
+def test_non_latched_fault_clears_after_clear_polls() -> None:
+    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 3}}), "n")
+    assert rules.evaluate(with_gpu0(NARROW, 0)).faults
+    assert rules.evaluate(with_gpu0(G0, 10)).faults
+    assert rules.evaluate(with_gpu0(G0, 20)).faults
+    report = rules.evaluate(with_gpu0(G0, 30))
+    assert report.faults == () and [e.type for e in report.events] == [EventType.NORMAL]
+
+
+def test_since_is_kept_while_raised_and_message_follows_the_signal() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    rules.evaluate(with_gpu0(NARROW, 0))
+    (f,) = rules.evaluate(with_gpu0(gpu(0, pcie=pcie(current_width=4)), 10)).faults
+    assert f.since == at(0) and "x4" in f.message
+
+
+def test_raise_polls_delays_a_state_fault() -> None:
+    rules = HealthRules(config_from_dict({"hysteresis": {"raise_polls": 2}}), "n")
+    assert rules.evaluate(with_gpu0(NARROW, 0)).faults == ()
+    (f,) = rules.evaluate(with_gpu0(NARROW, 10)).faults
+    assert f.since == at(10)
+
+
+def test_restored_faults_latch_by_reason_and_keep_their_since() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    old = rules.evaluate(with_gpu0(PENDING, 0)).faults + rules.evaluate(with_gpu0(NARROW, 5)).faults
+    restored = [replace(f, latched=False, since=at(-3600)) for f in old]  # as read back from a Node
+    fresh = HealthRules(config_from_dict(None), "n")
+    assert fresh.restore(restored) == len({f.key for f in restored})
+    report = fresh.evaluate(with_gpu0(G0, 100))
+    by_reason = {f.reason: f for f in report.faults}
+    assert by_reason[Reason.ROW_REMAP_PENDING].latched and by_reason[Reason.ROW_REMAP_PENDING].since == at(-3600)
+    for t in (110, 120, 130):
+        report = fresh.evaluate(with_gpu0(G0, t))
+    assert [f.reason for f in report.faults] == [Reason.ROW_REMAP_PENDING]
+
+
+def test_restored_xid_fault_latches_and_a_replayed_xid_keeps_it() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    (f,) = rules.evaluate(node(events=(xid(1, 79, t=at(-600), source=EventSource.KMSG),))).faults
+    fresh = HealthRules(config_from_dict(None), "n")
+    fresh.restore([replace(f, latched=False)])
+    (again,) = fresh.evaluate(node(t=at(10), events=(xid(1, 79, t=at(-600), source=EventSource.KMSG),))).faults
+    assert again.latched and again.since == at(-600)
+
+
+def test_rate_fault_has_two_thresholds() -> None:
+    cfg = config_from_dict({"nvlink": {"error_rate_per_min": 100, "window_s": 60}, "hysteresis": {"clear_polls": 1}})
+    rules = HealthRules(cfg, "n")
+    count = 0
+
+    def poll(t: int, per_min: int) -> bool:
+        nonlocal count
+        count += per_min // 6  # polls every 10 s
+        g = gpu(0, nvlinks=(link(0, replay=count), link(1), link(2), link(3)))
+        return bool(rules.evaluate(with_gpu0(g, t)).faults)
+
+    assert not poll(0, 0)
+    raised = [poll(t, 150) for t in range(10, 130, 10)]
+    assert raised[-1]
+    # Between the clearing threshold (50/min) and the raising one (100/min): stays raised.
+    assert all(poll(t, 80) for t in range(130, 400, 10))
+    assert not all(poll(t, 0) for t in range(400, 600, 10))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    signal=st.lists(st.booleans(), min_size=1, max_size=60),
+    raise_polls=st.integers(1, 4),
+    clear_polls=st.integers(1, 5),
+)
+def test_hysteresis_never_flaps(signal: list[bool], raise_polls: int, clear_polls: int) -> None:
+    cfg = config_from_dict({"hysteresis": {"raise_polls": raise_polls, "clear_polls": clear_polls}})
+    rules = HealthRules(cfg, "n")
+    states = [bool(rules.evaluate(with_gpu0(NARROW if s else G0, i * 10)).faults) for i, s in enumerate(signal)]
+    for i, state in enumerate(states):
+        before = states[i - 1] if i else False
+        if state and not before:  # raised: the signal was there for raise_polls polls
+            assert i + 1 >= raise_polls and all(signal[i + 1 - raise_polls : i + 1])
+        if before and not state:  # cleared: the signal was gone for clear_polls polls
+            assert i + 1 >= clear_polls and not any(signal[i + 1 - clear_polls : i + 1])
+        if state:  # never raised without the signal having been present
+            assert any(signal[: i + 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(signal=st.lists(st.booleans(), min_size=1, max_size=60), clear_at=st.integers(0, 70))
+def test_latched_faults_never_drop_until_cleared(signal: list[bool], clear_at: int) -> None:
+    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 1}}), "n")
+    raised_since = None
+    for i, s in enumerate(signal):
+        if i == clear_at:
+            rules.clear(GPU0)
+            raised_since = None
+        faults = rules.evaluate(with_gpu0(PENDING if s else G0, i * 10)).faults
+        if s and raised_since is None:
+            raised_since = at(i * 10)
+        if raised_since is None:
+            assert faults == ()
+        else:
+            assert [(f.reason, f.since) for f in faults] == [(Reason.ROW_REMAP_PENDING, raised_since)]
