@@ -183,6 +183,10 @@ class Monitor:
 
     def close(self) -> None:
         """Stop event threads and release the hardware."""
+        # Ask both threads first so their last waits overlap.
+        if self.kmsg_probe is not None:
+            self.kmsg_probe.request_stop()
+        self.gpu_probe.request_stop()
         if self.kmsg_probe is not None:
             self.kmsg_probe.stop()
         self.gpu_probe.stop()

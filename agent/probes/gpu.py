@@ -107,16 +107,20 @@ class GpuProbe:
     def _loop(self) -> None:
         while not self._stop.is_set():
             if not self._open:
-                self._stop.wait(0.5)
+                self._stop.wait(0.2)
                 continue
             try:
-                event = self.backend.wait_event(0.5)
+                event = self.backend.wait_event(0.2)
             except BackendUnavailableError as exc:
                 log.error("gpu_event_wait_failed", error=str(exc))
                 self._stop.wait(1.0)
                 continue
             if event is not None:
                 self._sink(event)
+
+    def request_stop(self) -> None:
+        """Ask the thread to finish without waiting for it."""
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()

@@ -35,7 +35,8 @@ BOOT = 1_700_000_000.0
         ),
         # r525+: pid='<unknown>', name=<unknown>
         (
-            "4,9,5000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x1",
+            "4,9,5000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid='<unknown>', name=<unknown>, "
+            "Graphics Exception: ESR 0x1",
             "0000:86:00",
             13,
             "Graphics Exception: ESR 0x1",

@@ -1,0 +1,87 @@
+"""The config file: documented defaults, and bad keys named in the error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, ConfigError, config_from_dict, load_config
+
+
+def test_no_file_and_empty_file_give_the_defaults(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(None) == AgentConfig() == load_config(empty)
+    cfg = AgentConfig()
+    assert cfg.poll_interval_s == 10 and cfg.kmsg_path == "/dev/kmsg" and cfg.hysteresis.clear_polls == 3
+
+
+def test_the_documented_example_is_the_defaults() -> None:
+    import yaml
+
+    import agent.config as module
+
+    doc = module.__doc__ or ""
+    example = doc.split("Example with every key at its default::", 1)[1]
+    data = yaml.safe_load("\n".join(line[4:] for line in example.splitlines()))
+    assert config_from_dict(data) == AgentConfig()
+
+
+def test_values_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        """
+poll_interval_s: 5
+gpu: {expected_count: 8}
+xid:
+  unknown: condition
+  overrides:
+    94: {kind: hardware, action: RESET_GPU}
+infiniband: {expected_rate_gbps: 400, expected_ports: [mlx5_0/1]}
+storage:
+  mounts:
+    - {path: /mnt/shared, timeout_s: 2}
+"""
+    )
+    cfg = load_config(path)
+    assert cfg.poll_interval_s == 5.0 and cfg.gpu.expected_count == 8
+    assert cfg.xid.overrides[94].kind == "hardware" and cfg.xid.unknown == "condition"
+    assert cfg.infiniband.expected_ports == ["mlx5_0/1"]
+    assert cfg.storage.mounts[0].path == "/mnt/shared" and cfg.storage.mounts[0].timeout_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"poll_interval": 5}, "poll_interval: unknown key"),
+        ({"pcie": {"window_s": "abc"}}, "pcie.window_s: expected a number, got 'abc'"),
+        ({"pcie": {"window_s": -1}}, "pcie.window_s: must be greater than 0"),
+        ({"gpu": {"expected_count": 2.5}}, "gpu.expected_count: expected an integer"),
+        ({"gpu": {"expected_count": True}}, "gpu.expected_count: expected an integer"),
+        ({"gpu": []}, "gpu: expected a mapping"),
+        ({"infiniband": {"netdev": "yes"}}, "infiniband.netdev: expected true or false"),
+        ({"infiniband": {"expected_ports": ["mlx5_0"]}}, "infiniband.expected_ports[0]: expected 'device/port'"),
+        ({"xid": {"unknown": "page"}}, "xid.unknown: must be 'event' or 'condition'"),
+        ({"xid": {"overrides": {79: {"kind": "fatal"}}}}, "xid.overrides.79.kind: must be one of"),
+        ({"xid": {"overrides": {79: {"kind": "hardware", "action": "PRAY"}}}}, "xid.overrides.79.action"),
+        ({"xid": {"overrides": {"x": {"kind": "hardware"}}}}, "xid.overrides.x: expected an integer"),
+        ({"storage": {"mounts": [{"timeout_s": 3}]}}, "storage.mounts[0].path: required key missing"),
+        ({"storage": {"mounts": [{"path": "rel"}]}}, "storage.mounts[0].path: must be absolute"),
+        ({"hysteresis": {"clear_ratio": 2}}, "hysteresis.clear_ratio: must be in (0, 1]"),
+        ([1, 2], "config: expected a mapping"),
+    ],
+)
+def test_bad_config_names_the_key(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert message in str(err.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

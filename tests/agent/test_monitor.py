@@ -1,0 +1,204 @@
+"""The poll loop: event-driven reports, de-duplication, restore, clear, and
+carrying on when NVML is not there."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from agent.backends.base import NodeHardware
+from agent.backends.nvml import NvmlBackend
+from agent.backends.sim import SimNode, load_scenario
+from agent.config import AgentConfig, MountConfig, config_from_dict
+from agent.contract import ConditionType, Reason
+from agent.model import HealthReport
+from agent.monitor import Monitor
+from agent.probes.gpu import GpuProbe
+from agent.probes.infiniband import SysfsIbSource
+from agent.probes.storage import StatvfsMountSource
+from agent.samples import NodeSample
+from tests.agent.conftest import REAL_NVML
+from tests.agent.fake_pynvml import h100_node
+from tests.agent.sysfs_tree import two_hcas
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def sim() -> Iterator[tuple[SimNode, Monitor]]:
+    node = SimNode(load_scenario("default"))
+    monitor = Monitor(config_from_dict({"poll_interval_s": 3600}), node.hardware(), "node-a")
+    try:
+        yield node, monitor
+    finally:
+        monitor.close()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.reports: list[tuple[HealthReport, NodeSample]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, report: HealthReport, sample: NodeSample) -> None:
+        with self.lock:
+            self.reports.append((report, sample))
+
+    def latest(self) -> HealthReport | None:
+        with self.lock:
+            return self.reports[-1][0] if self.reports else None
+
+
+def test_first_poll_of_the_default_scenario(sim: tuple[SimNode, Monitor]) -> None:
+    _, monitor = sim
+    report, sample = monitor.step()
+    assert {(f.condition, f.reason) for f in report.faults} == {
+        (ConditionType.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_PENDING),
+        (ConditionType.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED),
+    }
+    assert "Xid13" in [e.reason for e in report.events]
+    assert [(c.gpu_index, c.xid, c.count) for c in sample.xid_counts] == [(1, 13, 1)]
+    assert len(sample.gpus) == 8 and len(sample.ib_ports) == 8 and report.errors == ()
+    assert monitor.last_report is report and monitor.polls == 1
+
+
+def test_an_injected_xid_produces_a_report_before_the_next_poll(sim: tuple[SimNode, Monitor]) -> None:
+    node, monitor = sim
+    stop = threading.Event()
+    got = Collector()
+    thread = threading.Thread(target=monitor.run, args=(stop, got), daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(got.reports) >= 1)
+        node.inject("xid", gpu=4, xid=79)
+        # The poll interval is an hour: only the event path can deliver this.
+        assert wait_for(lambda: (r := got.latest()) is not None and bool(r.faults_for(ConditionType.GPU_XID_ERROR)))
+        report = got.latest()
+        assert report is not None
+        (fault,) = report.faults_for(ConditionType.GPU_XID_ERROR)
+        assert fault.reason == "Xid79" and fault.entity.gpu_index == 4 and fault.latched
+        # Seen by NVML and by the kernel log, counted once.
+        assert wait_for(lambda: monitor.hub.duplicates >= 2)  # XID 13 at start and XID 79 now
+        _, sample = monitor.step()
+        assert {(c.gpu_index, c.xid): c.count for c in sample.xid_counts} == {(1, 13): 1, (4, 79): 1}
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_failing_report_handler_does_not_stop_detection(sim: tuple[SimNode, Monitor]) -> None:
+    node, monitor = sim
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def broken(report: HealthReport, sample: NodeSample) -> None:
+        calls.append(1)
+        raise RuntimeError("API server unreachable")
+
+    thread = threading.Thread(target=monitor.run, args=(stop, broken), daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(calls) >= 1)
+        node.inject("xid", gpu=0, xid=48)
+        assert wait_for(lambda: len(calls) >= 2)
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_restore_and_clear(sim: tuple[SimNode, Monitor]) -> None:
+    node, monitor = sim
+    first = monitor.poll()
+    pending = next(f for f in first.faults if f.reason == Reason.ROW_REMAP_PENDING)
+
+    # A restarted agent: the GPU was reset meanwhile, but the fault latches.
+    node.inject("gpu_reset", gpu=3)
+    node2 = SimNode(load_scenario("healthy"))
+    fresh = Monitor(config_from_dict(None), node2.hardware(), "node-a")
+    try:
+        assert fresh.restore([replace(pending, latched=False)]) == 1
+        report = fresh.poll()
+        assert [f.reason for f in report.faults] == [Reason.ROW_REMAP_PENDING]
+        cleared = fresh.clear(pending.entity.key)
+        assert [f.reason for f in cleared] == [Reason.ROW_REMAP_PENDING]
+        report = fresh.poll()
+        assert report.faults == () and [e.reason for e in report.events] == ["GpuMemoryHealthy"]
+    finally:
+        fresh.close()
+
+
+def test_nvml_missing_keeps_storage_and_infiniband_serving(tmp_path: Path) -> None:
+    two_hcas(tmp_path)
+    backend = NvmlBackend(pynvml)  # the real library: no driver on this machine
+    hardware = NodeHardware(
+        gpu=backend,
+        kmsg=None,
+        ib=SysfsIbSource(str(tmp_path)),
+        mounts=StatvfsMountSource([MountConfig(str(tmp_path))], interval_s=0.05),
+    )
+    monitor = Monitor(config_from_dict(None), hardware, "node-a")
+    try:
+        assert wait_for(lambda: monitor.hardware.mounts.check()[0].latency_s is not None)
+        report = monitor.poll()
+        reasons = {f.reason for f in report.faults}
+        assert Reason.IB_RATE_DEGRADED in reasons and Reason.MOUNT_MISSING in reasons
+        if REAL_NVML:
+            assert report.errors == () and report.gpus
+        else:
+            assert report.gpus == ()
+            assert len(report.errors) == 1 and "NVML could not initialise" in report.errors[0]
+            assert "Library Not Found" in report.errors[0]
+            assert Reason.GPU_COUNT_MISMATCH not in reasons
+    finally:
+        monitor.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_gpu_probe_retries_with_backoff_and_recovers() -> None:
+    nv = h100_node(2)
+    nv.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    clock = Clock()
+    probe = GpuProbe(NvmlBackend(nv), lambda ev: None, retry_initial_s=1, retry_max_s=4, monotonic=clock)
+    tries = []
+    for t in [0, 0.5, 1, 2, 2.5, 3, 5, 7, 8, 11, 12, 15, 16]:
+        clock.now = t
+        gpus, error = probe.sample()
+        assert gpus == () and error is not None and "Driver Not Loaded" in error
+        tries.append(probe.attempts)
+    # Attempts at 0, 1, 3 (after 2 s), 7 (4 s), 11 (capped at 4 s), 15.
+    assert tries == [1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    nv.init_error = None
+    clock.now = 19
+    gpus, error = probe.sample()
+    assert error is None and len(gpus) == 2 and probe.is_open
+    probe.stop()
+
+
+def test_monitor_close_stops_its_threads(sim: tuple[SimNode, Monitor]) -> None:
+    _, monitor = sim
+    before = {t.name for t in threading.enumerate()}
+    monitor.start()
+    assert {"gpuwarden-kmsg", "gpuwarden-gpu-events"} <= {t.name for t in threading.enumerate()}
+    monitor.close()
+    assert wait_for(lambda: not ({"gpuwarden-kmsg", "gpuwarden-gpu-events"} & {t.name for t in threading.enumerate()}))
+    assert before >= {t.name for t in threading.enumerate()} - {"gpuwarden-kmsg", "gpuwarden-gpu-events"}
