@@ -129,10 +129,27 @@ class KubeApi:
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        return self._request(operation, fn, args, kwargs, absent_ok=False) or {}
+
+    def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
+        return self._request(operation, fn, args, kwargs, absent_ok=True)
+
+    def _request(
+        self,
+        operation: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        absent_ok: bool,
+    ) -> JSON | None:
         try:
             response = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
             raw = response.data
         except ApiException as exc:
+            if absent_ok and exc.status == 404:
+                self.stats.record(operation, ok=True)
+                return None
             self.stats.record(operation, ok=False)
             raise ApiError(operation, exc.status, _status_message(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -146,14 +163,6 @@ class KubeApi:
         if not isinstance(decoded, dict):
             raise ApiError(operation, None, f"response is a {type(decoded).__name__}, not an object")
         return decoded
-
-    def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
-        try:
-            return self._call(operation, fn, *args, **kwargs)
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
 
     # -- Node ---------------------------------------------------------------
 

@@ -1,0 +1,214 @@
+"""The shipped manifests applied to the real API server, and the agent's RBAC proven.
+
+The agent runs as its ServiceAccount (impersonated, so RBAC decides exactly
+as for the pod's token): everything it publishes works, and what it must not
+do -- patch a pod, read a secret, change the Node's spec -- is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from agent import contract
+from agent.backends.sim import SimNode, load_scenario
+from agent.publish.kube import KubeApi
+from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from tests.kube import ControlPlane, simple_pod, wait_for
+from tests.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
+
+pytestmark = pytest.mark.k8s
+
+MONITORING_CRDS = Path(__file__).resolve().parent / "fixtures" / "monitoring-crds.yaml"
+
+
+def _rendered(control_plane: ControlPlane, path: Path) -> list[dict[str, Any]]:
+    out = control_plane.kubectl("kustomize", str(path)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_base_applies_and_its_objects_are_served(
+    control_plane: ControlPlane, agent_manifests: None, k8s: client.ApiClient
+) -> None:
+    docs = _rendered(control_plane, MANIFESTS)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert kinds == {
+        ("Namespace", AGENT_NAMESPACE),
+        ("CustomResourceDefinition", f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"),
+        ("ServiceAccount", AGENT_SERVICE_ACCOUNT),
+        ("ClusterRole", "gpuwarden-agent"),
+        ("ClusterRoleBinding", "gpuwarden-agent"),
+        ("DaemonSet", "gpuwarden-agent"),
+        ("Service", "gpuwarden-agent"),
+    }
+    ds = client.AppsV1Api(k8s).read_namespaced_daemon_set("gpuwarden-agent", AGENT_NAMESPACE)
+    tolerated = {t.key for t in ds.spec.template.spec.tolerations}
+    assert contract.TAINT_QUARANTINE in tolerated
+    container = ds.spec.template.spec.containers[0]
+    assert container.liveness_probe.http_get.path == "/healthz"
+    assert container.readiness_probe.http_get.path == "/readyz"
+    assert container.resources.requests and container.resources.limits
+    env = {e.name: e for e in container.env}
+    assert env["GPUWARDEN_NODE_NAME"].value_from.field_ref.field_path == "spec.nodeName"
+    assert all(m.read_only for m in container.volume_mounts if m.name in {"sys", "kmsg"})
+    # Every GPUWARDEN_* variable the DaemonSet sets backs a flag of `gpuwarden agent`.
+    assert {n for n in env if n.startswith("GPUWARDEN_")} <= _agent_flag_envs()
+
+
+def _agent_flag_envs() -> set[str]:
+    from agent.cli import build_parser
+    from agent.cliutil import env_name
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parsers = [top, sub.choices["agent"]]
+    return {env_name(opt) for p in parsers for a in p._actions for opt in a.option_strings if opt.startswith("--")}
+
+
+def test_cluster_role_grants_nothing_on_pods_or_secrets(control_plane: ControlPlane) -> None:
+    role = next(d for d in _rendered(control_plane, MANIFESTS) if d["kind"] == "ClusterRole")
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status", "events"}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"]
+        assert "delete" not in rule["verbs"]
+        if "nodes/status" in rule["resources"]:
+            assert rule["verbs"] == ["patch"]
+
+
+@pytest.fixture
+def monitoring_crds(control_plane: ControlPlane, agent_manifests: None) -> Iterator[None]:
+    control_plane.kubectl("apply", "-f", str(MONITORING_CRDS))
+    for crd in ("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"):
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        control_plane.kubectl("delete", "-f", str(MONITORING_CRDS), "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_monitoring_objects_apply_with_strict_validation(control_plane: ControlPlane, monitoring_crds: None) -> None:
+    path = str(MANIFESTS / "monitoring")
+    try:
+        control_plane.kubectl("apply", "--validate=strict", "-k", path)
+        rule = json.loads(
+            control_plane.kubectl(
+                "get", "prometheusrule", "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json"
+            ).stdout
+        )
+        rules_file = yaml.safe_load((MANIFESTS / "monitoring" / "gpuwarden-rules.yaml").read_text())
+        assert rule["spec"] == rules_file
+        monitor = json.loads(
+            control_plane.kubectl(
+                "get", "servicemonitor", "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json"
+            ).stdout
+        )
+        service = json.loads(
+            control_plane.kubectl("get", "service", "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json").stdout
+        )
+        # The ServiceMonitor selects the Service and scrapes its named port.
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    finally:
+        control_plane.kubectl("delete", "-k", path, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _get_json(control_plane: ControlPlane, kind: str) -> dict[str, Any]:
+    out = control_plane.kubectl("get", kind, "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json").stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _status(exc: client.ApiException) -> int | None:
+    return exc.status
+
+
+def _refused(call: Callable[[], object]) -> int | None:
+    try:
+        call()
+    except client.ApiException as exc:
+        return _status(exc)
+    return None
+
+
+def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
+    control_plane: ControlPlane,
+    k8s: client.ApiClient,
+    gpu_node: str,
+    namespace: str,
+) -> None:
+    core_admin = client.CoreV1Api(k8s)
+    core_admin.create_namespaced_pod(namespace, simple_pod("victim", node_name=gpu_node))
+    core_admin.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="token"), string_data={"k": "v"})
+    )
+    with control_plane.impersonate(AGENT_SERVICE_ACCOUNT, AGENT_NAMESPACE) as sa:
+        # The whole agent, publishing as the ServiceAccount: the default
+        # scenario starts with faults, so conditions, capacity, the GPUNode
+        # and Events are all written.
+        agent = SimAgent(sa, gpu_node, SimNode(load_scenario("default"))).start()
+        admin = KubeApi(k8s)
+        try:
+            wait_for(
+                lambda: (admin.get_gpunode(gpu_node) or {}).get("status", {}).get("gpuCount") == 8,
+                timeout=20,
+                description="the agent's GPUNode",
+            )
+            node = wait_for(
+                lambda: _node_with_condition(admin, gpu_node, "GpuMemoryDegraded", "True"),
+                timeout=20,
+                description="GpuMemoryDegraded True on the node",
+            )
+            assert node["status"]["capacity"][contract.RESOURCE_GPU_MEMORY] == str(7 * 81559)
+            wait_for(lambda: agent.daemon.events.pending() == 0, timeout=20, description="events written")
+            assert agent.daemon.stats.snapshot()[1] == {}, "a request of the agent was refused"
+        finally:
+            agent.stop()
+        events = core_admin.list_namespaced_event(
+            DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
+        ).items
+        assert {e.reason for e in events} >= {"RowRemapPending", "IbRateDegraded", "Xid13"}
+
+        core = client.CoreV1Api(sa)
+        custom = client.CustomObjectsApi(sa)
+        refused = {
+            "patch a pod": _refused(
+                lambda: core.patch_namespaced_pod("victim", namespace, {"metadata": {"labels": {"a": "b"}}})
+            ),
+            "list pods": _refused(core.list_pod_for_all_namespaces),
+            "read a secret": _refused(lambda: core.read_namespaced_secret("token", namespace)),
+            "list secrets": _refused(core.list_secret_for_all_namespaces),
+            "patch the node spec": _refused(lambda: core.patch_node(gpu_node, {"spec": {"unschedulable": True}})),
+            "delete the node": _refused(lambda: core.delete_node(gpu_node)),
+            "replace node status": _refused(lambda: core.replace_node_status(gpu_node, core_admin.read_node(gpu_node))),
+            "delete its GPUNode": _refused(
+                lambda: custom.delete_cluster_custom_object(
+                    contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, gpu_node
+                )
+            ),
+            "evict a pod": _refused(
+                lambda: core.create_namespaced_pod_eviction(
+                    "victim",
+                    namespace,
+                    client.V1Eviction(metadata=client.V1ObjectMeta(name="victim", namespace=namespace)),
+                )
+            ),
+        }
+        assert refused == dict.fromkeys(refused, 403)
+
+
+def _node_with_condition(api: KubeApi, name: str, ctype: str, status: str) -> dict[str, Any] | None:
+    node = api.get_node(name)
+    if node is None:
+        return None
+    for cond in node["status"].get("conditions", []):
+        if cond["type"] == ctype and cond["status"] == status:
+            return node
+    return None
