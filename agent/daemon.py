@@ -331,6 +331,11 @@ class AgentDaemon:
         self.metrics.set_quarantined(any(t.get("key") == TAINT_QUARANTINE for t in _taints(node)))
 
     @property
+    def outages(self) -> int:
+        """API-server outages seen since start (each logged once)."""
+        return self._outage.outages
+
+    @property
     def published_seq(self) -> int:
         """How many reports had arrived when the API server was last brought up to date."""
         return self._published_seq

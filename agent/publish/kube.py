@@ -295,6 +295,8 @@ class OutageLog:
         self._clock = clock
         self._since: float | None = None
         self._failures = 0
+        # Outages logged since start (each is one warning line).
+        self.outages = 0
 
     @property
     def in_outage(self) -> bool:
@@ -304,6 +306,7 @@ class OutageLog:
         self._failures += 1
         if self._since is None:
             self._since = self._clock()
+            self.outages += 1
             log.warning(
                 "kubernetes_api_failing",
                 operation=error.operation,

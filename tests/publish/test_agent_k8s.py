@@ -1,0 +1,261 @@
+"""The whole agent (sim backend) against the real control plane.
+
+Faults are injected into the simulated node while the agent runs, and the
+result is read the way a person would, with ``kubectl get node -o jsonpath``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from agent.backends.sim import SimNode, load_scenario
+from agent.contract import RESOURCE_GPU_MEMORY, ConditionType
+from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from tests.kube import ControlPlane, wait_for
+from tests.publish.conftest import SimAgent
+
+pytestmark = pytest.mark.k8s
+
+GPU_MIB = load_scenario("healthy").gpus.memory_mib
+FULL = str(8 * GPU_MIB)
+ONE_LESS = str(7 * GPU_MIB)
+
+
+def _jsonpath(control_plane: ControlPlane, node: str, path: str) -> str:
+    return control_plane.kubectl("get", "node", node, "-o", f"jsonpath={path}").stdout
+
+
+def _condition(control_plane: ControlPlane, node: str, ctype: str) -> dict[str, Any]:
+    raw = _jsonpath(control_plane, node, f'{{.status.conditions[?(@.type=="{ctype}")]}}')
+    return json.loads(raw) if raw else {}
+
+
+def _capacity(control_plane: ControlPlane, node: str) -> tuple[str, str]:
+    key = RESOURCE_GPU_MEMORY.replace(".", "\\.")
+    return (
+        _jsonpath(control_plane, node, f"{{.status.capacity.{key}}}"),
+        _jsonpath(control_plane, node, f"{{.status.allocatable.{key}}}"),
+    )
+
+
+def _gpunode(control_plane: ControlPlane, node: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(control_plane.kubectl("get", "gpunode", node, "-o", "json").stdout)
+    return result
+
+
+def _healthy_published(control_plane: ControlPlane, node: str) -> bool:
+    statuses = [_condition(control_plane, node, c.value).get("status") for c in ConditionType]
+    return statuses == ["False"] * len(statuses) and _capacity(control_plane, node) == (FULL, FULL)
+
+
+def _wait_healthy(control_plane: ControlPlane, node: str) -> None:
+    wait_for(
+        lambda: _healthy_published(control_plane, node),
+        timeout=20,
+        interval=0.2,
+        description="every agent condition False and full gpu-memory capacity",
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    """One injected fault and what the Node must show for it."""
+
+    kind: str
+    params: dict[str, Any]
+    condition: str
+    reasons: frozenset[str]
+    names: str  # text the condition message must contain
+    gpu: int | None  # the GPU taken out of service, if any
+
+
+CASES = [
+    Case("xid", {"gpu": 2, "xid": 79}, "GpuXidError", frozenset({"Xid79"}), "GPU 2", 2),
+    Case("remap_pending", {"gpu": 3}, "GpuMemoryDegraded", frozenset({"RowRemapPending"}), "GPU 3", 3),
+    Case("remap_failure", {"gpu": 4}, "GpuMemoryDegraded", frozenset({"RowRemapFailure"}), "GPU 4", 4),
+    Case("nvlink_down", {"gpu": 1, "link": 3}, "GpuNvlinkDegraded", frozenset({"NvlinkDown"}), "GPU 1", 1),
+    Case("pcie_width", {"gpu": 5, "width": 8}, "GpuPcieDegraded", frozenset({"PcieWidthDegraded"}), "GPU 5", 5),
+    Case(
+        "ib_down",
+        {"device": "mlx5_2", "port": 1},
+        "InfinibandDegraded",
+        frozenset({"IbPortDown", "MultipleFaults"}),
+        "mlx5_2 port 1",
+        None,
+    ),
+    Case("gpu_lost", {"gpu": 6}, "GpuMissing", frozenset({"GpuLost", "MultipleFaults"}), "GPU 6", 6),
+    Case("mount_missing", {"path": "/mnt/shared"}, "StorageDegraded", frozenset({"MountMissing"}), "/mnt/shared", None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.kind for c in CASES])
+def test_injected_fault_shows_in_condition_capacity_and_gpunode(
+    control_plane: ControlPlane, gpu_node: str, sim_agent: Callable[..., SimAgent], case: Case
+) -> None:
+    kind, ctype, gpu = case.kind, case.condition, case.gpu
+    ready_before = _condition(control_plane, gpu_node, "Ready")
+    agent = sim_agent(gpu_node)
+    _wait_healthy(control_plane, gpu_node)
+
+    agent.sim.inject(kind, **case.params)
+    cond = wait_for(
+        lambda: (c := _condition(control_plane, gpu_node, ctype)).get("status") == "True" and c,
+        timeout=20,
+        interval=0.2,
+        description=f"{ctype} True after {kind}",
+    )
+    assert cond["reason"] in case.reasons
+    assert case.names in cond["message"]
+    assert "Recommended action:" in cond["message"]
+    if gpu is not None:
+        assert "GPU-" in cond["message"]  # the UUID
+        expected = ONE_LESS
+    else:
+        expected = FULL
+    wait_for(
+        lambda: _capacity(control_plane, gpu_node) == (expected, expected),
+        timeout=10,
+        interval=0.2,
+        description=f"gpu-memory capacity {expected}",
+    )
+
+    def gpunode_shows_it() -> bool:
+        status = _gpunode(control_plane, gpu_node).get("status", {})
+        if gpu is not None:
+            entry = status["gpus"][gpu]
+            return entry["healthy"] is False and any(f["condition"] == ctype for f in entry["faults"])
+        faults = [f for p in status.get("ibPorts", []) for f in p["faults"]] + status.get("nodeFaults", [])
+        return any(f["condition"] == ctype for f in faults)
+
+    wait_for(gpunode_shows_it, timeout=10, interval=0.2, description=f"GPUNode lists the {ctype} fault")
+    assert _condition(control_plane, gpu_node, "Ready") == ready_before
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        body: bytes = resp.read()
+        return body.decode()
+
+
+def test_agent_survives_an_api_server_outage_and_republishes(
+    control_plane: ControlPlane, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    agent = sim_agent(gpu_node, metrics_port=0, metrics_host="127.0.0.1")
+    _wait_healthy(control_plane, gpu_node)
+    agent.sim.inject("xid", gpu=2, xid=79)
+    xid_before = wait_for(
+        lambda: (c := _condition(control_plane, gpu_node, "GpuXidError")).get("status") == "True" and c,
+        timeout=20,
+        interval=0.2,
+        description="GpuXidError True",
+    )
+
+    control_plane.stop_apiserver()
+    try:
+        agent.sim.inject("ib_down", device="mlx5_1", port=1)
+        agent.sim.inject("xid", gpu=0, xid=13)
+        wait_for(
+            lambda: sum(agent.daemon.stats.snapshot()[1].values()) >= 3,
+            timeout=20,
+            interval=0.1,
+            description="the publisher keeps retrying",
+        )
+        report = agent.monitor.last_report
+        assert report is not None
+        assert report.faults_for(ConditionType.INFINIBAND_DEGRADED)
+        assert agent.daemon.liveness() == (True, "ok")
+    finally:
+        control_plane.start_apiserver()
+
+    ib = wait_for(
+        lambda: (c := _condition(control_plane, gpu_node, "InfinibandDegraded")).get("status") == "True" and c,
+        timeout=30,
+        interval=0.2,
+        description="InfinibandDegraded True after the API server is back",
+    )
+    assert "mlx5_1 port 1" in ib["message"]
+    xid_after = _condition(control_plane, gpu_node, "GpuXidError")
+    assert (xid_after["status"], xid_after["lastTransitionTime"]) == ("True", xid_before["lastTransitionTime"])
+    core = client.CoreV1Api(client.ApiClient(control_plane.configuration()))
+    try:
+        wait_for(
+            lambda: (
+                "Xid13"
+                in {
+                    e.reason
+                    for e in core.list_namespaced_event(
+                        DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
+                    ).items
+                }
+            ),
+            timeout=20,
+            interval=0.2,
+            description="the Event queued during the outage is written",
+        )
+    finally:
+        core.api_client.close()
+    assert agent.daemon.outages == 1
+    assert agent.daemon.server is not None
+    metrics = _scrape(agent.daemon.server.port)
+    errors = [
+        float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("gpuwarden_api_errors_total{")
+    ]
+    assert sum(errors) >= 3
+    assert 'gpuwarden_node_condition{condition="InfinibandDegraded"' in metrics
+
+
+def _snapshot(control_plane: ControlPlane, node: str) -> dict[str, Any]:
+    conds = {c.value: _condition(control_plane, node, c.value) for c in ConditionType}
+    status = dict(_gpunode(control_plane, node)["status"])
+    status.pop("observedTime", None)
+    return {
+        "conditions": {t: (c["status"], c["reason"], c["message"], c["lastTransitionTime"]) for t, c in conds.items()},
+        "capacity": _capacity(control_plane, node),
+        "gpunode": status,
+    }
+
+
+def test_restarted_agent_keeps_latched_faults_and_nothing_flaps(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    first = sim_agent(gpu_node)
+    _wait_healthy(control_plane, gpu_node)
+    first.sim.inject("xid", gpu=2, xid=79)  # latched: only repair clears it
+    first.sim.inject("pcie_width", gpu=5, width=8)  # polled: still there after the restart
+    wait_for(
+        lambda: all(
+            _condition(control_plane, gpu_node, t).get("status") == "True" for t in ("GpuXidError", "GpuPcieDegraded")
+        ),
+        timeout=20,
+        interval=0.2,
+        description="both faults published",
+    )
+    wait_for(lambda: first.daemon.events.pending() == 0, timeout=10, description="events written")
+    before = _snapshot(control_plane, gpu_node)
+    first.stop()
+
+    # The new process sees the same hardware: the link is still narrow, but
+    # the XID is history (no longer in what the GPU reports).
+    sim = SimNode(load_scenario("healthy"))
+    sim.inject("pcie_width", gpu=5, width=8)
+    second = sim_agent(gpu_node, sim)
+    # Long enough for any non-latched fault to have cleared (clear_polls).
+    polls = second.monitor.config.hysteresis.clear_polls + 2
+    wait_for(
+        lambda: second.monitor.polls >= polls and second.daemon.published_seq >= polls,
+        timeout=20,
+        interval=0.1,
+        description=f"{polls} reports published by the restarted agent",
+    )
+    assert _snapshot(control_plane, gpu_node) == before
+    events = client.CoreV1Api(k8s).list_namespaced_event(
+        DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
+    )
+    assert [e.reason for e in events.items if e.type == "Normal"] == []
