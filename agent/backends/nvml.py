@@ -197,7 +197,7 @@ class NvmlBackend(GpuBackend):
                 raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
             except nv.NVMLError as exc:
                 raise BackendUnavailableError(f"NVML could not count GPUs: {exc}") from exc
-            return tuple(self._sample_one(i) for i in range(count))
+            return tuple([self._sample_one(i) for i in range(count)])
 
     def _field(self, index: int, name: str, errors: list[str], fn: Callable[..., T], *args: Any) -> T | None:
         unsupported = self._unsupported.setdefault(index, set())

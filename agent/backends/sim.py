@@ -456,7 +456,7 @@ class SimNode:
     def sample_gpus(self) -> tuple[GpuSample, ...]:
         with self._cond:
             self._advance()
-            return tuple(self._sample(g) for g in self._gpus)
+            return tuple([self._sample(g) for g in self._gpus])
 
     def _sample(self, g: _Gpu) -> GpuSample:
         if g.lost:
@@ -477,15 +477,17 @@ class SimNode:
             else None,
             retired_pages=None if g.row_remapping else RetiredPages(g.retired_sbe, g.retired_dbe, g.retired_pending),
             nvlinks=tuple(
-                NvlinkSample(
-                    link=i,
-                    active=bool(v[0]),
-                    replay_errors=v[1],
-                    recovery_errors=v[2],
-                    crc_flit_errors=v[3],
-                    crc_data_errors=v[4],
-                )
-                for i, v in enumerate(g.links)
+                [
+                    NvlinkSample(
+                        link=i,
+                        active=bool(v[0]),
+                        replay_errors=v[1],
+                        recovery_errors=v[2],
+                        crc_flit_errors=v[3],
+                        crc_data_errors=v[4],
+                    )
+                    for i, v in enumerate(g.links)
+                ]
             ),
             pcie=PcieSample(g.gen, g.max_gen, g.width, g.max_width, g.replays),
         )
@@ -518,19 +520,23 @@ class SimNode:
         with self._cond:
             self._advance()
             return tuple(
-                IbPortSample(
-                    device=p.device,
-                    port=p.port,
-                    state=p.state,
-                    phys_state=p.phys_state,
-                    rate_gbps=p.rate,
-                    link_layer=p.link_layer,
-                    counters=IbCounters(p.link_downed, p.symbol_error, p.link_error_recovery, p.port_rcv_errors),
-                    netdev=p.netdev,
-                    netdev_oper_state=None if p.netdev is None else ("UP" if p.state == "ACTIVE" else "LOWERLAYERDOWN"),
-                    netdev_speed_mbps=None if p.netdev is None or p.state != "ACTIVE" else int(p.rate * 1000),
-                )
-                for p in self._ports
+                [
+                    IbPortSample(
+                        device=p.device,
+                        port=p.port,
+                        state=p.state,
+                        phys_state=p.phys_state,
+                        rate_gbps=p.rate,
+                        link_layer=p.link_layer,
+                        counters=IbCounters(p.link_downed, p.symbol_error, p.link_error_recovery, p.port_rcv_errors),
+                        netdev=p.netdev,
+                        netdev_oper_state=None
+                        if p.netdev is None
+                        else ("UP" if p.state == "ACTIVE" else "LOWERLAYERDOWN"),
+                        netdev_speed_mbps=None if p.netdev is None or p.state != "ACTIVE" else int(p.rate * 1000),
+                    )
+                    for p in self._ports
+                ]
             )
 
     def mounts(self) -> tuple[MountSample, ...]:

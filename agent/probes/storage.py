@@ -112,7 +112,7 @@ class StatvfsMountSource(MountSource):
 
     def check(self) -> tuple[MountSample, ...]:
         now = time.monotonic()
-        return tuple(c.sample(now) for c in self._checkers)
+        return tuple([c.sample(now) for c in self._checkers])
 
     def close(self) -> None:
         for c in self._checkers:

@@ -79,15 +79,19 @@ class Rule(Protocol):
 class RateWindow:
     """Growth rate of one cumulative counter over a sliding time window.
 
-    Keeps (time, value) points no older than the window. A counter that goes
-    down (reset by a driver reload or a GPU reset) restarts the history
-    instead of producing a negative rate.
+    Keeps (time, value) points spanning the window. Points closer together
+    than a 32nd of the window are merged (the newest replaces the last), so
+    memory stays bounded whatever the poll rate: event-driven polls during an
+    ECC storm, or a clock that stalls, must not grow the history. A counter
+    that goes down (driver reload, GPU reset) or a clock that steps back
+    restarts the history instead of producing a negative rate.
     """
 
-    __slots__ = ("_points", "window_s")
+    __slots__ = ("_points", "_spacing", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
+        self._spacing = window_s / 32
         self._points: deque[tuple[float, int]] = deque()
 
     def add(self, t: float, value: int) -> float | None:
@@ -97,15 +101,21 @@ class RateWindow:
         until two points at different times exist.
         """
         pts = self._points
-        if pts and value < pts[-1][1]:
+        if pts and (value < pts[-1][1] or t < pts[-1][0]):
             pts.clear()
-        pts.append((t, value))
+        if len(pts) >= 2 and t - pts[-2][0] < self._spacing:
+            pts[-1] = (t, value)
+        else:
+            pts.append((t, value))
         while len(pts) > 2 and t - pts[1][0] >= self.window_s:
             pts.popleft()
         t0, v0 = pts[0]
         if t <= t0:
             return None
         return (value - v0) * 60.0 / (t - t0)
+
+    def __len__(self) -> int:
+        return len(self._points)
 
 
 def over_threshold(rate: float | None, threshold: float, active: bool, clear_ratio: float) -> bool:

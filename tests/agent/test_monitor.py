@@ -15,7 +15,7 @@ import pytest
 from agent.backends.base import NodeHardware
 from agent.backends.nvml import NvmlBackend
 from agent.backends.sim import SimNode, load_scenario
-from agent.config import AgentConfig, MountConfig, config_from_dict
+from agent.config import MountConfig, config_from_dict
 from agent.contract import ConditionType, Reason
 from agent.model import HealthReport
 from agent.monitor import Monitor

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agent.config import config_from_dict
 from agent.contract import Action, ConditionType, Reason
 from agent.model import EventType
+from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
 from agent.rules.xid_catalogue import XID_CATALOGUE, XidKind
 from agent.samples import EventSource, GpuEvent, GpuEventKind, IbCounters, MountSample, NodeSample, RetiredPages
@@ -417,3 +418,26 @@ def test_latched_faults_never_drop_until_cleared(signal: list[bool], clear_at: i
             assert faults == ()
         else:
             assert [(f.reason, f.since) for f in faults] == [(Reason.ROW_REMAP_PENDING, raised_since)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0, 120), st.integers(0, 1000)), min_size=1, max_size=400))
+def test_rate_window_stays_bounded(steps: list[tuple[float, int]]) -> None:
+    window = RateWindow(300.0)
+    t, value = 0.0, 0
+    for dt, inc in steps:
+        t, value = t + dt, value + inc
+        rate = window.add(t, value)
+        assert len(window) <= 34  # a 32nd of the window apart, plus the ends
+        assert rate is None or rate >= 0
+
+
+def test_rate_window_measures_a_steady_rate_and_survives_a_stalled_clock() -> None:
+    window = RateWindow(300.0)
+    rates = [window.add(i * 10.0, i * 10) for i in range(100)]
+    assert rates[0] is None and all(r == pytest.approx(60.0) for r in rates[1:])
+    stalled = RateWindow(300.0)
+    for i in range(1000):
+        stalled.add(5.0, i)
+    assert len(stalled) <= 2
+    assert window.add(0.0, 5) is None  # clock stepped back: history restarts

@@ -1,0 +1,86 @@
+"""``gpuwarden agent``: the --once report (what ``make run`` prints)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def test_sim_once_prints_a_readable_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--backend", "sim", "--once", "--node-name", "gpu-node-7"]) == 0
+    out = capsys.readouterr().out
+    assert "node gpu-node-7" in out
+    assert "GpuMemoryDegraded    True   RowRemapPending" in out
+    assert "InfinibandDegraded   True   IbRateDegraded" in out
+    assert "GpuXidError          False  NoFatalXid" in out
+    assert "Xid13" in out and "RESTART_APP" in out
+    assert "mlx5_5/1  ACTIVE LinkUp  200 Gb/s" in out
+    assert "Recommended node action: REPLACE" in out
+
+
+def test_sim_once_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--backend", "sim", "--scenario", "healthy", "--once", "--output", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["action"] == "NONE" and body["report"]["faults"] == []
+    assert len(body["report"]["gpus"]) == 8 and len(body["sample"]["ib_ports"]) == 8
+
+
+def test_bad_config_is_a_clear_startup_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("nvlink:\n  error_rate_per_minute: 5\n")
+    assert main(["agent", "--backend", "sim", "--once", "--config", str(cfg)]) == 2
+    assert "nvlink.error_rate_per_minute: unknown key" in capsys.readouterr().err
+
+
+def test_unknown_scenario_is_a_clear_startup_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--backend", "sim", "--once", "--scenario", "nope"]) == 2
+    assert "no scenario named 'nope'" in capsys.readouterr().err
+
+
+def test_console_script_as_make_run_calls_it() -> None:
+    proc = subprocess.run(
+        [str(VENV_BIN / "gpuwarden"), "agent", "--backend", "sim", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Conditions:" in proc.stdout and "RowRemapPending" in proc.stdout
+
+
+def test_nvml_backend_without_nvml_or_kmsg_access_still_reports(tmp_path: Path) -> None:
+    """No NVIDIA driver here, and as an unprivileged user /dev/kmsg is closed:
+    both are logged and the report still comes out."""
+    cmd = [
+        str(VENV_BIN / "gpuwarden"),
+        "--log-format",
+        "json",
+        "agent",
+        "--backend",
+        "nvml",
+        "--once",
+        "--sysfs-root",
+        str(tmp_path),
+    ]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/", check=False)
+    assert proc.returncode == 0, proc.stderr
+    logs = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "kmsg_unavailable" and e["path"] == "/dev/kmsg" for e in logs)
+    assert "gpuwarden agent report" in proc.stdout
+    from tests.agent.conftest import REAL_NVML
+
+    if not REAL_NVML:
+        assert any(e["event"] == "gpu_backend_unavailable" for e in logs)
+        assert "! gpu: NVML could not initialise" in proc.stdout
