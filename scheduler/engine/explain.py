@@ -13,6 +13,7 @@ a thousand identical pending pods cost one analysis.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from agent.contract import UnschedulableReason
 from scheduler.engine.model import PendingReason
@@ -61,27 +62,70 @@ def _describe_pod(task: TaskState) -> str:
     return ", ".join(parts) or "no resources"
 
 
-def _analyse(cluster: Cluster, pool: PoolState, job: JobState, task: TaskState, count: int) -> PendingReason:
-    if not pool.nodes:
-        return PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"node pool {pool.name} has no nodes")
+@dataclass(slots=True)
+class _NodeGroups:
+    """A pool's nodes as one shape's static predicates see them.
+
+    Eligible nodes are grouped by their free resources (identical nodes,
+    the common case in a big pool, collapse into one group), so each pod
+    shape is checked against a few dozen representatives, not every node.
+    """
+
+    total: int
+    excluded: Counter[str]
+    groups: list[tuple[NodeState, int]]  # (representative, how many alike)
+
+
+def _signature(node: NodeState) -> tuple[object, ...]:
+    return (node.free_cpu, node.free_mem, node.free_whole, tuple(node.gpu_free), tuple(node.gpu_whole), node.mig)
+
+
+def _groups(cluster: Cluster, pool: PoolState, task: TaskState) -> _NodeGroups:
+    spec = task.spec
+    key = (
+        "groups",
+        pool.name,
+        tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
+        spec.tolerations,
+        task.gpu.is_slice,
+    )
+    cached = cluster.explain_cache.get(key)
+    if isinstance(cached, _NodeGroups):
+        return cached
     excluded: Counter[str] = Counter()
-    short: Counter[str] = Counter()
-    eligible = 0
-    free_gpus = 0
+    first: dict[tuple[object, ...], NodeState] = {}
+    alike: Counter[tuple[object, ...]] = Counter()
     for node in pool.nodes:
         why = static_exclusion(node, task)
         if why is not None:
             excluded[why] += 1
             continue
-        eligible += 1
-        free_gpus += node.free_whole
+        sig = _signature(node)
+        first.setdefault(sig, node)
+        alike[sig] += 1
+    result = _NodeGroups(len(pool.nodes), excluded, [(first[sig], n) for sig, n in alike.items()])
+    cluster.explain_cache[key] = result
+    return result
+
+
+def _analyse(cluster: Cluster, pool: PoolState, task: TaskState, count: int) -> PendingReason:
+    if not pool.nodes:
+        return PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"node pool {pool.name} has no nodes")
+    view = _groups(cluster, pool, task)
+    excluded = view.excluded
+    short: Counter[str] = Counter()
+    eligible = 0
+    free_gpus = 0
+    for node, alike in view.groups:
+        eligible += alike
+        free_gpus += node.free_whole * alike
         if fit_on_node(node, task) is None:
-            short[_shortfall(node, task)] += 1
+            short[_shortfall(node, task)] += alike
     pod = f"each pod needs {_describe_pod(task)} on one node"
     if eligible == 0:
         return PendingReason(
             UnschedulableReason.NO_ELIGIBLE_NODES,
-            f"{pod}, but none of the {len(pool.nodes)} nodes of pool {pool.name} can take it: {_summary(excluded)}",
+            f"{pod}, but none of the {view.total} nodes of pool {pool.name} can take it: {_summary(excluded)}",
         )
     fitting = eligible - sum(short.values())
     text = f"{pod}; {fitting} of {eligible} eligible nodes of pool {pool.name} have room"
@@ -121,7 +165,7 @@ def reasons(cluster: Cluster, job: JobState) -> list[PendingReason]:
     cache = cluster.explain_cache
     key = (pool.name, task.shape, count)
     found = cache.get(key)
-    if found is None:
-        found = _analyse(cluster, pool, job, task, count)
+    if not isinstance(found, PendingReason):
+        found = _analyse(cluster, pool, task, count)
         cache[key] = found
     return [found]

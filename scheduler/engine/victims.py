@@ -3,20 +3,24 @@ reclaim and preempt, which differ only in who may be a victim.
 
 The plan is built node by node, the way a person would clear space: for
 each task of the beneficiary's gang that does not fit anywhere as things
-stand, pick a node it could use (static predicates pass) where evicting
+stand, find nodes it could use (static predicates pass) where evicting
 candidate victims would free enough, evict them there in the action's victim
 order until the task fits, and place it. A victim job is evicted whole (its
 tasks on other nodes too): half a gang is worth nothing to anyone. If any
 task cannot be placed the whole plan is rolled back.
 
-Cost is bounded: at most ``MAX_NODES_TRIED`` nodes are tried per task, and
-an action gives up on a beneficiary shape once a plan for it failed and
-nothing was committed since (``FailureMemo``).
+Nodes are discovered through the victims, cheapest victim first, so the
+search looks where the cheapest room is and never walks nodes that host no
+candidate. Cost is bounded: per task at most ``MAX_NODES_SCANNED`` nodes are
+examined and ``MAX_NODES_TRIED`` of them tried; an action gives up on a
+beneficiary shape once a plan for it failed and nothing was committed since
+(``FailureMemo``); and each action looks at ``MAX_BENEFICIARIES`` jobs per
+session at most.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agent.contract import EvictionAction
@@ -26,19 +30,58 @@ from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
 MAX_NODES_TRIED = 8
+MAX_NODES_SCANNED = 256
+MAX_BENEFICIARIES = 32
+
+Predicate = Callable[[JobState], bool]
 
 
 def evictable(task: TaskState) -> bool:
     return task.was_running and task.node is not None and not task.releasing and task.eviction is None
 
 
-def running_jobs(cluster: Cluster) -> list[JobState]:
-    return [j for j in cluster.jobs if any(evictable(t) for t in j.tasks)]
-
-
 def victim_order(job: JobState) -> tuple[int, float, str]:
     """Cheapest victims first: lowest priority, then youngest, then name."""
     return (job.spec.priority, -job.spec.created, job.key)
+
+
+@dataclass(slots=True)
+class VictimIndex:
+    """Running preemptible jobs, in victim order, per leaf queue and per pool.
+
+    Built once per session (the order depends only on the snapshot); jobs
+    evicted meanwhile stay listed and are skipped because none of their
+    tasks is evictable any more.
+    """
+
+    by_queue: dict[str, list[JobState]]
+    by_pool: dict[str, list[JobState]]
+
+    @classmethod
+    def build(cls, cluster: Cluster) -> VictimIndex:
+        ranked = sorted(
+            (
+                j
+                for j in cluster.jobs
+                if j.preemptible and j.queue is not None and j.pool is not None and any(evictable(t) for t in j.tasks)
+            ),
+            key=victim_order,
+        )
+        by_queue: dict[str, list[JobState]] = {}
+        by_pool: dict[str, list[JobState]] = {}
+        for job in ranked:
+            assert job.queue is not None and job.pool is not None
+            by_queue.setdefault(job.queue.name, []).append(job)
+            by_pool.setdefault(job.pool.name, []).append(job)
+        return cls(by_queue, by_pool)
+
+
+def victim_index(cluster: Cluster) -> VictimIndex:
+    index = cluster.victims
+    if not isinstance(index, VictimIndex):
+        index = VictimIndex.build(cluster)
+        cluster.victims = index
+    return index
 
 
 @dataclass(slots=True)
@@ -65,21 +108,17 @@ def memo_key(job: JobState) -> tuple[object, ...]:
     )
 
 
-MAX_BENEFICIARIES = 32
-
-
 def beneficiaries(cluster: Cluster) -> list[JobState]:
     """Jobs whose gang is still short, in allocate's order (queue, then job).
 
-    At most ``MAX_BENEFICIARIES`` per action and session: the rest keep
-    their allocate reason and are looked at again next cycle, which bounds
-    the cost of a session with thousands of pending jobs.
+    An action looks at the first ``MAX_BENEFICIARIES`` it can act on; the
+    rest keep their allocate reason and are looked at again next cycle,
+    which bounds the cost of a session with thousands of pending jobs.
     """
-    waiting = [j for j in cluster.jobs if j.error is None and j.queue is not None and j.needs_gang()]
     keyed = []
-    for job in waiting:
-        assert job.queue is not None and job.pool is not None
-        keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
+    for job in cluster.pending_jobs:
+        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang():
+            keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
     keyed.sort(key=lambda k: (k[0], k[1]))
     return [k[2] for k in keyed]
 
@@ -90,28 +129,28 @@ def evict_job(stmt: Statement, victim: JobState, action: EvictionAction, reason:
             stmt.evict(task, action, reason, beneficiary)
 
 
-def _potential_ok(node: NodeState, task: TaskState, candidates: dict[int, int]) -> tuple[bool, int]:
-    """Could evicting candidates on ``node`` make room for ``task``? And how many GPUs must go."""
+def _potential_ok(node: NodeState, task: TaskState, is_candidate: Predicate) -> bool:
+    """Could evicting candidates on ``node`` make room for ``task``?"""
     cpu = node.free_cpu
     mem = node.free_mem
     victim_positions: dict[int, int] = {}
     for t in node.tasks:
-        if id(t.job) in candidates and evictable(t):
+        if evictable(t) and is_candidate(t.job):
             cpu += t.cpu
             mem += t.mem
             for p in t.gpu_pos:
                 victim_positions[p] = victim_positions.get(p, 0) + 1
     if cpu < task.cpu or mem < task.mem:
-        return False, 0
+        return False
+    gpu = task.gpu
+    if gpu.is_slice:
+        return node.free_whole + len(victim_positions) >= gpu.devices
     # A GPU comes free only if every holder on it is a candidate.
     freeable = 0
     for p, count in victim_positions.items():
         if node.gpu_ok[p] and node.gpu_whole[p] + node.gpu_slices[p] == count:
             freeable += 1
-    need = task.gpu.devices if task.gpu.is_slice else task.gpu.whole
-    if task.gpu.is_slice:
-        return node.free_whole + freeable + len(victim_positions) >= need, max(0, need - node.free_whole)
-    return node.free_whole + freeable >= need, max(0, need - node.free_whole)
+    return node.free_whole + freeable >= gpu.whole
 
 
 def _clear_node(
@@ -119,16 +158,17 @@ def _clear_node(
     *,
     node: NodeState,
     task: TaskState,
-    candidates: dict[int, int],
-    admissible: Callable[[JobState], bool],
+    is_candidate: Predicate,
+    rank: Callable[[JobState], tuple[int, float, str]],
+    admissible: Predicate,
     action: EvictionAction,
     reason: str,
 ) -> bool:
-    victims = sorted(
-        {id(t.job): t.job for t in node.tasks if id(t.job) in candidates and evictable(t)}.values(),
-        key=lambda j: candidates[id(j)],
-    )
-    for victim in victims:
+    on_node: dict[int, JobState] = {}
+    for t in node.tasks:
+        if evictable(t) and id(t.job) not in on_node and is_candidate(t.job):
+            on_node[id(t.job)] = t.job
+    for victim in sorted(on_node.values(), key=rank):
         if not admissible(victim):
             continue
         evict_job(stmt, victim, action, reason, task.job.key)
@@ -139,21 +179,47 @@ def _clear_node(
     return False
 
 
+def _nodes_to_try(
+    task: TaskState, victims: Iterable[JobState], is_candidate: Predicate, elig: list[bool]
+) -> list[NodeState]:
+    pool = task.job.pool
+    seen: set[int] = set()
+    options: list[NodeState] = []
+    for victim in victims:
+        if not is_candidate(victim):
+            continue
+        for t in victim.tasks:
+            node = t.node
+            if node is None or node.pool is not pool or not evictable(t) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if elig[node.pidx] and _potential_ok(node, task, is_candidate):
+                options.append(node)
+                if len(options) >= MAX_NODES_TRIED:
+                    return options
+        if len(seen) >= MAX_NODES_SCANNED:
+            break
+    return options
+
+
 def make_room(
     cluster: Cluster,
     stmt: Statement,
     job: JobState,
     *,
-    candidates: dict[int, int],
-    admissible: Callable[[JobState], bool],
+    victims: Callable[[], Iterable[JobState]],
+    is_candidate: Predicate,
+    admissible: Predicate,
     action: EvictionAction,
     reason: str,
 ) -> bool:
     """Place ``job``'s gang by evicting candidate victims; all or nothing.
 
-    ``candidates`` maps ``id(victim job)`` to its rank (lower goes first).
-    On success the evictions and placements stay in ``stmt`` (not committed);
-    on failure ``stmt`` is rolled back to where it was.
+    ``victims()`` yields candidate jobs cheapest first (it may yield others,
+    which ``is_candidate`` filters out); ``admissible`` is asked just before
+    each eviction, against the state as it then is. On success the
+    evictions and placements stay in ``stmt`` (not committed); on failure
+    ``stmt`` is rolled back to where it was.
     """
     pool = job.pool
     queue = job.queue
@@ -161,7 +227,7 @@ def make_room(
         return False
     pending = job.pending_tasks()
     required = max(0, job.spec.min_member - job.held)
-    gang = pending[: max(required, 1)] if pending else []
+    gang = pending[: max(required, 1)]
     if not gang or len(pending) < required:
         return False
     mark = stmt.mark()
@@ -173,20 +239,18 @@ def make_room(
         if found is not None:
             stmt.allocate(task, *found)
             continue
-        elig = eligibility(pool, task)
-        options: list[tuple[int, str, NodeState]] = []
-        for node in pool.nodes:
-            if not elig[node.pidx]:
-                continue
-            ok, gpus_to_free = _potential_ok(node, task, candidates)
-            if ok:
-                options.append((gpus_to_free, node.name, node))
-        options.sort(key=lambda o: (o[0], o[1]))
         placed = False
-        for _, _, node in options[:MAX_NODES_TRIED]:
+        for node in _nodes_to_try(task, victims(), is_candidate, eligibility(pool, task)):
             node_mark = stmt.mark()
             if _clear_node(
-                stmt, node=node, task=task, candidates=candidates, admissible=admissible, action=action, reason=reason
+                stmt,
+                node=node,
+                task=task,
+                is_candidate=is_candidate,
+                rank=victim_order,
+                admissible=admissible,
+                action=action,
+                reason=reason,
             ):
                 placed = True
                 break

@@ -11,6 +11,8 @@ moved pod's room is kept.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from agent.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.placement import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
@@ -21,8 +23,7 @@ from scheduler.engine.victims import (
     beneficiaries,
     make_room,
     memo_key,
-    running_jobs,
-    victim_order,
+    victim_index,
 )
 
 
@@ -30,24 +31,34 @@ def _fits_in_total(pool: PoolState, job: JobState) -> bool:
     pending = job.pending_tasks()
     required = pending[: max(1, job.spec.min_member - job.held)]
     need_gpus = sum(t.gpu.whole for t in required)
-    need_cpu = sum(t.cpu for t in required)
-    need_mem = sum(t.mem for t in required)
     if need_gpus > pool.free_whole_total:
         return False
+    need_cpu = sum(t.cpu for t in required)
+    need_mem = sum(t.mem for t in required)
     free_cpu = sum(n.free_cpu for n in pool.nodes if n.accepts)
     free_mem = sum(n.free_mem for n in pool.nodes if n.accepts)
     return need_cpu <= free_cpu and need_mem <= free_mem
 
 
-def _movable(job: JobState) -> bool:
-    """Only whole, preemptible, running jobs are moved: nothing half-started."""
-    return job.preemptible and not any(t.is_pending or t.releasing for t in job.tasks)
+@dataclass(slots=True)
+class _Movable:
+    """Only whole, running jobs are moved: nothing half-started, nothing terminating."""
+
+    cache: dict[int, bool] = field(default_factory=dict)
+
+    def __call__(self, job: JobState) -> bool:
+        verdict = self.cache.get(id(job))
+        if verdict is None:
+            verdict = not any(t.is_pending or t.releasing for t in job.tasks)
+            self.cache[id(job)] = verdict
+        return verdict
 
 
 def run(cluster: Cluster) -> None:
     memo = FailureMemo()
     tried = 0
-    movable = sorted((j for j in running_jobs(cluster) if _movable(j)), key=victim_order)
+    index = victim_index(cluster)
+    movable = _Movable()
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
@@ -61,21 +72,20 @@ def run(cluster: Cluster) -> None:
         if memo.known_failure(cluster, key):
             continue
         tried += 1
-        candidates = {id(v): rank for rank, v in enumerate(movable) if v.pool is pool and v is not job}
+        in_pool = index.by_pool.get(pool.name, [])
         stmt = Statement(cluster)
-        reason = f"moved to make room for {job.key}"
         if make_room(
             cluster,
             stmt,
             job,
-            candidates=candidates,
-            admissible=lambda _v: True,
+            victims=in_pool.__iter__,
+            is_candidate=movable,
+            admissible=movable,
             action=EvictionAction.CONSOLIDATE,
-            reason=reason,
-        ) and (_relocate(cluster, stmt)):
+            reason=f"moved to make room for {job.key}",
+        ) and _relocate(cluster, stmt):
             stmt.commit()
             job.reasons = []
-            movable = [v for v in movable if all(t.eviction is None for t in v.tasks)]
         else:
             stmt.rollback()
             memo.remember(cluster, key)

@@ -8,8 +8,11 @@ queue holds against others; it only changes what the queue spends it on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 from agent.contract import EvictionAction
-from scheduler.engine.state import Cluster, JobState
+from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import (
     MAX_BENEFICIARIES,
@@ -18,9 +21,25 @@ from scheduler.engine.victims import (
     evictable,
     make_room,
     memo_key,
-    running_jobs,
-    victim_order,
+    victim_index,
 )
+
+
+@dataclass(slots=True)
+class _LowerInQueue:
+    queue: QueueState
+    priority: int
+    ranked: list[JobState]
+
+    def __call__(self, victim: JobState) -> bool:
+        return victim.queue is self.queue and victim.spec.priority < self.priority
+
+    def victims(self) -> Iterator[JobState]:
+        # Ranked lowest priority first: stop at the first that is not lower.
+        for victim in self.ranked:
+            if victim.spec.priority >= self.priority:
+                return
+            yield victim
 
 
 def _always(_victim: JobState) -> bool:
@@ -30,31 +49,29 @@ def _always(_victim: JobState) -> bool:
 def run(cluster: Cluster) -> None:
     memo = FailureMemo()
     tried = 0
-    running = sorted((j for j in running_jobs(cluster) if j.preemptible), key=victim_order)
+    index = victim_index(cluster)
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
-        candidates = {
-            id(v): rank
-            for rank, v in enumerate(running)
-            if v.queue is job.queue and v.spec.priority < job.spec.priority and any(evictable(t) for t in v.tasks)
-        }
-        if not candidates:
+        queue = job.queue
+        assert queue is not None
+        lower = _LowerInQueue(queue, job.spec.priority, index.by_queue.get(queue.name, []))
+        if not any(any(evictable(t) for t in v.tasks) for v in lower.victims()):
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
             continue
         tried += 1
         stmt = Statement(cluster)
-        reason = f"preempted by higher-priority {job.key} (priority {job.spec.priority})"
         if make_room(
             cluster,
             stmt,
             job,
-            candidates=candidates,
+            victims=lower.victims,
+            is_candidate=lower,
             admissible=_always,
             action=EvictionAction.PREEMPT,
-            reason=reason,
+            reason=f"preempted by higher-priority {job.key} (priority {job.spec.priority})",
         ):
             stmt.commit()
             job.reasons = []

@@ -16,6 +16,8 @@ because its queue happens to be above its share of CPU.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.contract import EvictionAction
@@ -29,7 +31,7 @@ from scheduler.engine.victims import (
     evictable,
     make_room,
     memo_key,
-    running_jobs,
+    victim_index,
     victim_order,
 )
 
@@ -83,10 +85,24 @@ class _Fairness:
         return True
 
 
+@dataclass(slots=True)
+class _FromQueues:
+    """Victims from the given queues, cheapest first across all of them."""
+
+    names: frozenset[str]
+    lists: list[list[JobState]]
+
+    def __call__(self, victim: JobState) -> bool:
+        return victim.queue is not None and victim.queue.name in self.names
+
+    def victims(self) -> Iterator[JobState]:
+        return heapq.merge(*self.lists, key=victim_order)
+
+
 def run(cluster: Cluster) -> None:
     memo = FailureMemo()
     tried = 0
-    running = sorted((j for j in running_jobs(cluster) if j.preemptible and j.queue is not None), key=victim_order)
+    index = victim_index(cluster)
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
@@ -96,32 +112,34 @@ def run(cluster: Cluster) -> None:
         contested = _contested(need)
         if not contested or any(queue.alloc[r] + need[r] > queue.share[r] for r in contested):
             continue
-        candidates = {
-            id(v): rank
-            for rank, v in enumerate(running)
-            if v.pool is job.pool and v.queue is not queue and v.queue is not None and _above_share(v.queue, contested)
-        }
-        if not candidates:
+        names = [
+            name
+            for name, ranked in sorted(index.by_queue.items())
+            if name != queue.name
+            and ranked[0].pool is job.pool
+            and ranked[0].queue is not None
+            and _above_share(ranked[0].queue, contested)
+        ]
+        if not names:
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
             continue
         tried += 1
-        admissible = _Fairness(queue, need, contested)
+        source = _FromQueues(frozenset(names), [index.by_queue[n] for n in names])
         stmt = Statement(cluster)
-        reason = f"queue {queue.name} reclaims its fair share for {job.key}"
         if make_room(
             cluster,
             stmt,
             job,
-            candidates=candidates,
-            admissible=admissible.allows,
+            victims=source.victims,
+            is_candidate=source,
+            admissible=_Fairness(queue, need, contested).allows,
             action=EvictionAction.RECLAIM,
-            reason=reason,
+            reason=f"queue {queue.name} reclaims its fair share for {job.key}",
         ):
             stmt.commit()
             job.reasons = []
-            running = [v for v in running if any(evictable(t) for t in v.tasks)]
         else:
             stmt.rollback()
             memo.remember(cluster, key)
