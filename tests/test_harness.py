@@ -8,10 +8,12 @@ got one wrong, those tests would pass against a cluster that does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import urllib3
@@ -55,9 +57,10 @@ def _gone(read: object) -> bool:
     return False
 
 
-def _condition(node: client.V1Node, kind: str) -> client.V1NodeCondition | None:
-    conditions = node.status.conditions if node.status is not None else None
-    return next((c for c in conditions or [] if c.type == kind), None)
+def _condition(node: client.V1Node, kind: str) -> dict[str, Any]:
+    """The condition ``kind`` of a node as a dict ({} when absent)."""
+    conditions = node.to_dict()["status"]["conditions"] or []
+    return next((c for c in conditions if c["type"] == kind), {})
 
 
 # ---------------------------------------------------------------------------
@@ -90,8 +93,9 @@ def test_wait_for_retries_ignored_exceptions_only() -> None:
     assert wait_for(flaky, timeout=5, interval=0, ignore=(KeyError,)) == "done"
     with pytest.raises(ZeroDivisionError):
         wait_for(lambda: 1 // 0, timeout=5, interval=0, ignore=(KeyError,))
+    empty: dict[str, str] = {}
     with pytest.raises(TimeoutError, match="raised KeyError"):
-        wait_for(lambda: {}["missing"], timeout=0.05, interval=0.01, ignore=(KeyError,))
+        wait_for(lambda: empty["missing"], timeout=0.05, interval=0.01, ignore=(KeyError,))
 
 
 def test_unique_name_is_a_distinct_dns_label() -> None:
@@ -158,8 +162,8 @@ def test_control_plane_started_quickly(control_plane: ControlPlane) -> None:
 
 @pytest.mark.k8s
 def test_kubeconfig_loads_with_the_kubernetes_config_loader(control_plane: ControlPlane) -> None:
-    with config.new_client_from_config(config_file=str(control_plane.kubeconfig)) as api:
-        names = [ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items]
+    with config.new_client_from_config(config_file=str(control_plane.kubeconfig)) as api:  # type: ignore[no-untyped-call]
+        names = [ns.to_dict()["metadata"]["name"] for ns in client.CoreV1Api(api).list_namespace().items]
     assert "default" in names
     assert "kube-system" in names
 
@@ -167,24 +171,27 @@ def test_kubeconfig_loads_with_the_kubernetes_config_loader(control_plane: Contr
 @pytest.mark.k8s
 def test_gpu_node_is_ready_untainted_and_has_gpu_capacity(k8s: client.ApiClient) -> None:
     name = unique_name("gpu-node")
-    node = create_gpu_node(k8s, name, gpus=4, gpu_memory_mib=4 * 81920, labels={contract.LABEL_NODE_POOL: "a"})
+    created = create_gpu_node(k8s, name, gpus=4, gpu_memory_mib=4 * 81920, labels={contract.LABEL_NODE_POOL: "a"})
+    plain_name = unique_name("plain-node")
     try:
-        assert node.metadata.labels[contract.LABEL_NODE_POOL] == "a"
-        assert node.metadata.labels["kubernetes.io/hostname"] == name
-        for resources in (node.status.capacity, node.status.allocatable):
+        node = created.to_dict()
+        assert node["metadata"]["labels"][contract.LABEL_NODE_POOL] == "a"
+        assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
+        for resources in (node["status"]["capacity"], node["status"]["allocatable"]):
             assert resources[contract.RESOURCE_NVIDIA_GPU] == "4"
             assert resources[contract.RESOURCE_GPU_MEMORY] == str(4 * 81920)
             assert resources["cpu"] == "64"
-        ready = _condition(node, "Ready")
-        assert ready is not None
-        assert (ready.status, ready.reason) == ("True", "KubeletReady")
-        assert all(t.key != TAINT_NOT_READY for t in node.spec.taints or [])
+        ready = _condition(created, "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "KubeletReady")
+        assert all(t["key"] != TAINT_NOT_READY for t in node["spec"]["taints"] or [])
 
-        plain = create_gpu_node(k8s, unique_name("cpu-node"), gpus=0)
-        assert contract.RESOURCE_GPU_MEMORY not in plain.status.capacity
-        client.CoreV1Api(k8s).delete_node(plain.metadata.name)
+        plain = create_gpu_node(k8s, plain_name, gpus=2).to_dict()
+        assert plain["status"]["capacity"][contract.RESOURCE_NVIDIA_GPU] == "2"
+        assert contract.RESOURCE_GPU_MEMORY not in plain["status"]["capacity"]
     finally:
-        client.CoreV1Api(k8s).delete_node(name)
+        for node_name in (name, plain_name):
+            with contextlib.suppress(client.ApiException):
+                client.CoreV1Api(k8s).delete_node(node_name)
 
 
 @pytest.mark.k8s
@@ -194,8 +201,8 @@ def test_admission_taints_new_nodes_not_ready(k8s: client.ApiClient) -> None:
     name = unique_name("bare-node")
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
     try:
-        taints = core.read_node(name).spec.taints or []
-        assert [(t.key, t.effect) for t in taints] == [(TAINT_NOT_READY, "NoSchedule")]
+        taints = core.read_node(name).to_dict()["spec"]["taints"] or []
+        assert [(t["key"], t["effect"]) for t in taints] == [(TAINT_NOT_READY, "NoSchedule")]
     finally:
         core.delete_node(name)
 
@@ -224,12 +231,11 @@ def test_strategic_merge_condition_patch_keeps_kubelet_conditions(k8s: client.Ap
         node = core.read_node_status(name)
 
         xid = _condition(node, contract.ConditionType.GPU_XID_ERROR)
-        assert xid is not None
-        assert (xid.status, xid.reason) == ("True", "Xid79")
+        assert (xid["status"], xid["reason"]) == ("True", "Xid79")
         ready = _condition(node, "Ready")
-        assert ready is not None
-        assert (ready.status, ready.reason) == ("True", "KubeletReady")
-        assert {c.type for c in node.status.conditions} >= {"MemoryPressure", "DiskPressure", "PIDPressure"}
+        assert (ready["status"], ready["reason"]) == ("True", "KubeletReady")
+        for kubelet_type in ("MemoryPressure", "DiskPressure", "PIDPressure"):
+            assert _condition(node, kubelet_type)["status"] == "False"
     finally:
         core.delete_node(name)
 
@@ -245,13 +251,13 @@ def test_pod_is_bound_through_the_binding_subresource(k8s: client.ApiClient, nam
             metadata=client.V1ObjectMeta(name="worker"),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
-        # The API answers a Status, not a Binding, so the response is not deserialized.
-        response = core.create_namespaced_pod_binding("worker", namespace, binding, _preload_content=False)
-        assert response.status == 201
-        pod = core.read_namespaced_pod("worker", namespace)
-        assert pod.spec.node_name == node
-        scheduled = next(c for c in pod.status.conditions if c.type == "PodScheduled")
-        assert scheduled.status == "True"
+        # The API answers a Status, not a Binding, so the response is not
+        # deserialized; an error status still raises ApiException.
+        core.create_namespaced_pod_binding("worker", namespace, binding, _preload_content=False)
+        pod = core.read_namespaced_pod("worker", namespace).to_dict()
+        assert pod["spec"]["node_name"] == node
+        scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert scheduled["status"] == "True"
     finally:
         core.delete_node(node)
 
@@ -295,23 +301,23 @@ def test_eviction_honours_the_pod_disruption_budget(k8s: client.ApiClient, names
         assert _status(unprocessed.value) == 429
         assert "still being processed" in str(unprocessed.value.body)
 
-        generation = pdb.metadata.generation
+        generation = pdb.to_dict()["metadata"]["generation"]
         policy.patch_namespaced_pod_disruption_budget_status("trainer", namespace, _pdb_status(generation, 0, 1))
         with pytest.raises(client.ApiException) as blocked:
             core.create_namespaced_pod_eviction("trainer", namespace, eviction)
         assert _status(blocked.value) == 429
         assert "disruption budget" in str(blocked.value.body)
-        assert core.read_namespaced_pod("trainer", namespace).metadata.deletion_timestamp is None
+        assert core.read_namespaced_pod("trainer", namespace).to_dict()["metadata"]["deletion_timestamp"] is None
 
         policy.patch_namespaced_pod_disruption_budget_status("trainer", namespace, _pdb_status(generation, 1, 2))
         core.create_namespaced_pod_eviction("trainer", namespace, eviction)
 
         # A bound pod terminates gracefully: it waits for its (absent) kubelet.
-        pod = core.read_namespaced_pod("trainer", namespace)
-        assert pod.metadata.deletion_timestamp is not None
-        status = policy.read_namespaced_pod_disruption_budget_status("trainer", namespace).status
-        assert status.disruptions_allowed == 0
-        assert "trainer" in (status.disrupted_pods or {})
+        pod = core.read_namespaced_pod("trainer", namespace).to_dict()
+        assert pod["metadata"]["deletion_timestamp"] is not None
+        status = policy.read_namespaced_pod_disruption_budget_status("trainer", namespace).to_dict()["status"]
+        assert status["disruptions_allowed"] == 0
+        assert "trainer" in (status["disrupted_pods"] or {})
 
         complete_pod_deletion(k8s, "trainer", namespace)
         assert wait_for(lambda: _gone(lambda: core.read_namespaced_pod("trainer", namespace)))
@@ -338,7 +344,8 @@ def test_namespace_deletion_completes(k8s: client.ApiClient) -> None:
 def test_owned_object_is_garbage_collected(k8s: client.ApiClient, namespace: str) -> None:
     core = client.CoreV1Api(k8s)
     owner = core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner")))
-    ref = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid)
+    uid = owner.to_dict()["metadata"]["uid"]
+    ref = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=uid)
     core.create_namespaced_config_map(
         namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owned", owner_references=[ref]))
     )
@@ -357,13 +364,10 @@ def test_impersonated_service_account_has_its_identity_and_only_its_rbac(
 ) -> None:
     with control_plane.impersonate("reader", namespace) as api:
         review = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview())
-        info = review.status.user_info
-        assert info.username == f"system:serviceaccount:{namespace}:reader"
-        assert set(info.groups) == {
-            "system:serviceaccounts",
-            f"system:serviceaccounts:{namespace}",
-            "system:authenticated",
-        }
+        info = review.to_dict()["status"]["user_info"]
+        assert info["username"] == f"system:serviceaccount:{namespace}:reader"
+        expected = {"system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"}
+        assert set(info["groups"]) == expected
 
         core = client.CoreV1Api(api)
         with pytest.raises(client.ApiException) as denied:
@@ -429,5 +433,5 @@ def test_api_server_restart_keeps_data_and_port(control_plane: ControlPlane, k8s
 
     assert control_plane.server == server
     assert control_plane.apiserver_running()
-    assert core.read_namespace(name).metadata.name == name
+    assert core.read_namespace(name).to_dict()["metadata"]["name"] == name
     core.delete_namespace(name)
