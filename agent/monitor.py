@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -248,17 +248,19 @@ class Monitor:
         """Make :meth:`run` produce a report now."""
         self._wake.set()
 
-    def restore(self, faults: Iterable[Fault]) -> int:
-        """Seed faults read back from the Node after a restart (see
-        :meth:`HealthRules.restore`); returns how many were added."""
+    def restore(self, faults: Iterable[Fault], cleared_at: Mapping[str, datetime] | None = None) -> int:
+        """Seed faults read back from the Node after a restart, and when each
+        entity was last repaired (see :meth:`HealthRules.restore`); returns
+        how many faults were added."""
         with self._lock:
-            return self.rules.restore(faults)
+            return self.rules.restore(faults, cleared_at)
 
-    def clear(self, entity_key: str) -> tuple[Fault, ...]:
+    def clear(self, entity_key: str, when: datetime | None = None) -> tuple[Fault, ...]:
         """Clear every fault on ``entity_key`` (an :attr:`Entity.key`) after
-        repair and re-validation, and wake :meth:`run` to publish it."""
+        repair and re-validation, and wake :meth:`run` to publish it. Kernel-log
+        events up to ``when`` (default now) no longer raise faults."""
         with self._lock:
-            gone = self.rules.clear(entity_key)
+            gone = self.rules.clear(entity_key, when)
         self._wake.set()
         return gone
 

@@ -53,7 +53,9 @@ class RuleContext:
     an event about a GPU that has since fallen off the bus still names it.
     ``active`` holds the keys of faults raised now (including ones restored
     after a restart): rules use it for hysteresis on rates and to keep
-    watching an entity whose fault is up.
+    watching an entity whose fault is up. ``cleared_at`` holds when repair
+    last cleared an entity, so a kernel-log XID from before the repair,
+    replayed by a restarted agent, does not raise the fault again.
     """
 
     config: AgentConfig
@@ -61,6 +63,8 @@ class RuleContext:
     gpus_by_bus: dict[str, GpuSample]
     gpus_by_uuid: dict[str, GpuSample]
     active: set[tuple[str, str, str]]
+    # entity key -> when repair last cleared it: older events are history.
+    cleared_at: dict[str, datetime] = field(default_factory=dict)
     events: list[HealthEvent] = field(default_factory=list)
 
     def gpu_entity(self, gpu: GpuSample) -> Entity:

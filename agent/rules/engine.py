@@ -19,7 +19,7 @@ The engine is not thread-safe by itself; the monitor serialises calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -86,6 +86,7 @@ class HealthRules:
         self._by_bus: dict[str, GpuSample] = {}
         self._by_uuid: dict[str, GpuSample] = {}
         self._pending_events: list[HealthEvent] = []
+        self._cleared_at: dict[str, datetime] = {}
 
     # ------------------------------------------------------------ state API
 
@@ -93,13 +94,18 @@ class HealthRules:
     def active_faults(self) -> tuple[Fault, ...]:
         return tuple(a.fault for a in self._active.values())
 
-    def restore(self, faults: Iterable[Fault]) -> int:
+    def restore(self, faults: Iterable[Fault], cleared_at: Mapping[str, datetime] | None = None) -> int:
         """Seed faults read back after a restart; returns how many were new.
 
         Latched ones (by flag, condition or reason) stay until :meth:`clear`;
         others are treated as raised and clear with the usual hysteresis if
-        their signal is gone.
+        their signal is gone. ``cleared_at`` (entity key -> time of its last
+        repair, as persisted by the repair flow) keeps kernel-log events from
+        before a repair from raising their faults again.
         """
+        for key, when in (cleared_at or {}).items():
+            if key not in self._cleared_at or self._cleared_at[key] < when:
+                self._cleared_at[key] = when
         added = 0
         for fault in faults:
             if fault.key in self._active:
@@ -110,13 +116,15 @@ class HealthRules:
             log.info("faults_restored", count=added)
         return added
 
-    def clear(self, entity_key: str) -> tuple[Fault, ...]:
+    def clear(self, entity_key: str, when: datetime | None = None) -> tuple[Fault, ...]:
         """Drop every fault on ``entity_key`` (repair and re-validation done).
 
         A signal that is still present raises the fault again at the next
-        poll, which is what re-validation wants to see.
+        poll, which is what re-validation wants to see. GPU events up to
+        ``when`` (default now) are history from then on.
         """
-        gone = tuple(a.fault for k, a in self._active.items() if k[2] == entity_key)
+        self._cleared_at[entity_key] = when or datetime.now(UTC)
+        gone = tuple([a.fault for k, a in self._active.items() if k[2] == entity_key])
         for fault in gone:
             del self._active[fault.key]
             self._pending_events.append(self._cleared_event(fault, datetime.now(UTC), why="cleared after repair"))
@@ -155,6 +163,7 @@ class HealthRules:
             gpus_by_bus=self._by_bus,
             gpus_by_uuid=self._by_uuid,
             active=set(self._active),
+            cleared_at=self._cleared_at,
         )
         findings: dict[FaultKey, Finding] = {}
         for rule in self._rules:

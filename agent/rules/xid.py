@@ -42,8 +42,11 @@ class XidRule:
 
     def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
         for ev in sample.events:
+            entity = self._entity(ev, ctx)
+            cleared = ctx.cleared_at.get(entity.key)
+            if cleared is not None and ev.time <= cleared:
+                continue  # from before the last repair (a replayed kernel log)
             if ev.kind is GpuEventKind.FALLEN_OFF_BUS:
-                entity = self._entity(ev, ctx)
                 yield Finding(
                     ConditionType.GPU_MISSING,
                     Reason.GPU_LOST,
@@ -60,7 +63,6 @@ class XidRule:
             info = lookup(ev.xid, self._overrides)
             if info is not None and info.kind is XidKind.IGNORE:
                 continue
-            entity = self._entity(ev, ctx)
             reason = xid_reason(ev.xid)
             detail = f": {ev.message}" if ev.message else ""
             if info is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -202,3 +203,31 @@ def test_monitor_close_stops_its_threads(sim: tuple[SimNode, Monitor]) -> None:
     monitor.close()
     assert wait_for(lambda: not ({"gpuwarden-kmsg", "gpuwarden-gpu-events"} & {t.name for t in threading.enumerate()}))
     assert before >= {t.name for t in threading.enumerate()} - {"gpuwarden-kmsg", "gpuwarden-gpu-events"}
+
+
+def test_a_restarted_agent_replays_the_kernel_log_but_respects_repairs() -> None:
+    node = SimNode(load_scenario("healthy"))
+    node.inject("xid", gpu=2, xid=79)
+    first = Monitor(config_from_dict(None), node.hardware(), "node-a")
+    try:
+        (fault,) = first.poll().faults
+        assert fault.reason == "Xid79"
+    finally:
+        first.close()
+
+    # Restart: the new agent reads the kernel log from the start of the ring.
+    second = Monitor(config_from_dict(None), node.hardware(), "node-a")
+    try:
+        (replayed,) = second.poll().faults
+        assert replayed.key == fault.key and replayed.since <= fault.since
+        repaired_at = datetime.now(UTC)
+        assert [f.key for f in second.clear(fault.entity.key, repaired_at)] == [fault.key]
+    finally:
+        second.close()
+
+    third = Monitor(config_from_dict(None), node.hardware(), "node-a")
+    try:
+        third.restore([], cleared_at={fault.entity.key: repaired_at})
+        assert third.poll().faults == ()
+    finally:
+        third.close()

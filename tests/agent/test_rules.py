@@ -441,3 +441,16 @@ def test_rate_window_measures_a_steady_rate_and_survives_a_stalled_clock() -> No
         stalled.add(5.0, i)
     assert len(stalled) <= 2
     assert window.add(0.0, 5) is None  # clock stepped back: history restarts
+
+
+def test_kernel_log_history_from_before_a_repair_does_not_raise_again() -> None:
+    replayed = xid(1, 79, t=at(-600), source=EventSource.KMSG)
+    rules = HealthRules(config_from_dict(None), "n")
+    (fault,) = rules.evaluate(node(events=(replayed,))).faults
+    rules.clear(GPU1, when=at(0))
+    # The agent restarts and reads the kernel log from the start again.
+    fresh = HealthRules(config_from_dict(None), "n")
+    fresh.restore([], cleared_at={GPU1: at(0)})
+    assert fresh.evaluate(node(t=at(5), events=(replayed,))).faults == ()
+    (again,) = fresh.evaluate(node(t=at(20), events=(xid(1, 79, t=at(15), source=EventSource.KMSG),))).faults
+    assert again.key == fault.key and again.since == at(15)
