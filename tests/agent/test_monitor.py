@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pynvml
