@@ -19,7 +19,8 @@ Example with every key at its default::
       clear_polls: 3             # polls it must be absent before it clears
       clear_ratio: 0.5           # a rate fault clears only below threshold * clear_ratio
     gpu:
-      expected_count: null       # null: the most GPUs seen since the agent started
+      expected_count: null       # null: the most GPUs seen since boot (see state_file)
+      state_file: null           # file remembering that count across agent restarts within one boot
       nvml_retry_initial_s: 1    # first retry after NVML fails to initialise ...
       nvml_retry_max_s: 300      # ... doubling up to this
       retired_pages_limit: 64    # pre-Ampere: retired pages that mean "replace the board"
@@ -71,6 +72,7 @@ class HysteresisConfig:
 @dataclass(frozen=True, slots=True)
 class GpuConfig:
     expected_count: int | None = None
+    state_file: str | None = None
     nvml_retry_initial_s: float = 1.0
     nvml_retry_max_s: float = 300.0
     retired_pages_limit: int = 64
@@ -230,6 +232,8 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError(f"hysteresis.clear_ratio: must be in (0, 1], got {cfg.hysteresis.clear_ratio}")
     positive("gpu.nvml_retry_initial_s", cfg.gpu.nvml_retry_initial_s)
     positive("gpu.nvml_retry_max_s", cfg.gpu.nvml_retry_max_s)
+    if cfg.gpu.state_file is not None and not cfg.gpu.state_file.startswith("/"):
+        raise ConfigError(f"gpu.state_file: must be absolute, got {cfg.gpu.state_file!r}")
     if cfg.gpu.expected_count is not None and cfg.gpu.expected_count < 0:
         raise ConfigError(f"gpu.expected_count: must not be negative, got {cfg.gpu.expected_count}")
     if cfg.xid.unknown not in {"event", "condition"}:

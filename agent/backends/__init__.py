@@ -1,0 +1,1 @@
+"""Hardware backends: the real node through NVML (``nvml``) and a simulated one (``sim``)."""

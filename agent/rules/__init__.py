@@ -1,0 +1,1 @@
+"""Health rules: judge raw samples into faults (one rule per module) and keep their lifetimes (engine)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -454,3 +456,21 @@ def test_kernel_log_history_from_before_a_repair_does_not_raise_again() -> None:
     assert fresh.evaluate(node(t=at(5), events=(replayed,))).faults == ()
     (again,) = fresh.evaluate(node(t=at(20), events=(xid(1, 79, t=at(15), source=EventSource.KMSG),))).faults
     assert again.key == fault.key and again.since == at(15)
+
+
+def test_gpu_count_survives_an_agent_restart_within_one_boot(tmp_path: Path) -> None:
+    state = tmp_path / "state" / "gpus.json"
+    cfg = config_from_dict({"gpu": {"state_file": str(state)}})
+    first = HealthRules(cfg, "n")
+    assert first.evaluate(node(gpus=8)).faults == ()
+    assert json.loads(state.read_text())["max_gpus"] == 8
+    # Restart after a GPU vanished from enumeration: still a mismatch.
+    restarted = HealthRules(cfg, "n")
+    (fault,) = restarted.evaluate(node(t=at(60), gpus=7)).faults
+    assert fault.reason == Reason.GPU_COUNT_MISMATCH and "7 of 8" in fault.message
+    # After a reboot (another boot id) the count starts afresh.
+    state.write_text(json.dumps({"boot_id": "another-boot", "max_gpus": 8}))
+    assert HealthRules(cfg, "n").evaluate(node(t=at(120), gpus=7)).faults == ()
+    # A corrupt file is logged and ignored, not fatal.
+    state.write_text("{not json")
+    assert HealthRules(cfg, "n").evaluate(node(t=at(180), gpus=7)).faults == ()
