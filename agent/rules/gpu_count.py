@@ -19,9 +19,9 @@ from pathlib import Path
 
 from agent.config import AgentConfig
 from agent.contract import Action, ConditionType, Reason
+from agent.logconfig import get_logger
 from agent.model import Entity
 from agent.rules.base import Finding, RuleContext
-from agent.logconfig import get_logger
 from agent.samples import NodeSample
 
 log = get_logger(__name__)
