@@ -676,7 +676,11 @@ class ControlPlane:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = KUBECTL_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl with the admin kubeconfig; raise :class:`KubectlError` on failure when ``check``."""
+        """Run kubectl with the admin kubeconfig; raise :class:`KubectlError` on failure when ``check``.
+
+        Runs in the repository root, so ``kubectl("apply", "-k", "manifests/")``
+        means the same wherever pytest was started.
+        """
         argv = [
             str(self.binaries.kubectl),
             f"--kubeconfig={self.kubeconfig}",
@@ -684,7 +688,7 @@ class ControlPlane:
             *args,
         ]
         result = subprocess.run(  # noqa: PLW1510 - checked below, with stderr in the error
-            argv, input=input, text=True, capture_output=True, timeout=timeout
+            argv, input=input, text=True, capture_output=True, timeout=timeout, cwd=REPO_ROOT
         )
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
