@@ -43,7 +43,7 @@ from agent.probes.kmsg import KmsgProbe, open_kmsg
 from agent.probes.netdev import NetdevReader
 from agent.probes.storage import StatvfsMountSource
 from agent.rules.engine import HealthRules
-from agent.samples import GpuEvent, GpuEventKind, GpuSample, IbPortSample, NodeSample, XidCount
+from agent.samples import GpuEvent, GpuEventKind, GpuSample, IbPortSample, MountSample, NodeSample, XidCount
 
 log = get_logger(__name__)
 
@@ -201,9 +201,21 @@ class Monitor:
     # ---------------------------------------------------------------- poll
 
     def _gather(self) -> NodeSample:
+        """Run every probe; a probe that fails is reported, never fatal.
+
+        Each probe is guarded on its own: a bug or an odd answer in one (a
+        netlink error, a driver returning garbage) costs that source this
+        poll, logged with its traceback, while the others still report.
+        """
         now = self._clock()
         errors: list[str] = []
-        gpus, gpu_error = self.gpu_probe.sample()
+        gpus: tuple[GpuSample, ...] = ()
+        gpu_error: str | None = None
+        try:
+            gpus, gpu_error = self.gpu_probe.sample()
+        except Exception as exc:
+            gpu_error = f"GPU probe failed: {exc!r}"
+            log.exception("gpu_probe_failed")
         if gpu_error is not None:
             errors.append(f"gpu: {gpu_error}")
         self.hub.set_inventory(gpus)
@@ -213,9 +225,18 @@ class Monitor:
             ib_ports = self.hardware.ib.read_ports()
         except OSError as exc:
             ib_error = f"{exc.strerror or exc}"
-            errors.append(f"infiniband: {ib_error}")
             log.error("ib_probe_failed", error=ib_error)
-        mounts = self.hardware.mounts.check()
+        except Exception as exc:
+            ib_error = f"InfiniBand probe failed: {exc!r}"
+            log.exception("ib_probe_failed")
+        if ib_error is not None:
+            errors.append(f"infiniband: {ib_error}")
+        mounts: tuple[MountSample, ...] = ()
+        try:
+            mounts = self.hardware.mounts.check()
+        except Exception as exc:
+            errors.append(f"storage: storage probe failed: {exc!r}")
+            log.exception("storage_probe_failed")
         return NodeSample(
             time=now,
             gpus=gpus,
@@ -275,11 +296,16 @@ class Monitor:
             if gap < MIN_POLL_GAP_S:
                 stop.wait(MIN_POLL_GAP_S - gap)
             last_poll = time.monotonic()
-            report, sample = self.step()
             try:
-                on_report(report, sample)
+                report, sample = self.step()
             except Exception:
-                log.exception("report_handler_failed")
+                # A bug in judgement must not end detection: log, try next poll.
+                log.exception("poll_failed")
+            else:
+                try:
+                    on_report(report, sample)
+                except Exception:
+                    log.exception("report_handler_failed")
             next_due += interval
             now = time.monotonic()
             if next_due <= now:

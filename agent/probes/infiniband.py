@@ -112,8 +112,8 @@ class SysfsIbSource(IbSource):
             wanted = {n for (d, p), n in self._netdev_map.items()}
             try:
                 netdev_state = self._netdevs.read(wanted)
-            except OSError as exc:
-                log.warning("netdev_read_failed", error=exc.strerror or str(exc))
+            except Exception as exc:  # pyroute2 raises OSError, NetlinkError and its own errors
+                log.warning("netdev_read_failed", error=str(exc), effect="ports reported without netdev state")
 
         samples: list[IbPortSample] = []
         for dev, port, pdir in raw:

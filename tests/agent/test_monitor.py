@@ -231,3 +231,34 @@ def test_a_restarted_agent_replays_the_kernel_log_but_respects_repairs() -> None
         assert third.poll().faults == ()
     finally:
         third.close()
+
+
+def test_one_failing_probe_costs_only_its_own_source(tmp_path: Path) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from agent.backends.base import IbSource
+    from agent.probes.netdev import NetdevReader, NetdevState
+    from agent.samples import IbPortSample
+
+    class BrokenHca(IbSource):
+        def read_ports(self) -> tuple[IbPortSample, ...]:
+            raise RuntimeError("mlx5 driver returned nonsense")
+
+    class NetlinkDown(NetdevReader):
+        def read(self, names: set[str]) -> dict[str, NetdevState]:
+            raise NetlinkError(105, "No buffer space available")
+
+    node = SimNode(load_scenario("default"))
+    sim_hw = node.hardware()
+    broken = Monitor(config_from_dict(None), replace(sim_hw, ib=BrokenHca()), "node-a")
+    try:
+        report = broken.poll()
+        assert len(report.gpus) == 8 and report.ib_ports == ()
+        assert report.errors == ("infiniband: InfiniBand probe failed: RuntimeError('mlx5 driver returned nonsense')",)
+        assert {f.reason for f in report.faults} == {Reason.ROW_REMAP_PENDING}
+    finally:
+        broken.close()
+
+    two_hcas(tmp_path)
+    ports = SysfsIbSource(str(tmp_path), NetlinkDown()).read_ports()
+    assert len(ports) == 3 and all(p.netdev_oper_state is None for p in ports)
