@@ -119,6 +119,7 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
             gpu_slices=[0] * len(gpu_mem),
             gpu_ok=gpu_ok,
             gpu_bad_reason=bad_reason,
+            dense=gpu_index == list(range(len(gpu_index))),
             free_whole=sum(gpu_ok),
             mig=any(g.mig_enabled for g in spec.gpus),
             accepts=excluded is None,
@@ -186,7 +187,9 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
     parsed: dict[object, GpuRequest | str] = {}
     millis: dict[tuple[int, int], int] = {}
     demand: dict[str, list[int]] = {}
-    for spec in sorted(snapshot.jobs, key=lambda j: j.key):
+    job_keys = [j.key for j in snapshot.jobs]
+    for order in sorted(range(len(job_keys)), key=job_keys.__getitem__):
+        spec = snapshot.jobs[order]
         queue = queues.get(spec.queue)
         error: PendingReason | None = None
         if queue is None:
@@ -198,7 +201,9 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
             )
             queue = None
         pool = pools[queue.pool] if queue is not None else None
-        job = JobState(spec=spec, key=spec.key, queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error)
+        job = JobState(
+            spec=spec, key=job_keys[order], queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error
+        )
         if queue is not None:
             queue.jobs.append(job)
         cluster.jobs.append(job)
@@ -286,11 +291,10 @@ def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
         log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
         return False
     indices = spec.gpu_indices
-    gpu_index = node.gpu_index
-    count = len(gpu_index)
     positions: tuple[int, ...] = indices
-    # Fast path: devices numbered 0..n-1, as they nearly always are.
-    if not all(0 <= i < count and gpu_index[i] == i for i in indices):
+    # Fast path: devices numbered 0..n-1 (as they nearly always are), so an
+    # index is its own position.
+    if indices and not (node.dense and min(indices) >= 0 and max(indices) < len(node.gpu_index)):
         found: list[int] = []
         for index in indices:
             p = node.position(index)
@@ -302,7 +306,7 @@ def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
     gpu = task.gpu
     if gpu.is_slice:
         mem = node.gpu_mem
-        Cluster.seat(task, node, positions, tuple(gpu.slice_on(mem[p]) for p in positions))
+        Cluster.seat(task, node, positions, tuple([gpu.slice_on(mem[p]) for p in positions]))
     else:
         Cluster.seat(task, node, positions, ())
     return True

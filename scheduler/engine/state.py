@@ -47,6 +47,7 @@ class NodeState:
     gpu_ok: list[bool]  # usable: healthy and not faulted
     gpu_bad_reason: list[str | None]
     free_whole: int  # usable positions held by nobody
+    dense: bool  # GPU indices are 0..n-1, so an index is its own position
     mig: bool
     accepts: bool  # takes new pods at all
     excluded: str | None  # why it takes none (for explanations)
