@@ -211,3 +211,28 @@ def test_recorded_fixture_replays_the_same_samples(tmp_path: Path, backend_for: 
     fixture.write_text(json.dumps(record(nv)))
     replayed = FakeNvml.from_fixture(fixture)
     assert backend_for(replayed).sample() == backend_for(nv).sample()
+
+
+def test_a_full_poll_through_nvml(nvml_module: Any, tmp_path: Path) -> None:
+    """The whole agent on NVML: the stand-in here, the real GPUs where present."""
+    from agent.backends.base import NodeHardware
+    from agent.config import config_from_dict
+    from agent.monitor import Monitor
+    from agent.probes.infiniband import SysfsIbSource
+    from agent.probes.storage import StatvfsMountSource
+
+    hardware = NodeHardware(
+        gpu=NvmlBackend(nvml_module),
+        kmsg=None,
+        ib=SysfsIbSource(str(tmp_path)),
+        mounts=StatvfsMountSource([], interval_s=10),
+    )
+    monitor = Monitor(config_from_dict(None), hardware, "node-a")
+    try:
+        report, sample = monitor.step()
+    finally:
+        monitor.close()
+    assert report.errors == ()
+    assert len(report.gpus) == len(sample.gpus) > 0
+    assert {g.uuid for g in report.gpus} == {s.uuid for s in sample.gpus}
+    assert report.healthy_gpu_memory_mib == sum(g.memory_total_mib for g in report.gpus if g.healthy)
