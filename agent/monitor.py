@@ -306,10 +306,14 @@ class Monitor:
                     on_report(report, sample)
                 except Exception:
                     log.exception("report_handler_failed")
-            next_due += interval
             now = time.monotonic()
-            if next_due <= now:
-                next_due = now + interval
+            if now >= next_due:
+                # A scheduled poll: the next is one interval later. A poll
+                # woken early by a GPU event must not push the schedule back,
+                # or a burst of XIDs would delay every polled signal.
+                next_due += interval
+                if next_due <= now:
+                    next_due = now + interval
             while not stop.is_set():
                 remaining = next_due - time.monotonic()
                 if remaining <= 0:
