@@ -33,10 +33,11 @@ RUN python -m pip install -c /tmp/constraints.txt /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels /tmp/constraints.txt
 
 # Non-root by default: the scheduler needs nothing but its ServiceAccount
-# token. The agent's DaemonSet manifest raises privileges only where hardware
-# access needs them (reading /dev/kmsg, the NVIDIA device nodes and host
-# sysfs); NVML's library, libnvidia-ml.so, is mounted into the container by the
-# NVIDIA container runtime, not shipped here.
+# token. Only the agent's container raises privileges, in its DaemonSet
+# manifest (manifests/daemonset.yaml), because hardware access needs them:
+# /dev/kmsg, the NVIDIA device nodes and host sysfs. NVML's library,
+# libnvidia-ml.so, is mounted into the container by the NVIDIA container
+# runtime, not shipped here.
 USER 65532:65532
 
 ENTRYPOINT ["gpuwarden"]
