@@ -204,6 +204,9 @@ class _Reader:
         return float(value)
 
     def cpu(self, value: Any, where: str) -> int:
+        return self._non_negative(self._cpu(value, where), value, where)
+
+    def _cpu(self, value: Any, where: str) -> int:
         """Cores (number) or millicores ("500m") -> millicores."""
         if isinstance(value, str) and value.endswith("m"):
             try:
@@ -221,6 +224,9 @@ class _Reader:
         return 0
 
     def memory(self, value: Any, where: str) -> int:
+        return self._non_negative(self._memory(value, where), value, where)
+
+    def _memory(self, value: Any, where: str) -> int:
         """A quantity (64Gi, 512Mi, bytes) -> MiB, rounded up."""
         if isinstance(value, int) and not isinstance(value, bool):
             return math.ceil(value / _BYTES_PER_MIB)
@@ -233,11 +239,20 @@ class _Reader:
         return 0
 
     def gpus(self, value: Any, where: str) -> int:
+        return self._non_negative(self._gpus(value, where), value, where)
+
+    def _gpus(self, value: Any, where: str) -> int:
         """GPUs as a number -> milli-GPUs."""
         if isinstance(value, int | float) and not isinstance(value, bool):
             return math.ceil(value * MILLI)
         self.fail(where, f"not a GPU amount: {value!r}")
         return 0
+
+    def _non_negative(self, amount: int, value: Any, where: str) -> int:
+        if amount < 0:
+            self.fail(where, f"must not be negative, got {value!r}")
+            return 0
+        return amount
 
     def bound(self, value: Any, resource: int, where: str) -> int:
         if value in (-1, "-1", "unlimited"):

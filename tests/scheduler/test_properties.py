@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
@@ -270,3 +271,17 @@ def test_rollback_restores_a_known_plan() -> None:
     stmt.rollback()
     assert node.gpu_whole == [1, 0] and node.gpu_slices == [0, 0] and node.free_whole == 1
     assert cluster.queues["q"].alloc[0] == 1000
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(), st.randoms(use_true_random=False))
+def test_same_snapshot_in_any_order_gives_same_decisions(snapshot: Snapshot, rng: random.Random) -> None:
+    second = with_running_work(snapshot)
+    nodes = list(second.nodes)
+    jobs = list(second.jobs)
+    queues = list(second.queues)
+    rng.shuffle(nodes)
+    rng.shuffle(jobs)
+    rng.shuffle(queues)
+    shuffled = Snapshot(tuple(nodes), tuple(queues), tuple(jobs), second.now, second.config)
+    assert run_session(second) == run_session(shuffled)

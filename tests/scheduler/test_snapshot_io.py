@@ -69,7 +69,14 @@ def test_every_problem_is_reported_with_its_place() -> None:
             {
                 "nodes": "not a list",
                 "queues": [{"name": "q", "gpu": {"overQuotaWeight": -1}}],
-                "jobs": [{"name": "j", "queue": "q", "preemptible": "maybe", "tasks": [{"name": "t", "gpus": 1.5}]}],
+                "jobs": [
+                    {
+                        "name": "j",
+                        "queue": "q",
+                        "preemptible": "maybe",
+                        "tasks": [{"name": "t", "gpus": 1.5, "cpu": -2}],
+                    }
+                ],
                 "config": {"strategy": "random"},
             }
         )
@@ -79,3 +86,4 @@ def test_every_problem_is_reported_with_its_place() -> None:
     assert "jobs[0].preemptible: expected true or false" in text
     assert "jobs[0].tasks[0].gpus: expected a whole number" in text
     assert "config.strategy: unknown strategy 'random'" in text
+    assert "jobs[0].tasks[0].cpu: must not be negative, got -2" in text
