@@ -168,4 +168,6 @@ def reasons(cluster: Cluster, job: JobState) -> list[PendingReason]:
     if not isinstance(found, PendingReason):
         found = _analyse(cluster, pool, task, count)
         cache[key] = found
-    return [found]
+    if found.code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
+        return [found]
+    return [found, *(PendingReason(found.code, note) for note in job.notes)]

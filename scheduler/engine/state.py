@@ -152,6 +152,7 @@ class JobState:
     error: PendingReason | None = None
     reasons: list[PendingReason] = field(default_factory=list)
     unplaced: TaskState | None = None  # the task that found no node, for explanations
+    notes: list[str] = field(default_factory=list)  # what reclaim/preempt tried, for explanations
 
     @property
     def held(self) -> int:

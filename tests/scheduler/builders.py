@@ -105,5 +105,6 @@ def evicted(decisions: Decisions) -> dict[str, tuple[str, str | None]]:
     }
 
 
-def pending_codes(decisions: Decisions) -> dict[str, list[str]]:
-    return {p.job.split("/", 1)[1]: [r.code.value for r in p.reasons] for p in decisions.pending}
+def pending_codes(decisions: Decisions) -> dict[str, str]:
+    """job name -> the code of its first (main) pending reason."""
+    return {p.job.split("/", 1)[1]: p.reasons[0].code.value for p in decisions.pending}

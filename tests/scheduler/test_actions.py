@@ -128,7 +128,7 @@ def test_consolidate_commits_only_if_every_moved_pod_fits_again() -> None:
     )
     d = run_session(snap)
     assert not d.evictions and not d.binds
-    assert pending_codes(d)["big"] == ["InsufficientResources"]
+    assert pending_codes(d)["big"] == "InsufficientResources"
 
 
 def test_consolidate_never_moves_non_preemptible_work() -> None:
@@ -176,13 +176,19 @@ def test_reclaim_never_pushes_victim_below_its_fair_share() -> None:
     # evicting it leaves greedy at 0 < 4, so nothing happens.
     d = run_session(_reclaim_snapshot((8,), want=4))
     assert not d.evictions
-    assert pending_codes(d)["mine"] == ["InsufficientResources"]
+    assert pending_codes(d)["mine"] == "InsufficientResources"
+    notes = [r.message for r in d.pending[0].reasons[1:]]
+    assert any("without pushing its queue below its fair share" in n for n in notes)
 
 
 def test_reclaimer_must_stay_within_its_fair_share() -> None:
     # owed's fair share is 4; a 6-GPU job would take it over.
     d = run_session(_reclaim_snapshot((2, 2, 2, 2), want=6))
     assert not d.evictions
+    messages = [r.message for r in d.pending[0].reasons]
+    assert "cannot reclaim: queue owed holds 0 GPUs of a 4 GPUs fair share and this needs 6 GPUs more" in " ".join(
+        messages
+    )
 
 
 def test_reclaim_spares_non_preemptible_work() -> None:

@@ -87,7 +87,7 @@ def test_elastic_job_gets_gang_then_extras_while_they_fit() -> None:
     )
     d = run_session(snap)
     assert len(binds_by_job(d)["el"]) == 4
-    assert pending_codes(d)["el"] == ["InsufficientResources"]
+    assert pending_codes(d)["el"] == "InsufficientResources"
 
 
 def test_over_limit_names_queue_and_amount() -> None:
@@ -116,7 +116,7 @@ def test_non_preemptible_work_stays_within_quota() -> None:
     d = run_session(snap)
     binds = binds_by_job(d)
     assert set(binds) == {"np1", "pre"}  # preemptible work may go over quota
-    assert pending_codes(d)["np2"] == ["NonPreemptibleOverQuota"]
+    assert pending_codes(d)["np2"] == "NonPreemptibleOverQuota"
 
 
 def test_explicit_preemptible_flag_beats_priority() -> None:
@@ -144,8 +144,8 @@ def test_fractions_and_mib_slices_share_a_gpu_without_overcommit() -> None:
     assert binds["half-0"].gpu_indices == (0,) and binds["half-0"].gpu_memory_mib == (20000,)
     assert binds["mib-0"].gpu_indices == (0,) and binds["mib-0"].gpu_memory_mib == (15000,)
     codes = pending_codes(d)
-    assert codes["toomuch"] == ["InsufficientResources"]  # 5000 MiB left, 6000 asked
-    assert codes["whole"] == ["InsufficientResources"]  # whole GPUs take only empty GPUs
+    assert codes["toomuch"] == "InsufficientResources"  # 5000 MiB left, 6000 asked
+    assert codes["whole"] == "InsufficientResources"  # whole GPUs take only empty GPUs
 
 
 def test_multi_device_slice_takes_same_slice_on_n_gpus_of_one_node() -> None:
@@ -227,7 +227,7 @@ def test_node_selector_and_pools() -> None:
     binds = binds_by_job(d)
     assert binds["zb"][0][1] == "d2"
     assert binds["gp"][0][1] == "g1"
-    assert pending_codes(d)["nowhere"] == ["NoEligibleNodes"]
+    assert pending_codes(d)["nowhere"] == "NoEligibleNodes"
 
 
 def test_queue_below_fair_share_goes_first() -> None:
@@ -271,10 +271,10 @@ def test_bad_input_is_reported_and_the_rest_scheduled() -> None:
     )
     d = run_session(snap)
     codes = pending_codes(d)
-    assert codes["unknown"] == ["UnknownQueue"]
-    assert codes["inner"] == ["NotLeafQueue"]
-    assert codes["bad"] == ["InvalidRequest"]
-    assert codes["both"] == ["InvalidRequest"]
+    assert codes["unknown"] == "UnknownQueue"
+    assert codes["inner"] == "NotLeafQueue"
+    assert codes["bad"] == "InvalidRequest"
+    assert codes["both"] == "InvalidRequest"
     assert binds_by_job(d)["good"][0][1] == "n1"
 
 
@@ -293,5 +293,5 @@ def test_queue_resources_in_cpu_and_memory_are_limited_too() -> None:
         jobs=(Job("cpu", "q", tasks=(pending("cpu-0", cpu=3), pending("cpu-1", cpu=3)), min_member=2),),
     )
     d = run_session(snap)
-    assert pending_codes(d)["cpu"] == ["OverLimit"]
+    assert pending_codes(d)["cpu"] == "OverLimit"
     assert "cpu limit of 4 cores" in d.pending[0].reasons[0].message

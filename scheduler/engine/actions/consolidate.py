@@ -86,6 +86,7 @@ def run(cluster: Cluster) -> None:
         ) and _relocate(cluster, stmt):
             stmt.commit()
             job.reasons = []
+            job.notes = []
         else:
             stmt.rollback()
             memo.remember(cluster, key)

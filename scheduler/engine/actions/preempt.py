@@ -59,7 +59,9 @@ def run(cluster: Cluster) -> None:
         if not any(any(evictable(t) for t in v.tasks) for v in lower.victims()):
             continue
         key = memo_key(job)
+        note = f"cannot preempt: evicting lower-priority work in queue {queue.name} would not make room"
         if memo.known_failure(cluster, key):
+            job.notes.append(note)
             continue
         tried += 1
         stmt = Statement(cluster)
@@ -75,6 +77,8 @@ def run(cluster: Cluster) -> None:
         ):
             stmt.commit()
             job.reasons = []
+            job.notes = []
         else:
             stmt.rollback()
             memo.remember(cluster, key)
+            job.notes.append(note)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.contract import EvictionAction
-from scheduler.engine.resources import CPU, GPU, MEMORY
+from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import (
@@ -33,6 +33,10 @@ from scheduler.engine.victims import (
     memo_key,
     victim_index,
     victim_order,
+)
+
+_NO_FAIR_VICTIMS = (
+    "cannot reclaim: no preemptible work on usable nodes can be taken without pushing its queue below its fair share"
 )
 
 
@@ -110,7 +114,15 @@ def run(cluster: Cluster) -> None:
         assert queue is not None
         need = _gang_request(job)
         contested = _contested(need)
-        if not contested or any(queue.alloc[r] + need[r] > queue.share[r] for r in contested):
+        if not contested:
+            continue
+        over = next((r for r in contested if queue.alloc[r] + need[r] > queue.share[r]), None)
+        if over is not None:
+            job.notes.append(
+                f"cannot reclaim: queue {queue.name} holds {format_amount(over, queue.alloc[over])} of a "
+                f"{format_amount(over, queue.share[over])} fair share and this needs "
+                f"{format_amount(over, need[over])} more; only idle capacity can serve it"
+            )
             continue
         names = [
             name
@@ -121,9 +133,11 @@ def run(cluster: Cluster) -> None:
             and _above_share(ranked[0].queue, contested)
         ]
         if not names:
+            job.notes.append("cannot reclaim: no other queue holds preemptible work above its fair share")
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
+            job.notes.append(_NO_FAIR_VICTIMS)
             continue
         tried += 1
         source = _FromQueues(frozenset(names), [index.by_queue[n] for n in names])
@@ -140,6 +154,8 @@ def run(cluster: Cluster) -> None:
         ):
             stmt.commit()
             job.reasons = []
+            job.notes = []
         else:
             stmt.rollback()
             memo.remember(cluster, key)
+            job.notes.append(_NO_FAIR_VICTIMS)
