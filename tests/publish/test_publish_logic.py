@@ -1,0 +1,141 @@
+"""Publisher logic that needs no API server: backoff, outages, GPUNode content, restore."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.contract import Action, ConditionType, Reason
+from agent.daemon import faults_from_conditions
+from agent.model import Entity, EntityKind, Fault
+from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib
+from agent.publish.conditions import ConditionState, desired_conditions
+from agent.publish.events import EventsPublisher, aggregation_key, event_name
+from agent.publish.gpunode import faults_from_gpunode, gpunode_status
+from agent.publish.kube import ApiError, Backoff, OutageLog
+from tests.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
+
+
+@given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=60))
+def test_backoff_delays_are_positive_jittered_and_capped(seed: int, attempts: int) -> None:
+    backoff = Backoff(base_s=0.2, cap_s=30.0, rng=random.Random(seed))
+    delays = [backoff.next_delay() for _ in range(attempts)]
+    assert all(0.1 <= d <= 30.0 for d in delays)
+    # The window doubles until the cap, so the lower bound of each delay grows.
+    for i, d in enumerate(delays):
+        assert d >= min(30.0, 0.2 * 2**i) / 2
+    backoff.reset()
+    assert backoff.next_delay() <= 0.2
+
+
+def test_outage_is_counted_once_however_many_retries_fail() -> None:
+    now = [0.0]
+    outage = OutageLog(clock=lambda: now[0])
+    for _ in range(50):
+        outage.failed(ApiError("patch_node_status", None, "connection refused"))
+        now[0] += 1
+    assert outage.in_outage
+    outage.recovered()
+    outage.recovered()
+    assert not outage.in_outage
+    outage.failed(ApiError("patch_node_status", 503, "etcd leader changed"))
+    assert outage.outages == 2
+
+
+def test_api_error_says_what_may_simply_succeed_later() -> None:
+    assert ApiError("x", None, "refused").transient
+    assert ApiError("x", 503, "unavailable").transient
+    assert ApiError("x", 429, "slow down").transient
+    assert not ApiError("x", 422, "invalid").transient
+    assert not ApiError("x", 403, "forbidden").transient
+
+
+def test_gpunode_status_summarises_gpus_ports_and_node_faults() -> None:
+    mount = Fault(
+        ConditionType.STORAGE_DEGRADED,
+        Reason.MOUNT_HUNG,
+        "mount /mnt/shared: statvfs did not answer in 5 s",
+        Action.REBOOT,
+        Entity.mount_point("/mnt/shared"),
+        T0,
+    )
+    status = gpunode_status(report(xid_fault(1), ib_fault("mlx5_0", 1), mount))
+    assert (status["gpuCount"], status["healthyGpuCount"]) == (8, 7)
+    assert (status["gpuMemoryMiB"], status["healthyGpuMemoryMiB"]) == (8 * GPU_MIB, 7 * GPU_MIB)
+    assert status["action"] == "REPLACE"
+    assert status["nodeFaults"] == [
+        {
+            "condition": "StorageDegraded",
+            "reason": "MountHung",
+            "message": "mount /mnt/shared: statvfs did not answer in 5 s",
+            "action": "REBOOT",
+            "since": "2026-11-29T10:00:00Z",
+            "latched": False,
+            "mount": "/mnt/shared",
+        }
+    ]
+    # Memory in use is not part of it: it changes every poll.
+    assert "memoryUsedMiB" not in status["gpus"][0]
+
+
+def test_gpunode_keeps_inventory_while_its_probe_fails() -> None:
+    before = gpunode_status(report(xid_fault(1)))
+    during = gpunode_status(report(errors=("gpu: NVML failed to initialise",), with_inventory=False), before)
+    assert during["gpus"] == before["gpus"]
+    assert during["ibPorts"] == []  # the IB probe did not fail: no ports is the truth
+    assert during["probeErrors"] == ["gpu: NVML failed to initialise"]
+
+
+def test_capacity_keeps_its_value_while_the_gpu_probe_fails() -> None:
+    assert desired_gpu_memory_mib(report(xid_fault(0)), None) == 7 * GPU_MIB
+    failed = report(errors=("gpu: NVML failed to initialise",), with_inventory=False)
+    assert desired_gpu_memory_mib(failed, 7 * GPU_MIB) == 7 * GPU_MIB
+    assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "652472"}}}) == 652472
+    assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "lots"}}}) is None
+    assert capacity_from_node({}) is None
+
+
+def test_malformed_gpunode_entries_are_skipped_not_fatal() -> None:
+    good = gpunode_status(report(xid_fault(2), remap_fault(3)))
+    good["gpus"].append({"index": "nine"})
+    good["gpus"][2]["faults"].append({"condition": "NotACondition", "reason": "x", "since": "2026-11-29T10:00:00Z"})
+    good["nodeFaults"].append({"condition": "GpuMissing", "reason": "GpuCountMismatch", "since": "yesterday"})
+    faults = faults_from_gpunode({"metadata": {"name": "n"}, "status": good})
+    assert sorted(f.reason for f in faults) == ["RowRemapPending", "Xid79"]
+
+
+def test_true_conditions_without_gpunode_detail_become_node_faults() -> None:
+    states = desired_conditions(report(xid_fault(2), ib_fault()), {}, T0)
+    faults = faults_from_conditions(states, covered={ConditionType.INFINIBAND_DEGRADED})
+    assert len(faults) == 1
+    (fault,) = faults
+    assert (fault.condition, fault.reason, fault.action) == (ConditionType.GPU_XID_ERROR, "Xid79", Action.REBOOT)
+    assert fault.entity.kind is EntityKind.NODE
+    assert fault.since == T0
+    assert "Recommended action" not in fault.message
+    # Published again, the restored fault says the same as before.
+    again = desired_conditions(report(fault), states, T0 + timedelta(minutes=1))
+    assert again[ConditionType.GPU_XID_ERROR].message.endswith("Recommended action: REBOOT.")
+    assert again[ConditionType.GPU_XID_ERROR].last_transition == T0
+
+
+def test_unparseable_action_in_a_condition_message_falls_back_to_none() -> None:
+    state = ConditionState(ConditionType.GPU_MISSING, True, "GpuLost", "GPU 6 gone. Recommended action: PRAY.", T0)
+    (fault,) = faults_from_conditions({ConditionType.GPU_MISSING: state}, covered=set())
+    assert fault.action is Action.NONE
+
+
+def test_queued_events_coalesce_and_names_are_stable() -> None:
+    pub = EventsPublisher(api=None, node_name="gpu-a")  # type: ignore[arg-type]  # no request is made here
+    event = app_xid_event(0, 13)
+    pub.enqueue([event, event, replace(event, time=T0 + timedelta(seconds=5))])
+    pub.enqueue([app_xid_event(1, 13)])
+    assert pub.pending() == 2
+    key = aggregation_key(event)
+    assert event_name("gpu-a", key) == event_name("gpu-a", aggregation_key(replace(event, time=T0)))
+    assert event_name("gpu-a", key) != event_name("gpu-a", aggregation_key(app_xid_event(1, 13)))
+    assert len(event_name("n" * 253, key)) <= 253
