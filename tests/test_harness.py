@@ -8,6 +8,7 @@ got one wrong, those tests would pass against a cluster that does not exist.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import urllib3
+import yaml
 from kubernetes import client, config
 
 from agent import contract
@@ -154,10 +156,14 @@ def test_reap_leftovers_kills_only_a_dead_runs_processes(tmp_path: Path) -> None
 
 
 @pytest.mark.k8s
-def test_control_plane_started_quickly(control_plane: ControlPlane) -> None:
+def test_kubeconfig_names_the_server_its_ca_and_the_admin(control_plane: ControlPlane) -> None:
     print(f"control plane ready in {control_plane.startup_seconds:.1f}s")
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    assert cluster["server"] == control_plane.server
     assert control_plane.server.startswith("https://127.0.0.1:")
-    assert control_plane.startup_seconds > 0
+    assert base64.b64decode(cluster["certificate-authority-data"]) == control_plane.ca_file.read_bytes()
+    assert kubeconfig["users"][0]["user"]["token"] == control_plane.admin_token
 
 
 @pytest.mark.k8s

@@ -39,6 +39,7 @@ ETCD_DIR="${CACHE}/etcd-${ETCD_VERSION}"
 
 log() { printf '[controlplane %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+toolchain_hint="if go says a module requires a newer go, export GOTOOLCHAIN=go1.27.3 (go fetches that toolchain through the module proxy) and run again"
 
 # An override must name a working executable: a typo should fail here, not as
 # a confusing fixture error later.
@@ -121,7 +122,7 @@ if ((${#k8s_targets[@]})); then
     for t in "${k8s_targets[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/${t}"); done
 
     log "resolving dependencies (downloads on the first run)"
-    (cd "${mod}" && go get "${pkgs[@]/%/@${K8S_VERSION}}")
+    (cd "${mod}" && go get "${pkgs[@]/%/@${K8S_VERSION}}") || die "resolving k8s.io/kubernetes@${K8S_VERSION} failed; ${toolchain_hint}"
 
     # The same version stamps the release build sets (hack/lib/version.sh), so
     # `kubectl version` and /version report the real release, not v0.0.0-master.
@@ -134,7 +135,8 @@ if ((${#k8s_targets[@]})); then
     done
 
     log "compiling ${pkgs[*]}"
-    (cd "${mod}" && go build -trimpath -ldflags="${ldflags}" -o "${mod}/bin/" "${pkgs[@]}")
+    (cd "${mod}" && go build -trimpath -ldflags="${ldflags}" -o "${mod}/bin/" "${pkgs[@]}") ||
+        die "building ${k8s_targets[*]} failed; ${toolchain_hint}"
 
     mkdir -p "${K8S_DIR}"
     for t in "${k8s_targets[@]}"; do
@@ -161,9 +163,11 @@ if need_build ETCD "${ETCD_DIR}/etcd"; then
         echo
         echo "go ${go_directive}"
     } >"${mod}/go.mod"
-    (cd "${mod}" && go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}")
+    (cd "${mod}" && go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}") ||
+        die "resolving go.etcd.io/etcd/server/v3@${ETCD_VERSION} failed; ${toolchain_hint}"
     log "compiling etcd"
-    (cd "${mod}" && go build -trimpath -ldflags="-s -w" -o "${mod}/bin/etcd" go.etcd.io/etcd/server/v3)
+    (cd "${mod}" && go build -trimpath -ldflags="-s -w" -o "${mod}/bin/etcd" go.etcd.io/etcd/server/v3) ||
+        die "building etcd failed; ${toolchain_hint}"
     mkdir -p "${ETCD_DIR}"
     mv -f "${mod}/bin/etcd" "${ETCD_DIR}/etcd"
     log "installed ${ETCD_DIR}/etcd in $((SECONDS - started))s"
