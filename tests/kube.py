@@ -9,6 +9,12 @@ controllers only) started on loopback ports, built by ``make controlplane``.
 Nodes here have no kubelet: :func:`create_gpu_node` writes the status a
 kubelet would, :func:`mark_pod_running` and :func:`complete_pod_deletion` do
 the kubelet's part of a pod's life.
+
+Environment: ``GPUWARDEN_CACHE`` (where ``make controlplane`` put the
+binaries), ``ETCD``, ``KUBE_APISERVER``, ``KUBE_CONTROLLER_MANAGER`` and
+``KUBECTL`` (existing binaries instead), ``GPUWARDEN_KEEP_CONTROLPLANE=1``
+(keep the run folder with the servers' logs after the session, until the
+next run reaps it).
 """
 
 from __future__ import annotations
@@ -613,7 +619,11 @@ class ControlPlane:
             self._apiserver.stop()
 
     def start_apiserver(self) -> None:
-        """Start kube-apiserver again on the same port and etcd data; wait until ready."""
+        """Start kube-apiserver again on the same port and etcd data; wait until ready.
+
+        Call it from the test's own thread: the parent-death signal ties the
+        server to the thread that started it.
+        """
         if self._apiserver is None:
             raise ControlPlaneError("the control plane was never started")
         if not self._apiserver.running():
