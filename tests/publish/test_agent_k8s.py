@@ -7,6 +7,11 @@ result is read the way a person would, with ``kubectl get node -o jsonpath``.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +21,9 @@ import pytest
 from kubernetes import client
 
 from agent.backends.sim import SimNode, load_scenario
-from agent.contract import RESOURCE_GPU_MEMORY, ConditionType
+from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
-from tests.kube import ControlPlane, wait_for
+from tests.kube import ControlPlane, create_gpu_node, wait_for
 from tests.publish.conftest import SimAgent
 
 pytestmark = pytest.mark.k8s
@@ -259,3 +264,103 @@ def test_restarted_agent_keeps_latched_faults_and_nothing_flaps(
         DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
     )
     assert [e.reason for e in events.items if e.type == "Normal"] == []
+
+
+def test_quarantine_taint_is_read_from_the_heartbeat_and_exported(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    agent = sim_agent(gpu_node, heartbeat_period_s=1.0, metrics_port=0, metrics_host="127.0.0.1")
+    _wait_healthy(control_plane, gpu_node)
+    assert agent.daemon.server is not None
+    port = agent.daemon.server.port
+    assert "gpuwarden_node_quarantined 0.0" in _scrape(port)
+    taint = {"key": TAINT_QUARANTINE, "value": "Xid79", "effect": "NoSchedule"}
+    client.CoreV1Api(k8s).patch_node(gpu_node, {"spec": {"taints": [taint]}})
+    wait_for(
+        lambda: "gpuwarden_node_quarantined 1.0" in _scrape(port),
+        timeout=15,
+        interval=0.2,
+        description="the quarantine gauge follows the taint",
+    )
+
+
+def test_a_recreated_node_gets_its_conditions_capacity_and_gpunode_back(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    sim_agent(gpu_node, heartbeat_period_s=1.0)
+    _wait_healthy(control_plane, gpu_node)
+    core = client.CoreV1Api(k8s)
+    core.delete_node(gpu_node)
+    wait_for(lambda: not _jsonpath_or_empty(control_plane, gpu_node), timeout=10, description="node deleted")
+    new_uid = create_gpu_node(k8s, gpu_node).metadata.uid
+    _wait_healthy(control_plane, gpu_node)
+
+    def owned_by_new_node() -> bool:
+        result = control_plane.kubectl("get", "gpunode", gpu_node, "-o", "json", check=False)
+        if result.returncode != 0:
+            return False
+        owners = json.loads(result.stdout)["metadata"].get("ownerReferences", [])
+        return [o["uid"] for o in owners] == [new_uid]
+
+    wait_for(owned_by_new_node, timeout=30, interval=0.2, description="GPUNode owned by the new Node")
+
+
+def _jsonpath_or_empty(control_plane: ControlPlane, node: str) -> str:
+    result = control_plane.kubectl("get", "node", node, "-o", "jsonpath={.metadata.uid}", check=False)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def test_gpuwarden_agent_command_publishes_serves_probes_and_stops_on_sigterm(
+    control_plane: ControlPlane, gpu_node: str
+) -> None:
+    env = {**os.environ, "NODE_NAME": gpu_node}  # as the DaemonSet's downward API would set it
+    env.pop("GPUWARDEN_NODE_NAME", None)
+    argv = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "--log-format",
+        "json",
+        "agent",
+        "--backend",
+        "sim",
+        "--scenario",
+        "default",
+        "--poll-interval",
+        "0.5",
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        "0",
+    ]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: _condition(control_plane, gpu_node, "GpuMemoryDegraded").get("status") == "True",
+            timeout=30,
+            interval=0.2,
+            description="the command publishes the default scenario's remap pending",
+        )
+        started = wait_for(
+            lambda: next((json.loads(x) for x in list(lines) if '"http_server_started"' in x), None),
+            timeout=10,
+            description="the HTTP server's port in the log",
+        )
+        port = int(started["port"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        reader.join(timeout=5)
+    assert any('"agent_daemon_stopped"' in x for x in lines)
