@@ -57,8 +57,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     for i in range(draw(st.integers(1, 5))):
         parent = draw(st.one_of(st.none(), st.sampled_from([q.name for q in queues]))) if queues else None
         gpu = QueueResource(
-            draw(st.sampled_from([UNLIMITED, 0, 1000, 2000, 4000])),
-            draw(st.sampled_from([UNLIMITED, 1000, 3000, 6000])),
+            draw(st.sampled_from([UNLIMITED, 0, 1000, 2000, 4000, 8000])),
+            draw(st.sampled_from([UNLIMITED, UNLIMITED, 3000, 6000])),
             draw(st.sampled_from([0.0, 1.0, 2.0])),
         )
         queues.append(Queue(f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 1])), gpu=gpu))
@@ -90,7 +90,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             Job(
                 f"j{j}",
                 draw(st.sampled_from(leaves)),
-                priority=draw(st.sampled_from([10, 50, 100])),
+                priority=draw(st.sampled_from([10, 50, 50, 100])),
                 min_member=draw(st.integers(1, size)),
                 created=float(j),
                 tasks=tuple(tasks),
@@ -152,9 +152,9 @@ def test_session_invariants(snapshot: Snapshot) -> None:
 
 
 def with_running_work(snapshot: Snapshot) -> Snapshot:
-    """Run once and feed the binds back as running pods, plus one more pod per
-    job at a higher priority: the next session has work to evict, reclaim,
-    preempt and consolidate."""
+    """Run once and feed the binds back as running pods, plus one new 1-GPU job
+    per job at a higher priority: the next session has work to evict,
+    reclaim, preempt and consolidate."""
     first = run_session(snapshot)
     placed = {(b.job, b.pod): b for b in first.binds}
     jobs = []
@@ -177,18 +177,25 @@ def with_running_work(snapshot: Snapshot) -> Snapshot:
                     gpu_indices=b.gpu_indices,
                 )
             )
-        more = Task(f"{job.name}-extra", gpus=1, cpu_milli=500, memory_mib=1024)
         jobs.append(
             Job(
                 job.name,
                 job.queue,
-                priority=job.priority + 1,
+                priority=job.priority,
                 min_member=job.min_member,
                 created=job.created,
-                tasks=(*tasks, more),
+                tasks=tuple(tasks),
             )
         )
-    return Snapshot(snapshot.nodes, snapshot.queues, tuple(jobs), config=snapshot.config)
+        more = Task(f"{job.name}-next-0", gpus=1, cpu_milli=500, memory_mib=1024)
+        jobs.append(
+            Job(f"{job.name}-next", job.queue, priority=job.priority + 5, created=job.created + 100, tasks=(more,))
+        )
+    # Remediation starts draining the first node: health eviction has work too.
+    nodes = list(snapshot.nodes)
+    first = nodes[0]
+    nodes[0] = Node(first.name, cpu_milli=first.cpu_milli, memory_mib=first.memory_mib, gpus=first.gpus, draining=True)
+    return Snapshot(tuple(nodes), snapshot.queues, tuple(jobs), config=snapshot.config)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,6 +214,14 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
         if job.min_member > 1:
             gone = {e.pod for e in decisions.evictions if e.job == key}
             assert gone == {t.name for t in job.tasks if t.status is TaskStatus.RUNNING}
+    # Reclaim never leaves a victim queue below its fair share (GPUs, the
+    # contested resource here, since every extra pod asks for a GPU).
+    queue_of = {j.key: j.queue for j in second.jobs}
+    shares = {q.queue: q for q in decisions.queue_shares}
+    reclaimed = {queue_of[e.job] for e in decisions.evictions if e.action is EvictionAction.RECLAIM}
+    preempted = {queue_of[e.job] for e in decisions.evictions if e.action is EvictionAction.PREEMPT}
+    for name in reclaimed - preempted:
+        assert shares[name].allocated.gpu >= shares[name].fair_share.gpu
     # Binds never land on a GPU still held by a pod that was not evicted.
     evicted_pods = {(e.job, e.pod) for e in decisions.evictions}
     held: dict[tuple[str, int], int] = defaultdict(int)
