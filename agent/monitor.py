@@ -101,7 +101,9 @@ class EventHub:
                 ck = (gpu_key, event.xid)
                 self._counts[ck] = self._counts.get(ck, 0) + 1
             self._queue.append(event)
-        log.info(
+        # Single-bit ECC events come in storms and are routine; the rest matter.
+        emit = log.debug if event.kind is GpuEventKind.ECC_SINGLE_BIT else log.info
+        emit(
             "gpu_event",
             kind=str(event.kind),
             source=str(event.source),

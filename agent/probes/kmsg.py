@@ -24,6 +24,7 @@ Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import select
@@ -49,8 +50,13 @@ _DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?")
 _DETAIL_RE = re.compile(r"^(?:pid=[^,]*,\s*|name=[^,]*,\s*|channel=[^,]*,\s*)+")
 
 
+@functools.cache
 def boot_time() -> float:
-    """Wall-clock epoch seconds at boot: kmsg timestamps are monotonic µs."""
+    """Wall-clock epoch seconds at boot: kmsg timestamps are monotonic µs.
+
+    Computed once per process so that the same record always converts to
+    the same time (two readings of the two clocks differ by microseconds).
+    """
     return time.time() - time.monotonic()
 
 

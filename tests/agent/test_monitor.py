@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pynvml
@@ -262,3 +262,35 @@ def test_one_failing_probe_costs_only_its_own_source(tmp_path: Path) -> None:
     two_hcas(tmp_path)
     ports = SysfsIbSource(str(tmp_path), NetlinkDown()).read_ports()
     assert len(ports) == 3 and all(p.netdev_oper_state is None for p in ports)
+
+
+def test_the_degrading_scenario_plays_out_into_every_condition() -> None:
+    clock = Clock()
+    node = SimNode(load_scenario("degrading"), monotonic=clock)
+    wall = [datetime(2026, 1, 1, tzinfo=UTC)]
+    monitor = Monitor(config_from_dict(None), node.hardware(), "node-a", clock=lambda: wall[0])
+    seen: list[set[str]] = []
+    try:
+        for t in range(0, 140, 10):
+            clock.now = float(t)
+            wall[0] = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=t)
+            seen.append({f"{f.condition}/{f.reason}" for f in monitor.poll().faults})
+        # XID 79 and "fallen off the bus" arrive on the event threads, after the
+        # poll that noticed the lost GPU; they wake the next poll.
+        assert wait_for(lambda: monitor.hub.duplicates >= 1)
+        seen.append({f"{f.condition}/{f.reason}" for f in monitor.poll().faults})
+    finally:
+        monitor.close()
+    assert seen[0] == set()
+    assert seen[2] == {"GpuPcieDegraded/PcieWidthDegraded"}
+    assert "GpuNvlinkDegraded/NvlinkDown" in seen[4]
+    assert "InfinibandDegraded/IbLinkDowned" in seen[6]
+    assert seen[-1] == {
+        "GpuPcieDegraded/PcieWidthDegraded",
+        "GpuNvlinkDegraded/NvlinkDown",
+        "InfinibandDegraded/IbLinkDowned",
+        "GpuXidError/Xid79",
+        "GpuMissing/GpuLost",
+        "GpuMissing/GpuCountMismatch",
+        "StorageDegraded/MountHung",
+    }
