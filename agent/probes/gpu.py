@@ -115,6 +115,11 @@ class GpuProbe:
                 log.error("gpu_event_wait_failed", error=str(exc))
                 self._stop.wait(1.0)
                 continue
+            except Exception:
+                # The event thread must outlive a driver oddity; polling still runs.
+                log.exception("gpu_event_wait_failed")
+                self._stop.wait(1.0)
+                continue
             if event is not None:
                 self._sink(event)
 

@@ -247,12 +247,15 @@ class KmsgProbe:
         while not self._stop.is_set():
             try:
                 records = self._source.read(0.2)
+                if records:
+                    self._handle(records)
             except OSError as exc:
                 log.error("kmsg_read_failed", error=exc.strerror or str(exc))
                 self._stop.wait(5.0)
-                continue
-            if records:
-                self._handle(records)
+            except Exception:
+                # Keep reading the kernel log whatever one record did to us.
+                log.exception("kmsg_read_failed")
+                self._stop.wait(1.0)
 
     def request_stop(self) -> None:
         """Ask the thread to finish without waiting for it."""

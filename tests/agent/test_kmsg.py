@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.probes.kmsg import DevKmsgSource, KmsgProbe, open_kmsg, parse_record
-from agent.samples import EventSource, GpuEvent, GpuEventKind
+from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
 BOOT = 1_700_000_000.0
@@ -203,3 +205,24 @@ def test_dev_kmsg_reads_the_real_ring_buffer() -> None:
     finally:
         source.close()
     assert records and all(";" in r for r in records)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=300))
+def test_any_record_parses_or_is_ignored(text: str) -> None:
+    for record in (text, f"4,1,1,-;NVRM: {text}", f"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): {text}"):
+        ev = parse_record(record, BOOT)
+        assert ev is None or ev.pci_bus_id is not None
+
+
+@given(
+    domain=st.integers(0, 0xFFFF),
+    bus=st.integers(0, 0xFF),
+    device=st.integers(0, 0x1F),
+    function=st.integers(0, 7),
+)
+def test_nvml_and_kernel_spellings_of_a_bus_id_agree(domain: int, bus: int, device: int, function: int) -> None:
+    nvml = f"{domain:08X}:{bus:02X}:{device:02X}.{function}"
+    kernel = f"{domain:04x}:{bus:02x}:{device:02x}"
+    assert normalize_bus_id(nvml) == normalize_bus_id(kernel) == normalize_bus_id(f"PCI:{kernel}")
+    assert normalize_bus_id(normalize_bus_id(nvml)) == normalize_bus_id(nvml)
