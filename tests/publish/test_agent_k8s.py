@@ -22,6 +22,7 @@ from kubernetes import client
 
 from agent.backends.sim import SimNode, load_scenario
 from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
+from agent.model import Entity
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from tests.kube import ControlPlane, create_gpu_node, wait_for
 from tests.publish.conftest import SimAgent
@@ -67,6 +68,11 @@ def _wait_healthy(control_plane: ControlPlane, node: str) -> None:
         interval=0.2,
         description="every agent condition False and full gpu-memory capacity",
     )
+
+
+# Faults a GPU reset repairs (a lost GPU or a failed remap needs the board
+# replaced, and stays unhealthy after a reset).
+RESET_FIXES = frozenset({"xid", "remap_pending", "nvlink_down", "pcie_width"})
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,20 @@ def test_injected_fault_shows_in_condition_capacity_and_gpunode(
 
     wait_for(gpunode_shows_it, timeout=10, interval=0.2, description=f"GPUNode lists the {ctype} fault")
     assert _condition(control_plane, gpu_node, "Ready") == ready_before
+
+    if kind in RESET_FIXES:
+        # Repaired (a GPU reset) and re-validated: the memory comes back.
+        agent.sim.inject("gpu_reset", gpu=gpu)
+        report = agent.monitor.last_report
+        assert report is not None
+        repaired = next(g for g in report.gpus if g.index == gpu)
+        agent.monitor.clear(Entity.gpu(repaired.index, repaired.uuid, repaired.pci_bus_id).key)
+        wait_for(
+            lambda: _healthy_published(control_plane, gpu_node),
+            timeout=20,
+            interval=0.2,
+            description="condition False and full capacity after repair",
+        )
 
 
 def _scrape(port: int) -> str:
