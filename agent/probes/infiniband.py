@@ -74,6 +74,7 @@ class SysfsIbSource(IbSource):
         self.root = Path(sysfs_root) / "class" / "infiniband"
         self._netdevs = netdevs
         self._netdev_map: dict[tuple[str, int], str] | None = None
+        self._mapped_devices: list[str] = []
 
     def _map_netdevs(self, devices: list[str]) -> dict[tuple[str, int], str]:
         """(device, port) -> netdev name, from ``device/net/*/dev_port``."""
@@ -95,8 +96,10 @@ class SysfsIbSource(IbSource):
             devices = sorted(os.listdir(self.root))
         except FileNotFoundError:
             return ()
-        if self._netdev_map is None:
+        if self._netdev_map is None or devices != self._mapped_devices:
+            # HCAs appear and go with driver reloads; remap their netdevs then.
             self._netdev_map = self._map_netdevs(devices)
+            self._mapped_devices = devices
         raw: list[tuple[str, int, Path]] = []
         for dev in devices:
             ports_dir = self.root / dev / "ports"

@@ -84,3 +84,11 @@ def test_unused_port_is_not_a_fault(tmp_path: Path) -> None:
     rules = HealthRules(config_from_dict(None), "n")
     report = rules.evaluate(NodeSample(time=T0, ib_ports=SysfsIbSource(str(tmp_path)).read_ports()))
     assert {f.entity.key for f in report.faults} == {"ib/mlx5_1/1"}
+
+
+def test_an_hca_that_appears_later_is_read_with_its_netdev(tmp_path: Path) -> None:
+    write_port(tmp_path, PortSpec("mlx5_0", 1, netdev="ib0"))
+    source = SysfsIbSource(str(tmp_path))
+    assert [p.netdev for p in source.read_ports()] == ["ib0"]
+    write_port(tmp_path, PortSpec("mlx5_1", 1, netdev="ib1"))  # driver reloaded, second HCA back
+    assert [(p.device, p.netdev) for p in source.read_ports()] == [("mlx5_0", "ib0"), ("mlx5_1", "ib1")]
