@@ -97,7 +97,7 @@ class NodeWatch:
         version = ""
         while not self._stop.is_set():
             try:
-                resp = self._core.list_node(
+                resp: Any = self._core.list_node(
                     field_selector=f"metadata.name={self._node}",
                     watch=True,
                     resource_version=version or None,
@@ -141,6 +141,10 @@ def start_agent(
     daemon = AgentDaemon(monitor, api, DaemonSettings(node_name=node, metrics_port=None, heartbeat_period_s=heartbeat))
     daemon.start()
     return daemon, monitor, sim
+
+
+def has_published(daemon: AgentDaemon) -> Callable[[], bool]:
+    return lambda: daemon.published_seq > 0
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -242,7 +246,7 @@ def measure_steady(plane: ControlPlane, api: client.ApiClient, agents: int, seco
             running.append(start_agent(api, name, interval))
         # Let every agent publish its first state and settle.
         for daemon, _monitor, _ in running:
-            wait_until(lambda d=daemon: d.published_seq > 0, 30, "first publish")
+            wait_until(has_published(daemon), 30, "first publish")
         time.sleep(max(5.0, 2 * interval))
         own_before = [d.stats.total_requests() for d, _, _ in running]
         server_before = apiserver_agent_requests(plane)
@@ -293,7 +297,7 @@ def main() -> int:
             watch = NodeWatch(plane.api_client(), node)
             watch.start()
             try:
-                wait_until(lambda: daemon.published_seq > 0, 30, "first publish")
+                wait_until(has_published(daemon), 30, "first publish")
                 xid = measure_xid(monitor, sim, watch, args.samples)
                 summary("XID -> condition (event-driven)", xid, 1.0)
                 polled = measure_polled(monitor, sim, watch, args.samples, args.poll_interval)

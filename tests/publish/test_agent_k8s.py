@@ -43,6 +43,17 @@ def _condition(control_plane: ControlPlane, node: str, ctype: str) -> dict[str, 
     return json.loads(raw) if raw else {}
 
 
+def _wait_condition(control_plane: ControlPlane, node: str, ctype: str, description: str) -> dict[str, Any]:
+    """Wait until condition ``ctype`` is True on the node; return it."""
+
+    def true_condition() -> dict[str, Any]:
+        cond = _condition(control_plane, node, ctype)
+        return cond if cond.get("status") == "True" else {}
+
+    found: dict[str, Any] = wait_for(true_condition, timeout=30, interval=0.2, description=description)
+    return found
+
+
 def _capacity(control_plane: ControlPlane, node: str) -> tuple[str, str]:
     key = RESOURCE_GPU_MEMORY.replace(".", "\\.")
     return (
@@ -116,12 +127,7 @@ def test_injected_fault_shows_in_condition_capacity_and_gpunode(
     _wait_healthy(control_plane, gpu_node)
 
     agent.sim.inject(kind, **case.params)
-    cond = wait_for(
-        lambda: (c := _condition(control_plane, gpu_node, ctype)).get("status") == "True" and c,
-        timeout=20,
-        interval=0.2,
-        description=f"{ctype} True after {kind}",
-    )
+    cond = _wait_condition(control_plane, gpu_node, ctype, f"{ctype} True after {kind}")
     assert cond["reason"] in case.reasons
     assert case.names in cond["message"]
     assert "Recommended action:" in cond["message"]
@@ -175,12 +181,7 @@ def test_agent_survives_an_api_server_outage_and_republishes(
     agent = sim_agent(gpu_node, metrics_port=0, metrics_host="127.0.0.1")
     _wait_healthy(control_plane, gpu_node)
     agent.sim.inject("xid", gpu=2, xid=79)
-    xid_before = wait_for(
-        lambda: (c := _condition(control_plane, gpu_node, "GpuXidError")).get("status") == "True" and c,
-        timeout=20,
-        interval=0.2,
-        description="GpuXidError True",
-    )
+    xid_before = _wait_condition(control_plane, gpu_node, "GpuXidError", "GpuXidError True")
 
     control_plane.stop_apiserver()
     try:
@@ -199,11 +200,8 @@ def test_agent_survives_an_api_server_outage_and_republishes(
     finally:
         control_plane.start_apiserver()
 
-    ib = wait_for(
-        lambda: (c := _condition(control_plane, gpu_node, "InfinibandDegraded")).get("status") == "True" and c,
-        timeout=30,
-        interval=0.2,
-        description="InfinibandDegraded True after the API server is back",
+    ib = _wait_condition(
+        control_plane, gpu_node, "InfinibandDegraded", "InfinibandDegraded True after the API server is back"
     )
     assert "mlx5_1 port 1" in ib["message"]
     xid_after = _condition(control_plane, gpu_node, "GpuXidError")
@@ -312,7 +310,9 @@ def test_a_recreated_node_gets_its_conditions_capacity_and_gpunode_back(
     core = client.CoreV1Api(k8s)
     core.delete_node(gpu_node)
     wait_for(lambda: not _jsonpath_or_empty(control_plane, gpu_node), timeout=10, description="node deleted")
-    new_uid = create_gpu_node(k8s, gpu_node).metadata.uid
+    recreated = create_gpu_node(k8s, gpu_node).metadata
+    assert recreated is not None
+    new_uid = recreated.uid
     _wait_healthy(control_plane, gpu_node)
 
     def owned_by_new_node() -> bool:
@@ -371,6 +371,7 @@ def test_gpuwarden_agent_command_publishes_serves_probes_and_stops_on_sigterm(
             timeout=10,
             description="the HTTP server's port in the log",
         )
+        assert started is not None
         port = int(started["port"])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
             assert resp.status == 200

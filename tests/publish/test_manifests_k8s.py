@@ -34,9 +34,7 @@ def _rendered(control_plane: ControlPlane, path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def test_base_applies_and_its_objects_are_served(
-    control_plane: ControlPlane, agent_manifests: None, k8s: client.ApiClient
-) -> None:
+def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, agent_manifests: None) -> None:
     docs = _rendered(control_plane, MANIFESTS)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert kinds == {
@@ -48,16 +46,20 @@ def test_base_applies_and_its_objects_are_served(
         ("DaemonSet", "gpuwarden-agent"),
         ("Service", "gpuwarden-agent"),
     }
-    ds = client.AppsV1Api(k8s).read_namespaced_daemon_set("gpuwarden-agent", AGENT_NAMESPACE)
-    tolerated = {t.key for t in ds.spec.template.spec.tolerations}
-    assert contract.TAINT_QUARANTINE in tolerated
-    container = ds.spec.template.spec.containers[0]
-    assert container.liveness_probe.http_get.path == "/healthz"
-    assert container.readiness_probe.http_get.path == "/readyz"
-    assert container.resources.requests and container.resources.limits
-    env = {e.name: e for e in container.env}
-    assert env["GPUWARDEN_NODE_NAME"].value_from.field_ref.field_path == "spec.nodeName"
-    assert all(m.read_only for m in container.volume_mounts if m.name in {"sys", "kmsg"})
+    # As the API server stores it (defaults applied), not as written.
+    ds = _get_json(control_plane, "daemonset")
+    pod = ds["spec"]["template"]["spec"]
+    assert contract.TAINT_QUARANTINE in {t.get("key") for t in pod["tolerations"]}
+    container = pod["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GPUWARDEN_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["sys"]["readOnly"]
+    assert mounts["kmsg"]["readOnly"]
     # Every GPUWARDEN_* variable the DaemonSet sets backs a flag of `gpuwarden agent`.
     assert {n for n in env if n.startswith("GPUWARDEN_")} <= _agent_flag_envs()
 
@@ -126,15 +128,12 @@ def _get_json(control_plane: ControlPlane, kind: str) -> dict[str, Any]:
     return result
 
 
-def _status(exc: client.ApiException) -> int | None:
-    return exc.status
-
-
 def _refused(call: Callable[[], object]) -> int | None:
     try:
         call()
     except client.ApiException as exc:
-        return _status(exc)
+        status: int | None = exc.status
+        return status
     return None
 
 
@@ -161,7 +160,7 @@ def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
                 timeout=20,
                 description="the agent's GPUNode",
             )
-            node = wait_for(
+            node: dict[str, Any] = wait_for(
                 lambda: _node_with_condition(admin, gpu_node, "GpuMemoryDegraded", "True"),
                 timeout=20,
                 description="GpuMemoryDegraded True on the node",
@@ -204,11 +203,10 @@ def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
         assert refused == dict.fromkeys(refused, 403)
 
 
-def _node_with_condition(api: KubeApi, name: str, ctype: str, status: str) -> dict[str, Any] | None:
-    node = api.get_node(name)
-    if node is None:
-        return None
-    for cond in node["status"].get("conditions", []):
+def _node_with_condition(api: KubeApi, name: str, ctype: str, status: str) -> dict[str, Any]:
+    """The Node once condition ``ctype`` has ``status``, else an empty dict."""
+    node = api.get_node(name) or {}
+    for cond in (node.get("status") or {}).get("conditions", []):
         if cond["type"] == ctype and cond["status"] == status:
             return node
-    return None
+    return {}
