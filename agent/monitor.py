@@ -234,10 +234,12 @@ class Monitor:
         if ib_error is not None:
             errors.append(f"infiniband: {ib_error}")
         mounts: tuple[MountSample, ...] = ()
+        mounts_error: str | None = None
         try:
             mounts = self.hardware.mounts.check()
         except Exception as exc:
-            errors.append(f"storage: storage probe failed: {exc!r}")
+            mounts_error = f"storage probe failed: {exc!r}"
+            errors.append(f"storage: {mounts_error}")
             log.exception("storage_probe_failed")
         return NodeSample(
             time=now,
@@ -248,6 +250,7 @@ class Monitor:
             ib_ports=ib_ports,
             ib_source_error=ib_error,
             mounts=mounts,
+            mounts_source_error=mounts_error,
             errors=tuple(errors),
         )
 

@@ -261,7 +261,9 @@ class NodeSample:
     ``gpus`` holds every GPU NVML enumerated (lost ones flagged);
     ``gpu_source_error`` is set when NVML could not be used at all this poll
     (library missing, driver not loaded), in which case ``gpus`` is empty and
-    means "unknown", not "no GPUs". ``events`` are the GPU events that arrived
+    means "unknown", not "no GPUs"; ``ib_source_error`` and
+    ``mounts_source_error`` say the same of InfiniBand and storage. ``events``
+    are the GPU events that arrived
     since the previous poll, de-duplicated across NVML and the kernel log;
     ``xid_counts`` are cumulative since the agent started. ``errors`` names
     every probe that failed this poll.
@@ -275,4 +277,5 @@ class NodeSample:
     ib_ports: tuple[IbPortSample, ...] = ()
     ib_source_error: str | None = None
     mounts: tuple[MountSample, ...] = ()
+    mounts_source_error: str | None = None
     errors: tuple[str, ...] = ()

@@ -75,7 +75,13 @@ class RuleContext:
 
 
 class Rule(Protocol):
-    """One health rule: sample in, findings out (events via the context)."""
+    """One health rule: sample in, findings out (events via the context).
+
+    ``conditions`` are the condition types it judges: when the rule or its
+    source fails in a poll, the engine holds those faults as they were.
+    """
+
+    conditions: frozenset[ConditionType]
 
     def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]: ...
 

@@ -54,6 +54,17 @@ LATCHED_REASONS: frozenset[str] = frozenset(
 )
 
 
+# What NVML's samples (not its events) judge: unknown while NVML is down.
+GPU_SOURCE_CONDITIONS: frozenset[ConditionType] = frozenset(
+    {
+        ConditionType.GPU_MEMORY_DEGRADED,
+        ConditionType.GPU_NVLINK_DEGRADED,
+        ConditionType.GPU_PCIE_DEGRADED,
+        ConditionType.GPU_MISSING,
+    }
+)
+
+
 def is_latched(fault: Fault) -> bool:
     return fault.latched or fault.condition is ConditionType.GPU_XID_ERROR or fault.reason in LATCHED_REASONS
 
@@ -166,6 +177,15 @@ class HealthRules:
             cleared_at=self._cleared_at,
         )
         findings: dict[FaultKey, Finding] = {}
+        # Conditions nobody could judge this poll: their faults are held as
+        # they were, neither counted absent nor cleared.
+        blind: set[ConditionType] = set()
+        if sample.gpu_source_error is not None:
+            blind |= GPU_SOURCE_CONDITIONS
+        if sample.ib_source_error is not None:
+            blind.add(ConditionType.INFINIBAND_DEGRADED)
+        if sample.mounts_source_error is not None:
+            blind.add(ConditionType.STORAGE_DEGRADED)
         for rule in self._rules:
             try:
                 for finding in rule.evaluate(sample, ctx):
@@ -173,6 +193,7 @@ class HealthRules:
             except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
                 # A rule tripping over odd input must not cost the other rules.
                 log.error("rule_failed", rule=type(rule).__name__, error=repr(exc))
+                blind |= rule.conditions
         events = self._pending_events
         self._pending_events = []
         events.extend(ctx.events)
@@ -211,7 +232,7 @@ class HealthRules:
             del self._pending[key]
         for key in [k for k in self._active if k not in findings]:
             active = self._active[key]
-            if active.fault.latched:
+            if active.fault.latched or active.fault.condition in blind:
                 continue
             active.absent_polls += 1
             if active.absent_polls >= self._clear_polls:

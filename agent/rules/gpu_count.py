@@ -37,6 +37,8 @@ def current_boot_id(path: str = BOOT_ID_PATH) -> str:
 
 
 class GpuCountRule:
+    conditions = frozenset({ConditionType.GPU_MISSING})
+
     def __init__(self, config: AgentConfig, boot_id: str | None = None) -> None:
         self._configured = config.gpu.expected_count
         self._state_file = Path(config.gpu.state_file) if config.gpu.state_file else None

@@ -27,6 +27,8 @@ _UP_STATES = {"UP", "UNKNOWN"}  # UNKNOWN: drivers that do not report operstate
 
 
 class InfinibandRule:
+    conditions = frozenset({ConditionType.INFINIBAND_DEGRADED})
+
     def __init__(self, config: AgentConfig) -> None:
         self._cfg = config.infiniband
         self._expected = set(config.infiniband.expected_ports)

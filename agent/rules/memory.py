@@ -19,6 +19,8 @@ from agent.samples import NodeSample
 
 
 class MemoryRule:
+    conditions = frozenset({ConditionType.GPU_MEMORY_DEGRADED})
+
     def __init__(self, config: AgentConfig) -> None:
         self._limit = config.gpu.retired_pages_limit
 

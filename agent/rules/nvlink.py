@@ -22,6 +22,8 @@ from agent.samples import NodeSample
 
 
 class NvlinkRule:
+    conditions = frozenset({ConditionType.GPU_NVLINK_DEGRADED})
+
     def __init__(self, config: AgentConfig) -> None:
         self._cfg = config.nvlink
         self._clear_ratio = config.hysteresis.clear_ratio

@@ -22,6 +22,8 @@ from agent.samples import NodeSample
 
 
 class PcieRule:
+    conditions = frozenset({ConditionType.GPU_PCIE_DEGRADED})
+
     def __init__(self, config: AgentConfig) -> None:
         self._cfg = config.pcie
         self._clear_ratio = config.hysteresis.clear_ratio

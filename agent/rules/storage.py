@@ -19,6 +19,8 @@ from agent.samples import NodeSample
 
 
 class StorageRule:
+    conditions = frozenset({ConditionType.STORAGE_DEGRADED})
+
     def __init__(self, config: AgentConfig) -> None:
         self._cfg = config.storage
 

@@ -21,6 +21,8 @@ from agent.samples import GpuEvent, GpuEventKind, NodeSample
 
 
 class XidRule:
+    conditions = frozenset({ConditionType.GPU_XID_ERROR, ConditionType.GPU_MISSING})
+
     def __init__(self, config: AgentConfig) -> None:
         self._overrides = {
             xid: XidInfo(xid, XidKind(ov.kind), Action(ov.action), ov.meaning or f"XID {xid} (operator override)")

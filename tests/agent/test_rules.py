@@ -474,3 +474,25 @@ def test_gpu_count_survives_an_agent_restart_within_one_boot(tmp_path: Path) -> 
     # A corrupt file is logged and ignored, not fatal.
     state.write_text("{not json")
     assert HealthRules(cfg, "n").evaluate(node(t=at(180), gpus=7)).faults == ()
+
+
+def test_faults_are_held_while_their_source_is_blind() -> None:
+    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 1}}), "n")
+    rules.evaluate(
+        node(
+            gpus=(NARROW, G1),
+            ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)),
+            mounts=(MountSample("/mnt/shared", mounted=True, responsive=False, error="timed out"),),
+        )
+    )
+    blind = NodeSample(
+        time=at(10),
+        gpu_source_error="NVML could not initialise: Driver Not Loaded",
+        ib_source_error="Permission denied",
+        mounts_source_error="storage probe failed",
+    )
+    for t in range(10, 100, 10):
+        held = rules.evaluate(replace(blind, time=at(t))).faults
+        assert {f.reason for f in held} == {Reason.PCIE_WIDTH_DEGRADED, Reason.IB_RATE_DEGRADED, Reason.MOUNT_HUNG}
+    # Sources back and healthy: the faults clear as usual.
+    assert rules.evaluate(node(t=at(200))).faults == ()
