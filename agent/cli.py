@@ -1,9 +1,8 @@
 """The ``gpuwarden`` console script: one binary, one subcommand per process.
 
-Subcommands register themselves (``register(subparsers)`` in their module) so
-that the agent image does not need to import scheduler code to parse flags,
-and each subcommand's heavy imports (kubernetes, pynvml) happen only when it
-runs.
+Subcommands register themselves (``register(subparsers)`` in their module);
+those modules keep their heavy imports (kubernetes, pynvml) inside the
+functions that run, so parsing flags stays cheap for every subcommand.
 """
 
 from __future__ import annotations
@@ -13,8 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from agent import __version__
+from agent import main as agent_main
 from agent.cliutil import add_flag
 from agent.logconfig import configure_logging
+from scheduler import cli as scheduler_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,9 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flag(parser, "--log-level", default="info", help="minimum level logged: debug, info, warning, error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from agent import main as agent_main
-    from scheduler import cli as scheduler_cli
 
     agent_main.register(sub)
     scheduler_cli.register(sub)

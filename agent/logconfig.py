@@ -68,4 +68,4 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     """A named structlog logger; usable before configure_logging (tests)."""
-    return structlog.stdlib.get_logger(name)  # type: ignore[no-any-return]
+    return structlog.stdlib.get_logger(name)
