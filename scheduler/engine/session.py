@@ -158,7 +158,7 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
     return pools, nodes
 
 
-def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict[str, QueueState], dict[str, str]]:
+def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict[str, QueueState], QueueTree]:
     tree = build_tree(snapshot.queues)
     for name, problem in sorted(tree.errors.items()):
         log.warning("queue unusable", queue=name, problem=problem)
@@ -183,12 +183,13 @@ def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict
             pools[pool_name] = PoolState(pool_name, snapshot.config.strategy(pool_name))
         for root in tree.roots[pool_name]:
             add(root, None)
-    return states, tree.errors
+    return states, tree
 
 
 def build_cluster(snapshot: Snapshot) -> Cluster:
     pools, nodes = _build_pools(snapshot)
-    queues, queue_errors = _build_queues(snapshot, pools)
+    queues, tree = _build_queues(snapshot, pools)
+    queue_errors = tree.errors
     cluster = Cluster(
         pools=pools,
         nodes=nodes,
@@ -274,7 +275,7 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
         if has_pending:
             cluster.pending_jobs.append(job)
     rows = fair_shares(
-        _tree_of(queues),
+        tree,
         {name: p.capacity for name, p in pools.items()},
         demand,
     )
@@ -293,14 +294,6 @@ RELEASING = TaskStatus.RELEASING
 
 def _task_name(task: Task) -> str:
     return task.name
-
-
-def _tree_of(queues: dict[str, QueueState]) -> QueueTree:
-    roots: dict[str, list[TreeQueue]] = {}
-    for q in sorted(queues.values(), key=lambda q: q.name):
-        if q.parent is None:
-            roots.setdefault(q.pool, []).append(q.tree)
-    return QueueTree({n: q.tree for n, q in queues.items()}, roots, {})
 
 
 def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:

@@ -332,11 +332,6 @@ class Cluster:
         return total
 
 
-def whole_gpus(task: TaskState) -> int:
-    """Whole GPUs a task needs, for pool-level quick checks (slices count 0)."""
-    return task.gpu.whole
-
-
 def milli_of(request: GpuRequest, pool: PoolState | None) -> int:
     if request.whole:
         return request.whole * MILLI

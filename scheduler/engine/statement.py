@@ -76,11 +76,3 @@ class Statement:
                 entry.node.evicted_here = True
         self.cluster.commit_version += 1
         self.log = []
-
-    def evicted_jobs(self, since: int = 0) -> list[str]:
-        """Keys of jobs evicted after ``since``, in eviction order, once each."""
-        seen: dict[str, None] = {}
-        for entry in self.log[since:]:
-            if entry.kind == _EVICT:
-                seen.setdefault(entry.task.job.key, None)
-        return list(seen)
