@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_FRACTION_NUM_DEVICES, ANNOTATION_GPU_MEMORY
 from scheduler.engine.model import (
     UNLIMITED,
@@ -18,14 +20,22 @@ from scheduler.engine.model import (
 GIB = 1024
 
 
-def node(name: str, gpus: int = 8, *, gpu_mem: int = 81920, cpu: int = 128, mem_gib: int = 1024, **kw: object) -> Node:
-    gpu_list = kw.pop("gpu_list", None)
+def node(
+    name: str,
+    gpus: int = 8,
+    *,
+    gpu_mem: int = 81920,
+    cpu: int = 128,
+    mem_gib: int = 1024,
+    gpu_list: tuple[Gpu, ...] | None = None,
+    **kw: Any,
+) -> Node:
     return Node(
         name=name,
         cpu_milli=cpu * 1000,
         memory_mib=mem_gib * GIB,
-        gpus=gpu_list if gpu_list is not None else tuple(Gpu(i, memory_mib=gpu_mem) for i in range(gpus)),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
+        gpus=gpu_list if gpu_list is not None else tuple(Gpu(i, memory_mib=gpu_mem) for i in range(gpus)),
+        **kw,
     )
 
 
@@ -52,18 +62,18 @@ def queue(
     )
 
 
-def pending(name: str, gpus: int = 0, *, cpu: int = 1, mem_gib: int = 1, **kw: object) -> Task:
-    return Task(name=name, uid=f"uid-{name}", cpu_milli=cpu * 1000, memory_mib=mem_gib * GIB, gpus=gpus, **kw)  # type: ignore[arg-type]
+def pending(name: str, gpus: int = 0, *, cpu: int = 1, mem_gib: int = 1, **kw: Any) -> Task:
+    return Task(name=name, uid=f"uid-{name}", cpu_milli=cpu * 1000, memory_mib=mem_gib * GIB, gpus=gpus, **kw)
 
 
-def fraction(name: str, value: float, devices: int = 1, **kw: object) -> Task:
+def fraction(name: str, value: float, devices: int = 1, **kw: Any) -> Task:
     ann = {ANNOTATION_GPU_FRACTION: str(value)}
     if devices != 1:
         ann[ANNOTATION_GPU_FRACTION_NUM_DEVICES] = str(devices)
     return pending(name, annotations=ann, **kw)
 
 
-def gpu_mib(name: str, mib: int, devices: int = 1, **kw: object) -> Task:
+def gpu_mib(name: str, mib: int, devices: int = 1, **kw: Any) -> Task:
     ann = {ANNOTATION_GPU_MEMORY: str(mib)}
     if devices != 1:
         ann[ANNOTATION_GPU_FRACTION_NUM_DEVICES] = str(devices)
@@ -80,15 +90,15 @@ def running(
         status=TaskStatus.RUNNING,
         cpu_milli=cpu * 1000,
         memory_mib=mem_gib * GIB,
-        gpus=gpus,  # type: ignore[arg-type]
+        gpus=gpus,
         node=node_name,
         gpu_indices=gpu_indices,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
-def job(name: str, queue_name: str, *tasks: Task, **kw: object) -> Job:
-    return Job(name=name, queue=queue_name, uid=f"uid-{name}", tasks=tasks, **kw)  # type: ignore[arg-type]
+def job(name: str, queue_name: str, *tasks: Task, **kw: Any) -> Job:
+    return Job(name=name, queue=queue_name, uid=f"uid-{name}", tasks=tasks, **kw)
 
 
 def binds_by_job(decisions: Decisions) -> dict[str, list[tuple[str, str, tuple[int, ...]]]]:
