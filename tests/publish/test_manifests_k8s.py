@@ -19,6 +19,7 @@ from kubernetes import client
 
 from agent import contract
 from agent.backends.sim import SimNode, load_scenario
+from agent.config import config_from_dict
 from agent.publish.kube import KubeApi
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from tests.kube import ControlPlane, simple_pod, wait_for
@@ -41,6 +42,7 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("Namespace", AGENT_NAMESPACE),
         ("CustomResourceDefinition", f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"),
         ("ServiceAccount", AGENT_SERVICE_ACCOUNT),
+        ("ConfigMap", "gpuwarden-agent"),
         ("ClusterRole", "gpuwarden-agent"),
         ("ClusterRoleBinding", "gpuwarden-agent"),
         ("DaemonSet", "gpuwarden-agent"),
@@ -60,6 +62,13 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["sys"]["readOnly"]
     assert mounts["kmsg"]["readOnly"]
+    # The shipped config file is one the agent accepts, and its state file
+    # lives on the writable host mount.
+    config_map = _get_json(control_plane, "configmap")
+    config = config_from_dict(yaml.safe_load(config_map["data"]["agent.yaml"]))
+    assert env["GPUWARDEN_CONFIG"]["value"] == mounts["config"]["mountPath"] + "/agent.yaml"
+    assert config.gpu.state_file is not None
+    assert config.gpu.state_file.startswith(mounts["state"]["mountPath"] + "/")
     # Every GPUWARDEN_* variable the DaemonSet sets backs a flag of `gpuwarden agent`.
     assert {n for n in env if n.startswith("GPUWARDEN_")} <= _agent_flag_envs()
 
