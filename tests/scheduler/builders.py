@@ -81,9 +81,10 @@ def gpu_mib(name: str, mib: int, devices: int = 1, **kw: Any) -> Task:
 
 
 def running(
-    name: str, node_name: str, gpu_indices: tuple[int, ...], *, cpu: int = 1, mem_gib: int = 1, **kw: object
+    name: str, node_name: str, gpu_indices: tuple[int, ...], *, cpu: int = 1, mem_gib: int = 1, **kw: Any
 ) -> Task:
-    gpus = kw.pop("gpus", len(gpu_indices) if "annotations" not in kw else 0)
+    """A running pod holding ``gpu_indices`` whole (or as a slice, given slice annotations)."""
+    gpus: int = kw.pop("gpus", len(gpu_indices) if "annotations" not in kw else 0)
     return Task(
         name=name,
         uid=f"uid-{name}",

@@ -39,7 +39,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             Gpu(g, memory_mib=GPU_MEM, healthy=draw(st.booleans()) or draw(st.booleans()), mig_enabled=False)
             for g in range(count)
         )
-        conditions = ()
+        conditions: tuple[NodeCondition, ...] = ()
         if count and draw(st.integers(0, 5)) == 0:
             conditions = (NodeCondition(ConditionType.GPU_XID_ERROR.value, True, "Xid79", "", Action.RESET_GPU, (0,)),)
         nodes.append(
@@ -70,9 +70,9 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         tasks = []
         for t in range(size):
             annotations: dict[str, str] = {}
-            gpus = 0
+            whole = 0
             if kind == "whole":
-                gpus = draw(st.integers(1, 3))
+                whole = draw(st.integers(1, 3))
             elif kind == "fraction":
                 annotations[ANNOTATION_GPU_FRACTION] = draw(st.sampled_from(["0.25", "0.5", "0.7"]))
             elif kind == "mib":
@@ -82,7 +82,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                     f"j{j}-{t}",
                     cpu_milli=draw(st.sampled_from([500, 2000])),
                     memory_mib=1024,
-                    gpus=gpus,
+                    gpus=whole,
                     annotations=annotations,
                 )
             )
@@ -115,7 +115,8 @@ def _check(snapshot: Snapshot) -> None:
         for k, index in enumerate(b.gpu_indices):
             gpu = next(g for g in n.gpus if g.index == index)
             assert gpu.healthy, "placed on an unhealthy GPU"
-            assert state.gpu_ok[state.position(index)], "placed on a faulted GPU"
+            position = state.position(index)
+            assert position is not None and state.gpu_ok[position], "placed on a faulted GPU"
             per_gpu[(b.node, index)].append(b.gpu_memory_mib[k] if b.gpu_memory_mib else None)
     # No GPU's memory over-committed; a whole GPU is never shared.
     for slices in per_gpu.values():
@@ -193,8 +194,8 @@ def with_running_work(snapshot: Snapshot) -> Snapshot:
         )
     # Remediation starts draining the first node: health eviction has work too.
     nodes = list(snapshot.nodes)
-    first = nodes[0]
-    nodes[0] = Node(first.name, cpu_milli=first.cpu_milli, memory_mib=first.memory_mib, gpus=first.gpus, draining=True)
+    head = nodes[0]
+    nodes[0] = Node(head.name, cpu_milli=head.cpu_milli, memory_mib=head.memory_mib, gpus=head.gpus, draining=True)
     return Snapshot(tuple(nodes), snapshot.queues, tuple(jobs), config=snapshot.config)
 
 
