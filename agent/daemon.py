@@ -114,7 +114,7 @@ class AgentDaemon:
         )
         self.capacity = CapacityPublisher(self.api, node)
         self.gpunode = GpuNodePublisher(self.api, node)
-        self.events = EventsPublisher(self.api, node, namespace=settings.events_namespace)
+        self.events = EventsPublisher(self.api, node)
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
             self.server = HealthServer(

@@ -42,6 +42,8 @@ MAX_MESSAGE = 1024
 MAX_QUEUED = 512
 # Distinct events whose Event name and count are remembered for aggregation.
 MAX_REMEMBERED = 1024
+# Statuses that say the Event itself is unacceptable: retrying cannot help.
+_INVALID = frozenset({400, 422})
 
 
 def event_message(event: HealthEvent) -> str:
@@ -133,7 +135,10 @@ class EventsPublisher:
         """Write every queued event; returns how many requests were sent.
 
         Stops at the first failure and leaves that event and the rest queued
-        (raising the :class:`ApiError`), so order is kept and nothing is lost.
+        (raising the :class:`ApiError`), so order is kept and nothing is lost
+        to an outage. An Event the API server rejects as invalid (400, 422)
+        would be rejected forever: it is logged with the reason and dropped,
+        so it cannot hold up the ones behind it.
         """
         sent = 0
         while True:
@@ -143,7 +148,20 @@ class EventsPublisher:
                 key, item = next(iter(self._queue.items()))
                 # enqueue() may add occurrences while the request is out.
                 batch = _Pending(item.event, item.occurrences, item.first, item.last)
-            sent += self._write(key, batch)
+            try:
+                sent += self._write(key, batch)
+            except ApiError as exc:
+                if exc.status not in _INVALID:
+                    raise
+                log.error(
+                    "event_rejected",
+                    node=self._node,
+                    reason=batch.event.reason,
+                    message=event_message(batch.event),
+                    status=exc.status,
+                    error=exc.detail,
+                )
+                sent += 1
             with self._lock:
                 if self._queue.get(key) is item:
                     item.occurrences -= batch.occurrences

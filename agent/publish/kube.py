@@ -145,7 +145,11 @@ class KubeApi:
     ) -> JSON | None:
         try:
             response = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
-            raw = response.data
+            try:
+                raw = response.data
+            finally:
+                # Back to the pool: one agent keeps one connection, not one per request.
+                response.release_conn()
         except ApiException as exc:
             if absent_ok and exc.status == 404:
                 self.stats.record(operation, ok=True)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from agent.cliutil import add_flag
 from agent.config import ConfigError
 
-# Node Events go where the kubelet puts its own: the default namespace.
+# Node Events go where the kubelet puts its own: the default namespace. The
+# API server accepts core/v1 Events about a cluster-scoped object (a Node) in
+# no other namespace, so this is not a setting.
 DEFAULT_EVENTS_NAMESPACE = "default"
 DEFAULT_METRICS_PORT = 9402
 
@@ -26,7 +28,6 @@ class DaemonSettings:
     metrics_host: str = "0.0.0.0"
     # None: no HTTP endpoint (tests and the benchmark that run many agents).
     metrics_port: int | None = DEFAULT_METRICS_PORT
-    events_namespace: str = DEFAULT_EVENTS_NAMESPACE
     api_timeout_s: float = 10.0
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
@@ -53,7 +54,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds between condition heartbeats (lastHeartbeatTime) when nothing changes",
     )
-    add_flag(group, "--events-namespace", default=DEFAULT_EVENTS_NAMESPACE, help="namespace of the Node Events")
     add_flag(group, "--api-timeout", type=float, default=10.0, help="seconds before a Kubernetes API request fails")
 
 
@@ -71,6 +71,5 @@ def settings_from_args(args: argparse.Namespace) -> DaemonSettings:
         heartbeat_period_s=args.heartbeat_period,
         metrics_host=args.metrics_address,
         metrics_port=args.metrics_port,
-        events_namespace=args.events_namespace,
         api_timeout_s=args.api_timeout,
     )

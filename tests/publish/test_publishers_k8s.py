@@ -304,3 +304,20 @@ def test_events_are_written_per_transition_and_repeats_aggregate(k8s: client.Api
     restarted.flush()
     counts = [e["count"] for e in _events_for(k8s, gpu_node) if e["reason"] == "Xid13"]
     assert counts == [4]
+
+
+def test_an_event_the_api_server_rejects_is_logged_and_dropped_not_retried_forever(
+    k8s: client.ApiClient, gpu_node: str, namespace: str
+) -> None:
+    """Core Events about a Node are accepted only in "default"; elsewhere each is invalid (422)."""
+    api = KubeApi(k8s)
+    misplaced = EventsPublisher(api, gpu_node, namespace=namespace)
+    misplaced.enqueue([app_xid_event(0, 13), app_xid_event(1, 31)])
+    assert misplaced.flush() == 2
+    assert misplaced.pending() == 0
+    assert api.stats.snapshot()[1] == {"create_event": 2}
+    # The same events in the right place are written.
+    right = EventsPublisher(api, gpu_node)
+    right.enqueue([app_xid_event(0, 13)])
+    right.flush()
+    assert [e["reason"] for e in _events_for(k8s, gpu_node)] == ["Xid13"]
