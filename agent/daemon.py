@@ -14,9 +14,10 @@ Three threads, so that no part can stall another:
 * the **HTTP** thread serves /metrics, /healthz and /readyz.
 
 Restart safety: before publishing anything the agent reads its Node and
-GPUNode back, seeds the monitor with the faults they record (latched ones
-stay raised) and waits for a report made after that, so a restarted agent
-never reports a latched fault healthy and a steady node sees no flap.
+GPUNode back, seeds the monitor with the faults they record under the
+conditions the Node shows True (latched ones stay raised) and waits for a
+report made after that, so a restarted agent never reports a latched fault
+healthy and a steady node sees no flap.
 
 Request budget in steady state: one heartbeat patch of nodes/status per
 heartbeat period (60 s by default) and nothing else. The agent does not
@@ -300,9 +301,13 @@ class AgentDaemon:
         self._observe_node(node)
         found = self.conditions.restore(node)
         self.capacity.restore(node)
-        faults = self.gpunode.restore(self.api.get_gpunode(name))
-        covered = {f.condition for f in faults}
-        faults += faults_from_conditions(found, covered)
+        # The Node's conditions say which faults are raised; the GPUNode
+        # adds their detail (GPU, port, action, latched). A fault the GPUNode
+        # still lists under a condition the Node shows False was cleared
+        # (repair and re-validation) just before a restart: it stays cleared.
+        raised = {t for t, state in found.items() if state.problem}
+        faults = [f for f in self.gpunode.restore(self.api.get_gpunode(name)) if f.condition in raised]
+        faults += faults_from_conditions(found, covered={f.condition for f in faults})
         added = self.monitor.restore(faults)
         with self._lock:
             self._restored_seq = self._seq

@@ -385,3 +385,54 @@ def test_gpuwarden_agent_command_publishes_serves_probes_and_stops_on_sigterm(
             proc.wait(timeout=10)
         reader.join(timeout=5)
     assert any('"agent_daemon_stopped"' in x for x in lines)
+
+
+def test_a_fault_cleared_just_before_a_restart_stays_cleared(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    first = sim_agent(gpu_node)
+    _wait_healthy(control_plane, gpu_node)
+    first.sim.inject("xid", gpu=2, xid=79)
+    _wait_condition(control_plane, gpu_node, "GpuXidError", "GpuXidError True")
+    wait_for(
+        lambda: not _gpunode(control_plane, gpu_node)["status"]["gpus"][2]["healthy"],
+        timeout=10,
+        interval=0.2,
+        description="GPUNode lists the XID",
+    )
+    first.stop()
+    # What a crash between the two writes of a repair leaves behind: the
+    # condition already False, the GPUNode still listing the latched XID.
+    client.CoreV1Api(k8s).patch_node_status(
+        gpu_node,
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "GpuXidError",
+                        "status": "False",
+                        "reason": "NoFatalXid",
+                        "message": "No fatal XID on any GPU",
+                        "lastTransitionTime": _condition(control_plane, gpu_node, "Ready")["lastTransitionTime"],
+                    }
+                ]
+            }
+        },
+        _content_type="application/strategic-merge-patch+json",
+    )
+    second = sim_agent(gpu_node)
+    polls = second.monitor.config.hysteresis.clear_polls + 2
+    wait_for(
+        lambda: second.daemon.published_seq >= polls,
+        timeout=20,
+        interval=0.1,
+        description=f"{polls} reports published by the restarted agent",
+    )
+    assert _condition(control_plane, gpu_node, "GpuXidError")["status"] == "False"
+    assert _capacity(control_plane, gpu_node) == (FULL, FULL)
+    wait_for(
+        lambda: _gpunode(control_plane, gpu_node)["status"]["gpus"][2]["healthy"],
+        timeout=10,
+        interval=0.2,
+        description="GPUNode shows the GPU healthy again",
+    )
