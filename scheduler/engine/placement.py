@@ -20,6 +20,7 @@ fit" a walk over a handful of buckets, not a scan of the pool.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from agent.contract import UnschedulableReason
 from scheduler.engine.model import UNLIMITED, PendingReason, PlacementStrategy, TaintEffect
@@ -48,17 +49,57 @@ def static_exclusion(node: NodeState, task: TaskState) -> str | None:
     return None
 
 
-def eligibility(pool: PoolState, task: TaskState) -> list[bool]:
-    """Static verdict per node of the pool (by ``pidx``), cached per shape."""
+# A shape eligible on at most this share of its pool is placed by looking at
+# its eligible nodes directly instead of walking the pool's buckets.
+FEW_NODES_SHARE = 8
+
+
+@dataclass(slots=True)
+class Eligibility:
+    """Static verdict per node of a pool (by ``pidx``) for one pod shape.
+
+    ``few`` lists the eligible nodes when they are a small part of the pool
+    (a node selector naming one rack, one host): placement then scores just
+    those instead of skipping past every other node of the pool.
+    """
+
+    ok: list[bool]
+    few: list[NodeState] | None
+
+
+def _label_matches(pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
+    """Nodes (``pidx``) carrying every label of ``selector``, from a per-pool label index."""
+    index = pool.label_index
+    if index is None:
+        index = {}
+        for node in pool.nodes:
+            for item in node.spec.labels.items():
+                index.setdefault(item, []).append(node.pidx)
+        pool.label_index = index
+    matches: set[int] | None = None
+    for item in selector:
+        found = set(index.get(item, ()))
+        matches = found if matches is None else matches & found
+    return matches if matches is not None else set(range(len(pool.nodes)))
+
+
+def eligibility(pool: PoolState, task: TaskState) -> Eligibility:
+    """Static verdict for ``task``'s shape on every node of the pool, cached per shape."""
     spec = task.spec
-    key: tuple[object, ...] = (
-        tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
-        spec.tolerations,
-        task.gpu.is_slice,
-    )
+    selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
+    key: tuple[object, ...] = (selector, spec.tolerations, task.gpu.is_slice)
     cached = pool.eligibility.get(key)
     if cached is None:
-        cached = [static_exclusion(node, task) is None for node in pool.nodes]
+        nodes = pool.nodes
+        if selector:
+            ok = [False] * len(nodes)
+            for pidx in _label_matches(pool, selector):
+                ok[pidx] = static_exclusion(nodes[pidx], task) is None
+        else:
+            ok = [static_exclusion(node, task) is None for node in nodes]
+        count = sum(ok)
+        few = [n for n in nodes if ok[n.pidx]] if count * FEW_NODES_SHARE <= len(nodes) else None
+        cached = Eligibility(ok, few)
         pool.eligibility[key] = cached
     return cached
 
@@ -158,11 +199,17 @@ def find_place(cluster: Cluster, task: TaskState) -> tuple[NodeState, tuple[int,
     if cache.get(task.shape) == cluster.release_version:
         return None
     elig = eligibility(pool, task)
+    if elig.few is not None:
+        best = _best_of(elig.few, task)
+        if best is None:
+            cache[task.shape] = cluster.release_version
+        return best
+    ok = elig.ok
     cpu, mem = task.cpu, task.mem
     gpu = task.gpu
     strategy = pool.strategy
     for node in _candidates(pool, task):
-        if not elig[node.pidx] or node.free_cpu < cpu or node.free_mem < mem:
+        if not ok[node.pidx] or node.free_cpu < cpu or node.free_mem < mem:
             continue
         if gpu.is_slice:
             found = _slice_positions(node, task, strategy)
@@ -172,6 +219,20 @@ def find_place(cluster: Cluster, task: TaskState) -> tuple[NodeState, tuple[int,
             return node, _whole_positions(node, gpu.whole), ()
     cache[task.shape] = cluster.release_version
     return None
+
+
+def _best_of(nodes: list[NodeState], task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
+    """Score a short list of nodes the way the buckets order a pool."""
+    spread = task.job.pool is not None and task.job.pool.strategy is PlacementStrategy.SPREAD
+    best: tuple[tuple[int, int, int], NodeState, tuple[int, ...], tuple[int, ...]] | None = None
+    for node in nodes:
+        found = fit_on_node(node, task)
+        if found is None:
+            continue
+        score = (node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
+        if best is None or score < best[0]:
+            best = (score, node, found[0], found[1])
+    return None if best is None else (best[1], best[2], best[3])
 
 
 # --------------------------------------------------------------------------

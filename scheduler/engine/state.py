@@ -20,11 +20,16 @@ scan every node for every pod:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agent.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
 from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
 from scheduler.engine.resources import MILLI, GpuRequest
+
+if TYPE_CHECKING:
+    from scheduler.engine.placement import Eligibility
+    from scheduler.engine.victims import VictimIndex
 
 # Health tiers: healthy nodes are tried before degraded ones.
 TIER_HEALTHY = 0
@@ -84,7 +89,8 @@ class PoolState:
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     fail_cache: dict[tuple[object, ...], int] = field(default_factory=dict)
-    eligibility: dict[tuple[object, ...], list[bool]] = field(default_factory=dict)
+    eligibility: dict[tuple[object, ...], Eligibility] = field(default_factory=dict)  # by pod shape
+    label_index: dict[tuple[str, str], list[int]] | None = None  # (key, value) -> pidx, built on first use
 
 
 @dataclass(slots=True, eq=False)
@@ -186,8 +192,8 @@ class Cluster:
     indexed: bool = False
     # Jobs with at least one pod that has never run (allocate's work list).
     pending_jobs: list[JobState] = field(default_factory=list)
-    # The victims' index (victims.VictimIndex), built on first use.
-    victims: object | None = None
+    # The victims' index, built on first use.
+    victims: VictimIndex | None = None
     # Pending-reason analyses by pod shape, filled once the actions are done.
     explain_cache: dict[tuple[object, ...], object] = field(default_factory=dict)
 

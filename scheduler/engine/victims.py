@@ -77,11 +77,9 @@ class VictimIndex:
 
 
 def victim_index(cluster: Cluster) -> VictimIndex:
-    index = cluster.victims
-    if not isinstance(index, VictimIndex):
-        index = VictimIndex.build(cluster)
-        cluster.victims = index
-    return index
+    if cluster.victims is None:
+        cluster.victims = VictimIndex.build(cluster)
+    return cluster.victims
 
 
 @dataclass(slots=True)
@@ -240,7 +238,7 @@ def make_room(
             stmt.allocate(task, *found)
             continue
         placed = False
-        for node in _nodes_to_try(task, victims(), is_candidate, eligibility(pool, task)):
+        for node in _nodes_to_try(task, victims(), is_candidate, eligibility(pool, task).ok):
             node_mark = stmt.mark()
             if _clear_node(
                 stmt,

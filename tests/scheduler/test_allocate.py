@@ -295,3 +295,26 @@ def test_queue_resources_in_cpu_and_memory_are_limited_too() -> None:
     d = run_session(snap)
     assert pending_codes(d)["cpu"] == "OverLimit"
     assert "cpu limit of 4 cores" in d.pending[0].reasons[0].message
+
+
+def test_selective_node_selector_scores_its_few_nodes() -> None:
+    rack = {"rack": "r1"}
+    nodes = [node(f"n{i:02d}", 4) for i in range(14)]
+    nodes += [node("r1-a", 4, labels=rack), node("r1-b", 4, labels=rack)]
+    snap = Snapshot(
+        nodes=tuple(nodes),
+        queues=(queue("q", 16),),
+        jobs=(
+            job("warm", "q", running("warm-0", "r1-b", (0, 1))),
+            job("a", "q", pending("a-0", 1, node_selector=rack), created=1),
+            job("big", "q", pending("big-0", 4, node_selector=rack), created=2),
+            job("none", "q", pending("none-0", 1, node_selector={"rack": "r9"}), created=3),
+        ),
+    )
+    d = run_session(snap)
+    binds = binds_by_job(d)
+    assert binds["a"] == [("a-0", "r1-b", (2,))]  # bin-pack: the fuller rack node
+    assert binds["big"] == [("big-0", "r1-a", (0, 1, 2, 3))]
+    assert pending_codes(d)["none"] == "NoEligibleNodes"
+    reason = next(p for p in d.pending if p.job == "default/none").reasons[0]
+    assert "16 node selector rack=r9 does not match" in reason.message
