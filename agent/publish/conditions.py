@@ -51,58 +51,41 @@ HEALTHY_MESSAGES: Mapping[ConditionType, str] = {
     ConditionType.STORAGE_DEGRADED: "All configured shared-storage mounts present and answering",
 }
 
-# Which conditions a failed probe leaves unknown. A report's ``errors`` name
-# the probe that failed; while it fails, a condition fed by it keeps the
-# status it had instead of turning healthy on missing data. An error naming
-# none of these words holds every condition: not knowing which signal is
-# missing is no reason to call any of them healthy.
-_ERROR_SOURCES: tuple[tuple[tuple[str, ...], frozenset[ConditionType]], ...] = (
-    (
-        ("nvml", "gpu"),
-        frozenset(
-            {
-                ConditionType.GPU_XID_ERROR,
-                ConditionType.GPU_MEMORY_DEGRADED,
-                ConditionType.GPU_NVLINK_DEGRADED,
-                ConditionType.GPU_PCIE_DEGRADED,
-                ConditionType.GPU_MISSING,
-            }
-        ),
-    ),
-    (("kmsg", "xid"), frozenset({ConditionType.GPU_XID_ERROR})),
-    (("pcie", "sysfs"), frozenset({ConditionType.GPU_PCIE_DEGRADED, ConditionType.INFINIBAND_DEGRADED})),
-    (("infiniband", "ib", "netdev", "netlink", "rdma"), frozenset({ConditionType.INFINIBAND_DEGRADED})),
-    (("mount", "storage"), frozenset({ConditionType.STORAGE_DEGRADED})),
+# Which conditions a failed probe leaves unknown. A report's ``errors`` are
+# "<source>: <detail>" (``gpu: NVML not loaded``); while a source fails, the
+# conditions it feeds keep the status they had instead of turning healthy on
+# missing data. An error from a source not listed here holds every
+# condition: not knowing which signal is missing is no reason to call any of
+# them healthy.
+_GPU_CONDITIONS = frozenset(
+    {
+        ConditionType.GPU_XID_ERROR,
+        ConditionType.GPU_MEMORY_DEGRADED,
+        ConditionType.GPU_NVLINK_DEGRADED,
+        ConditionType.GPU_PCIE_DEGRADED,
+        ConditionType.GPU_MISSING,
+    }
 )
+_ERROR_SOURCES: Mapping[str, frozenset[ConditionType]] = {
+    "gpu": _GPU_CONDITIONS,
+    "nvml": _GPU_CONDITIONS,
+    "kmsg": frozenset({ConditionType.GPU_XID_ERROR}),
+    "infiniband": frozenset({ConditionType.INFINIBAND_DEGRADED}),
+    "netdev": frozenset({ConditionType.INFINIBAND_DEGRADED}),
+    "storage": frozenset({ConditionType.STORAGE_DEGRADED}),
+}
 
 
 def conditions_held_by_errors(errors: Iterable[str]) -> frozenset[ConditionType]:
-    """The condition types whose source probe failed, per :data:`_ERROR_SOURCES`."""
+    """The condition types whose source probe failed, by each error's source prefix."""
     held: set[ConditionType] = set()
     for error in errors:
-        words = {w for w in _split_words(error.lower())}
-        matched = False
-        for keys, conditions in _ERROR_SOURCES:
-            if words & set(keys):
-                held |= conditions
-                matched = True
-        if not matched:
+        source = error.split(":", 1)[0].strip().lower()
+        conditions = _ERROR_SOURCES.get(source)
+        if conditions is None:
             return frozenset(ConditionType)
+        held |= conditions
     return frozenset(held)
-
-
-def _split_words(text: str) -> list[str]:
-    out: list[str] = []
-    word: list[str] = []
-    for ch in text:
-        if ch.isalnum():
-            word.append(ch)
-        elif word:
-            out.append("".join(word))
-            word = []
-    if word:
-        out.append("".join(word))
-    return out
 
 
 def now_utc() -> datetime:

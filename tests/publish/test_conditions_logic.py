@@ -93,10 +93,15 @@ def test_failed_probe_keeps_a_true_condition_true() -> None:
     assert after[ConditionType.INFINIBAND_DEGRADED] == before[ConditionType.INFINIBAND_DEGRADED]
 
 
-def test_unrecognised_probe_error_holds_every_condition() -> None:
+def test_probe_errors_hold_the_conditions_of_their_source_and_unknown_ones_hold_all() -> None:
     assert conditions_held_by_errors(["something odd happened"]) == frozenset(ConditionType)
-    assert conditions_held_by_errors(["nvml: init failed"]) >= {ConditionType.GPU_MISSING}
-    assert ConditionType.STORAGE_DEGRADED not in conditions_held_by_errors(["nvml: init failed"])
+    gpu = conditions_held_by_errors(["gpu: NVML Shared Library Not Found"])
+    assert ConditionType.GPU_MISSING in gpu
+    assert ConditionType.STORAGE_DEGRADED not in gpu
+    assert conditions_held_by_errors(["infiniband: [Errno 2] No such file: /sys/class/infiniband"]) == {
+        ConditionType.INFINIBAND_DEGRADED
+    }
+    assert conditions_held_by_errors(["storage: storage probe failed: OSError()"]) == {ConditionType.STORAGE_DEGRADED}
 
 
 def test_conditions_read_back_from_a_node_ignore_other_types_and_bad_entries() -> None:
