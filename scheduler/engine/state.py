@@ -112,17 +112,22 @@ class QueueState:
         return self.tree.name
 
     def share_ratio(self) -> float:
-        """Largest allocated/fair-share ratio over resources: below 1 is "below fair share"."""
+        """Largest allocated/fair-share ratio over resources: below 1 is "below fair share".
+
+        A queue whose fair share is zero everywhere is never below it (it
+        deserves nothing now), whatever it holds.
+        """
         worst = 0.0
+        entitled = False
         for r in range(3):
-            a = self.alloc[r]
-            if a <= 0:
-                continue
             s = self.share[r]
-            if s <= 0:
+            a = self.alloc[r]
+            if s > 0:
+                entitled = True
+                worst = max(worst, a / s)
+            elif a > 0:
                 return float("inf")
-            worst = max(worst, a / s)
-        return worst
+        return worst if entitled else 1.0
 
 
 @dataclass(slots=True, eq=False)

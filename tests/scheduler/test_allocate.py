@@ -318,3 +318,16 @@ def test_selective_node_selector_scores_its_few_nodes() -> None:
     assert pending_codes(d)["none"] == "NoEligibleNodes"
     reason = next(p for p in d.pending if p.job == "default/none").reasons[0]
     assert "16 node selector rack=r9 does not match" in reason.message
+
+
+def test_queue_with_no_fair_share_is_not_below_it() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("a-zero", 0, weight=0), queue("b-owed", 2)),
+        jobs=(
+            job("z", "a-zero", pending("z-0", 2), created=1),
+            job("o", "b-owed", pending("o-0", 2), created=2),
+        ),
+    )
+    d = run_session(snap)
+    assert set(binds_by_job(d)) == {"o"}
