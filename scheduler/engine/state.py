@@ -112,22 +112,22 @@ class QueueState:
         return self.tree.name
 
     def share_ratio(self) -> float:
-        """Largest allocated/fair-share ratio over resources: below 1 is "below fair share".
+        """Largest allocated/fair-share ratio over the resources the queue asks
+        for or holds: below 1 is "below fair share".
 
-        A queue whose fair share is zero everywhere is never below it (it
-        deserves nothing now), whatever it holds.
+        A queue with no share of a resource it needs is never below its fair
+        share: it deserves none of that resource right now.
         """
         worst = 0.0
-        entitled = False
         for r in range(3):
-            s = self.share[r]
             a = self.alloc[r]
-            if s > 0:
-                entitled = True
-                worst = max(worst, a / s)
-            elif a > 0:
+            if a <= 0 and self.request[r] <= 0:
+                continue
+            s = self.share[r]
+            if s <= 0:
                 return float("inf")
-        return worst if entitled else 1.0
+            worst = max(worst, a / s)
+        return worst
 
 
 @dataclass(slots=True, eq=False)
