@@ -12,6 +12,7 @@ from agent.contract import HEALTHY_REASONS, ConditionType, Reason
 from agent.publish.conditions import (
     MAX_FAULT_TEXT,
     MAX_LISTED_FAULTS,
+    ConditionState,
     condition_message,
     conditions_from_node,
     conditions_held_by_errors,
@@ -137,3 +138,22 @@ def test_rule_action_tail_is_stated_once_and_mixed_actions_are_kept_per_fault() 
     assert "[RESET_GPU]" in mixed
     assert "[REPLACE]" in mixed
     assert mixed.endswith("Recommended action: REPLACE.")
+
+
+@given(st.lists(st.sets(st.integers(min_value=0, max_value=7), max_size=4), min_size=1, max_size=12))
+def test_transition_times_move_exactly_when_status_flips(polls: list[set[int]]) -> None:
+    """Over any sequence of polls, lastTransitionTime changes iff the status does."""
+    previous: dict[ConditionType, ConditionState] = {}
+    for step, failing in enumerate(polls):
+        now = T0 + timedelta(seconds=10 * step)
+        states = desired_conditions(report(*(xid_fault(i) for i in sorted(failing))), previous, now)
+        xid = states[ConditionType.GPU_XID_ERROR]
+        assert xid.problem == bool(failing)
+        before = previous.get(ConditionType.GPU_XID_ERROR)
+        if before is None or before.problem != xid.problem:
+            assert xid.last_transition == now
+        else:
+            assert xid.last_transition == before.last_transition
+        for i in failing:
+            assert f"GPU {i} " in xid.message  # at most MAX_LISTED_FAULTS fail here: all are named
+        previous = states
