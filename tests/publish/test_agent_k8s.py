@@ -262,6 +262,7 @@ def test_restarted_agent_keeps_latched_faults_and_nothing_flaps(
     )
     wait_for(lambda: first.daemon.events.pending() == 0, timeout=10, description="events written")
     before = _snapshot(control_plane, gpu_node)
+    events_before = _event_counts(k8s, gpu_node)
     first.stop()
 
     # The new process sees the same hardware: the link is still narrow, but
@@ -278,10 +279,16 @@ def test_restarted_agent_keeps_latched_faults_and_nothing_flaps(
         description=f"{polls} reports published by the restarted agent",
     )
     assert _snapshot(control_plane, gpu_node) == before
+    # No "cleared" Event, and no fault announced a second time.
+    assert _event_counts(k8s, gpu_node) == events_before
+    assert all(kind == "Warning" for kind, _ in events_before)
+
+
+def _event_counts(k8s: client.ApiClient, node: str) -> dict[tuple[str, str], int]:
     events = client.CoreV1Api(k8s).list_namespaced_event(
-        DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
+        DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={node}"
     )
-    assert [e.reason for e in events.items if e.type == "Normal"] == []
+    return {(str(e.type), str(e.reason)): int(e.count or 1) for e in events.items}
 
 
 def test_quarantine_taint_is_read_from_the_heartbeat_and_exported(
