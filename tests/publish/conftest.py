@@ -1,7 +1,7 @@
 """Fixtures for the publisher tests: the shipped manifests applied, GPU nodes, agents.
 
 ``agent_manifests`` applies manifests/ with kubectl for real (the GPUNode CRD,
-the agent's namespace, ServiceAccount and RBAC) once per session; every test
+the agent's namespace, ServiceAccount and RBAC) once per test run; every test
 that writes GPUNodes or acts as the agent's ServiceAccount depends on it.
 """
 
@@ -33,7 +33,7 @@ TEST_POLL_INTERVAL_S = 0.5
 
 @pytest.fixture(scope="session")
 def agent_manifests(control_plane: ControlPlane) -> Iterator[None]:
-    """The kustomize base applied as a user would, removed at the end of the session."""
+    """The kustomize base applied as a user would, removed at the end of the test run."""
     control_plane.kubectl("apply", "-k", str(MANIFESTS))
     control_plane.kubectl("wait", "--for=condition=Established", f"crd/{GPUNODE_CRD}", "--timeout=60s")
     try:
