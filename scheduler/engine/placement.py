@@ -352,5 +352,10 @@ def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: 
 
 
 def _no_room(job: JobState) -> PendingReason:
-    """A placeholder reason; explain.py replaces it with the node analysis."""
+    """The short reason recorded when no node has room.
+
+    The full account (which nodes were excluded and why, what each lacked)
+    is worked out by :mod:`scheduler.engine.explain` once the session's
+    actions are done, against the final state.
+    """
     return PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, "no node has room")
