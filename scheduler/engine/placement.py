@@ -328,7 +328,7 @@ def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: 
             return problem
         if _quick_reject(pool, gang):
             job.unplaced = gang[0]
-            return _no_room(job)
+            return _no_room()
     mark = stmt.mark()
     for i, task in enumerate(pending):
         in_gang = i < required
@@ -339,7 +339,7 @@ def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: 
             found = find_place(cluster, task)
             if found is None:
                 job.unplaced = task
-                problem = _no_room(job)
+                problem = _no_room()
             else:
                 stmt.allocate(task, *found)
                 continue
@@ -351,7 +351,7 @@ def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: 
     return None
 
 
-def _no_room(job: JobState) -> PendingReason:
+def _no_room() -> PendingReason:
     """The short reason recorded when no node has room.
 
     The full account (which nodes were excluded and why, what each lacked)
