@@ -162,19 +162,46 @@ def _clear_node(
     action: EvictionAction,
     reason: str,
 ) -> bool:
+    """Evict candidates on ``node``, cheapest first, until ``task`` fits; place it.
+
+    Evicting in order can take a victim that a later, larger one makes
+    unnecessary (a 1-GPU pod, then a 3-GPU pod, for a 3-GPU task); such
+    victims are spared before anything is kept, so no pod is evicted for
+    room nobody uses.
+    """
     on_node: dict[int, JobState] = {}
     for t in node.tasks:
         if evictable(t) and id(t.job) not in on_node and is_candidate(t.job):
             on_node[id(t.job)] = t.job
+    mark = stmt.mark()
+    chosen: list[JobState] = []
     for victim in sorted(on_node.values(), key=rank):
         if not admissible(victim):
             continue
         evict_job(stmt, victim, action, reason, task.job.key)
-        found = fit_on_node(node, task)
-        if found is not None:
-            stmt.allocate(task, node, *found)
-            return True
-    return False
+        chosen.append(victim)
+        if fit_on_node(node, task) is not None:
+            break
+    else:
+        return False
+    if len(chosen) > 1:
+        stmt.rollback(mark)
+        needed = chosen
+        for spare in chosen[:-1]:
+            trial = [v for v in needed if v is not spare]
+            trial_mark = stmt.mark()
+            for victim in trial:
+                evict_job(stmt, victim, action, reason, task.job.key)
+            fits = fit_on_node(node, task) is not None
+            stmt.rollback(trial_mark)
+            if fits:
+                needed = trial
+        for victim in needed:
+            evict_job(stmt, victim, action, reason, task.job.key)
+    found = fit_on_node(node, task)
+    assert found is not None
+    stmt.allocate(task, node, *found)
+    return True
 
 
 def _nodes_to_try(

@@ -224,6 +224,21 @@ def test_preempt_evicts_strictly_lower_priority_in_same_queue() -> None:
     assert binds_by_job(d)["high"][0][2] == (0, 1)
 
 
+def test_preempt_spares_victims_a_later_one_makes_unnecessary() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 4),),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("tiny", "q", running("tiny-0", "n1", (0,)), priority=5),
+            job("wide", "q", running("wide-0", "n1", (1, 2, 3)), priority=10),
+            job("high", "q", pending("high-0", 3), priority=50),
+        ),
+    )
+    d = run_session(snap)
+    assert evicted(d) == {"wide-0": ("Preempt", "high")}
+    assert binds_by_job(d)["high"][0][2] == (1, 2, 3)
+
+
 def test_preempt_leaves_equal_priority_alone() -> None:
     snap = Snapshot(
         nodes=(node("n1", 2),),
