@@ -227,6 +227,29 @@ def _nodes_to_try(
     return options
 
 
+def _evict_under_limit(
+    stmt: Statement,
+    job: JobState,
+    request: list[int],
+    *,
+    victims: Iterable[JobState],
+    is_candidate: Predicate,
+    admissible: Predicate,
+    action: EvictionAction,
+    reason: str,
+) -> bool:
+    """Evict candidates, cheapest first, until ``request`` fits the queue's limits."""
+    queue = job.queue
+    assert queue is not None
+    for victim in victims:
+        if not is_candidate(victim) or not any(evictable(t) for t in victim.tasks) or not admissible(victim):
+            continue
+        evict_job(stmt, victim, action, reason, job.key)
+        if limit_problem(queue, request, job.preemptible) is None:
+            return True
+    return False
+
+
 def make_room(
     cluster: Cluster,
     stmt: Statement,
@@ -237,8 +260,14 @@ def make_room(
     admissible: Predicate,
     action: EvictionAction,
     reason: str,
+    within_limits: bool = False,
 ) -> bool:
     """Place ``job``'s gang by evicting candidate victims; all or nothing.
+
+    With ``within_limits`` (preemption: victims from the job's own queue)
+    victims are also evicted to bring the queue back under its limit, so
+    high-priority work is not stuck behind low-priority work of its own
+    queue.
 
     ``victims()`` yields candidate jobs cheapest first (it may yield others,
     which ``is_candidate`` filters out); ``admissible`` is asked just before
@@ -257,7 +286,20 @@ def make_room(
         return False
     mark = stmt.mark()
     for task in gang:
-        if limit_problem(queue, [task.milli, task.cpu, task.mem], job.preemptible) is not None:
+        request = [task.milli, task.cpu, task.mem]
+        if limit_problem(queue, request, job.preemptible) is not None and not (
+            within_limits
+            and _evict_under_limit(
+                stmt,
+                job,
+                request,
+                victims=victims(),
+                is_candidate=is_candidate,
+                admissible=admissible,
+                action=action,
+                reason=reason,
+            )
+        ):
             stmt.rollback(mark)
             return False
         found = find_place(cluster, task)

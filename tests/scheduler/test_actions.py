@@ -239,6 +239,20 @@ def test_preempt_spares_victims_a_later_one_makes_unnecessary() -> None:
     assert binds_by_job(d)["high"][0][2] == (1, 2, 3)
 
 
+def test_preempt_makes_room_under_the_queue_limit() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("q", 2, gpu_limit=2),),
+        jobs=(
+            job("low", "q", running("low-0", "n1", (0, 1)), priority=10),
+            job("high", "q", pending("high-0", 2), priority=50),
+        ),
+    )
+    d = run_session(snap)
+    assert evicted(d) == {"low-0": ("Preempt", "high")}
+    assert len(binds_by_job(d)["high"]) == 1
+
+
 def test_preempt_leaves_equal_priority_alone() -> None:
     snap = Snapshot(
         nodes=(node("n1", 2),),

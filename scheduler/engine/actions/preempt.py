@@ -4,6 +4,8 @@ Only strictly lower-priority, preemptible jobs of the same queue are
 victims, cheapest first (lowest priority, then youngest). Because the room
 comes from the queue's own allocation, preemption never changes how much a
 queue holds against others; it only changes what the queue spends it on.
+That includes a queue at its limit: lower-priority work is evicted to bring
+it back under the limit for the higher-priority job.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def run(cluster: Cluster) -> None:
             admissible=_always,
             action=EvictionAction.PREEMPT,
             reason=f"preempted by higher-priority {job.key} (priority {job.spec.priority})",
+            within_limits=True,
         ):
             stmt.commit()
             job.reasons = []
