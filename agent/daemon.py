@@ -328,11 +328,12 @@ class AgentDaemon:
                 # The Node was deleted and created again under the same name:
                 # it has none of our conditions or capacity any more.
                 log.warning("node_recreated", node=self.settings.node_name, old_uid=self._node_uid, uid=uid)
-                self.capacity.invalidate()
+                self.conditions.invalidate()
                 self.gpunode.invalidate()
             self._node_uid = uid
             self.gpunode.set_node_uid(uid)
             self.events.set_node_uid(uid)
+        self.capacity.observe(node)
         self.metrics.set_quarantined(any(t.get("key") == TAINT_QUARANTINE for t in _taints(node)))
 
     @property

@@ -8,7 +8,8 @@ Allocatable equals capacity: the agent reserves nothing.
 
 Written with a strategic-merge patch of ``nodes/status`` touching only this
 one key of each map, so the kubelet's cpu/memory/pods and device-plugin
-resources are left alone. Sent only when the value changes (and once after
+resources are left alone. Sent only when the value changes, or when the Node
+returned by the heartbeat shows someone else changed it (and once after
 start or an API outage), never on a timer.
 """
 
@@ -78,6 +79,16 @@ class CapacityPublisher:
 
     def invalidate(self) -> None:
         self._published = None
+
+    def observe(self, node: JSON) -> None:
+        """Take the value the Node holds now from a Node the agent received anyway.
+
+        The heartbeat patch returns the whole Node; if something else changed
+        the capacity -- a kubelet that lost its checkpoint zeroes extended
+        resources when it re-registers -- the next publish puts it back,
+        without any extra read.
+        """
+        self._published = capacity_from_node(node)
 
     def publish(self, report: HealthReport) -> bool:
         """Patch capacity and allocatable if the healthy memory changed; True if sent."""

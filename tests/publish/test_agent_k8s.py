@@ -24,7 +24,7 @@ from agent.backends.sim import SimNode, load_scenario
 from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from agent.model import Entity
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
-from tests.kube import ControlPlane, create_gpu_node, wait_for
+from tests.kube import ControlPlane, KubectlError, create_gpu_node, wait_for
 from tests.publish.conftest import SimAgent
 
 pytestmark = pytest.mark.k8s
@@ -151,7 +151,13 @@ def test_injected_fault_shows_in_condition_capacity_and_gpunode(
         faults = [f for p in status.get("ibPorts", []) for f in p["faults"]] + status.get("nodeFaults", [])
         return any(f["condition"] == ctype for f in faults)
 
-    wait_for(gpunode_shows_it, timeout=10, interval=0.2, description=f"GPUNode lists the {ctype} fault")
+    wait_for(
+        gpunode_shows_it,
+        timeout=10,
+        interval=0.2,
+        description=f"GPUNode lists the {ctype} fault",
+        ignore=(KubectlError,),
+    )
     assert _condition(control_plane, gpu_node, "Ready") == ready_before
 
     if kind in RESET_FIXES:
@@ -406,6 +412,7 @@ def test_a_fault_cleared_just_before_a_restart_stays_cleared(
         timeout=10,
         interval=0.2,
         description="GPUNode lists the XID",
+        ignore=(KubectlError,),
     )
     first.stop()
     # What a crash between the two writes of a repair leaves behind: the
@@ -443,3 +450,32 @@ def test_a_fault_cleared_just_before_a_restart_stays_cleared(
         interval=0.2,
         description="GPUNode shows the GPU healthy again",
     )
+
+
+def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    """A kubelet that lost its checkpoint zeroes extended resources when it re-registers."""
+    agent = sim_agent(gpu_node, heartbeat_period_s=1.0, api_timeout_s=10.0)
+    _wait_healthy(control_plane, gpu_node)
+    wait_for(
+        lambda: _gpunode(control_plane, gpu_node).get("status"),
+        timeout=20,
+        interval=0.2,
+        description="GPUNode written",
+        ignore=(KubectlError,),
+    )
+    outages = agent.daemon.outages
+    zeroed = {"status": {"capacity": {RESOURCE_GPU_MEMORY: "0"}, "allocatable": {RESOURCE_GPU_MEMORY: "0"}}}
+    client.CoreV1Api(k8s).patch_node_status(gpu_node, zeroed, _content_type="application/strategic-merge-patch+json")
+    wait_for(
+        lambda: _capacity(control_plane, gpu_node) == (FULL, FULL),
+        timeout=15,
+        interval=0.2,
+        description="gpu-memory capacity restored",
+    )
+    # Found through the heartbeat's response, not by re-reading the Node, and
+    # not by an outage's republish-everything.
+    requests, _ = agent.daemon.stats.snapshot()
+    assert requests.get("get_node", 0) == 1
+    assert agent.daemon.outages == outages
