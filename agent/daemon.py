@@ -21,8 +21,9 @@ healthy and a steady node sees no flap.
 
 Request budget in steady state: one heartbeat patch of nodes/status per
 heartbeat period (60 s by default) and nothing else. The agent does not
-watch or poll its Node: the taint and uid it needs come back in the
-response to that heartbeat patch.
+watch or poll its Node: what it needs to know about it -- the quarantine
+taint, the uid (a recreated Node), a capacity someone else overwrote --
+comes back in the response to that heartbeat patch.
 """
 
 from __future__ import annotations
