@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from agent.contract import EvictionAction
+from agent.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.ordering import job_key, queue_key
 from scheduler.engine.placement import eligibility, find_place, fit_on_node, limit_problem
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
@@ -238,12 +238,30 @@ def _evict_under_limit(
     action: EvictionAction,
     reason: str,
 ) -> bool:
-    """Evict candidates, cheapest first, until ``request`` fits the queue's limits."""
+    """Evict candidates, cheapest first, until ``request`` fits the queue's limits.
+
+    Gives up without evicting anything when even all candidates together
+    would not free enough.
+    """
     queue = job.queue
     assert queue is not None
+    usable: list[JobState] = []
+    freed = [0, 0, 0]
     for victim in victims:
-        if not is_candidate(victim) or not any(evictable(t) for t in victim.tasks) or not admissible(victim):
+        if not is_candidate(victim) or not admissible(victim):
             continue
+        held = [0, 0, 0]
+        for t in victim.tasks:
+            if evictable(t):
+                held[0] += t.milli
+                held[1] += t.cpu
+                held[2] += t.mem
+        if held != [0, 0, 0]:
+            usable.append(victim)
+            freed = [freed[r] + held[r] for r in range(3)]
+    if limit_problem(queue, [request[r] - freed[r] for r in range(3)], job.preemptible) is not None:
+        return False
+    for victim in usable:
         evict_job(stmt, victim, action, reason, job.key)
         if limit_problem(queue, request, job.preemptible) is None:
             return True
@@ -287,8 +305,10 @@ def make_room(
     mark = stmt.mark()
     for task in gang:
         request = [task.milli, task.cpu, task.mem]
-        if limit_problem(queue, request, job.preemptible) is not None and not (
+        problem = limit_problem(queue, request, job.preemptible)
+        if problem is not None and not (
             within_limits
+            and problem.code is UnschedulableReason.OVER_LIMIT
             and _evict_under_limit(
                 stmt,
                 job,
