@@ -253,6 +253,21 @@ def test_preempt_makes_room_under_the_queue_limit() -> None:
     assert len(binds_by_job(d)["high"]) == 1
 
 
+def test_preempt_evicts_nothing_when_the_limit_cannot_be_met() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("q", 2, gpu_limit=2),),
+        jobs=(
+            job("low", "q", running("low-0", "n1", (0,)), priority=10),
+            job("peer", "q", running("peer-0", "n1", (1,)), priority=50),
+            job("high", "q", pending("high-0", 2), priority=50),
+        ),
+    )
+    d = run_session(snap)
+    assert not d.evictions
+    assert pending_codes(d)["high"] == "OverLimit"
+
+
 def test_preempt_leaves_equal_priority_alone() -> None:
     snap = Snapshot(
         nodes=(node("n1", 2),),
