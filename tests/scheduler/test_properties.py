@@ -223,6 +223,17 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
     preempted = {queue_of[e.job] for e in decisions.evictions if e.action is EvictionAction.PREEMPT}
     for name in reclaimed - preempted:
         assert shares[name].allocated.gpu >= shares[name].fair_share.gpu
+    # Whatever the session binds, no queue on the way up ends over its limit
+    # (unless it already was when the session began).
+    start = {q.name: q.alloc[0] for q in build_cluster(second).queues.values()}
+    limits = {q.name: q for q in second.queues}
+    for b in decisions.binds:
+        name: str | None = queue_of[b.job]
+        while name is not None:
+            limit = limits[name].gpu.limit
+            if limit != UNLIMITED:
+                assert shares[name].allocated.gpu <= max(limit, start[name])
+            name = limits[name].parent
     # Binds never land on a GPU still held by a pod that was not evicted.
     evicted_pods = {(e.job, e.pod) for e in decisions.evictions}
     held: dict[tuple[str, int], int] = defaultdict(int)
