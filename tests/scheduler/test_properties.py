@@ -228,12 +228,12 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
     start = {q.name: q.alloc[0] for q in build_cluster(second).queues.values()}
     limits = {q.name: q for q in second.queues}
     for b in decisions.binds:
-        name: str | None = queue_of[b.job]
-        while name is not None:
-            limit = limits[name].gpu.limit
+        level: str | None = queue_of[b.job]
+        while level is not None:
+            limit = limits[level].gpu.limit
             if limit != UNLIMITED:
-                assert shares[name].allocated.gpu <= max(limit, start[name])
-            name = limits[name].parent
+                assert shares[level].allocated.gpu <= max(limit, start[level])
+            level = limits[level].parent
     # Binds never land on a GPU still held by a pod that was not evicted.
     evicted_pods = {(e.job, e.pod) for e in decisions.evictions}
     held: dict[tuple[str, int], int] = defaultdict(int)
