@@ -32,10 +32,11 @@ def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "scheduler",
         help="run the gpuwarden scheduler",
-        description="Run scheduling sessions. With --snapshot, run one session over a snapshot file and print it.",
+        description="Run scheduling sessions. With --snapshot, run one session over a snapshot file "
+        "and print its decisions.",
     )
     add_flag(parser, "--snapshot", required=True, help="snapshot YAML file to schedule (offline mode)")
-    add_flag(parser, "--output", choices=["text", "json"], default="text", help="how to print the decisions")
+    add_flag(parser, "--decisions-format", choices=["text", "json"], default="text", help="how to print the decisions")
     parser.set_defaults(func=run)
 
     fair: argparse.ArgumentParser = sub.add_parser(
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         evictions=len(decisions.evictions),
         pending=len(decisions.pending),
     )
-    if args.output == "json":
+    if args.decisions_format == "json":
         json.dump(asdict(decisions), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:

@@ -49,7 +49,12 @@ def test_scheduler_runs_one_session_on_the_example(capsys: pytest.CaptureFixture
 
 
 def test_scheduler_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--log-format", "json", "scheduler", "--snapshot", example("snapshot.yaml"), "--output", "json"]) == 0
+    assert (
+        main(
+            ["--log-format", "json", "scheduler", "--snapshot", example("snapshot.yaml"), "--decisions-format", "json"]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert len(data["binds"]) == 7
     assert {e["action"] for e in data["evictions"]} == {"HealthEviction", "Reclaim", "StaleGang"}
