@@ -116,9 +116,11 @@ def _analyse(cluster: Cluster, pool: PoolState, task: TaskState, count: int) -> 
     short: Counter[str] = Counter()
     eligible = 0
     free_gpus = 0
+    most_gpus = 0
     for node, alike in view.groups:
         eligible += alike
         free_gpus += node.free_whole * alike
+        most_gpus = max(most_gpus, node.free_whole)
         if fit_on_node(node, task) is None:
             short[_shortfall(node, task)] += alike
     pod = f"each pod needs {_describe_pod(task)} on one node"
@@ -131,6 +133,8 @@ def _analyse(cluster: Cluster, pool: PoolState, task: TaskState, count: int) -> 
     text = f"{pod}; {fitting} of {eligible} eligible nodes of pool {pool.name} have room"
     if short:
         text += f" ({_summary(short)})"
+    if fitting == 0 and task.gpu.whole > most_gpus:
+        text += f"; the most free GPUs on one eligible node is {most_gpus}"
     if excluded:
         text += f"; {sum(excluded.values())} nodes excluded ({_summary(excluded)})"
     if task.gpu.whole and count > 1:
