@@ -118,7 +118,7 @@ class Action(StrEnum):
 _ACTION_ORDER: Final = {a: i for i, a in enumerate(Action)}
 
 
-def worst_action(actions: "list[Action] | tuple[Action, ...]") -> Action:
+def worst_action(actions: list[Action] | tuple[Action, ...]) -> Action:
     """The most expensive of ``actions``; ``NONE`` for an empty list."""
     return max(actions, key=_ACTION_ORDER.__getitem__, default=Action.NONE)
 
