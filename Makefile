@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 # Where the control-plane binaries are cached, keyed by version.
 export GPUWARDEN_CACHE ?= $(HOME)/.cache/gpuwarden
 
-.PHONY: venv controlplane tools lint test run bench constraints image clean
+.PHONY: venv controlplane tools lint test run bench bench-latency constraints image clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,10 @@ run: venv
 bench: venv
 	$(PY) benchmarks/agent_poll.py
 	$(PY) benchmarks/scheduler_cycle.py
+
+# Fault-to-condition latency through a real API server (about five minutes).
+bench-latency: venv controlplane
+	$(PY) benchmarks/agent_latency.py
 
 # Refresh the pinned versions after changing dependencies in pyproject.toml.
 constraints:
