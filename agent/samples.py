@@ -11,10 +11,12 @@ Conventions, so that every reader interprets a sample the same way:
   fault and never zero.
 * Counters are the hardware's cumulative values as read; rates are the rules'
   business (they keep the history).
-* PCI bus ids are normalised by :func:`normalize_bus_id` to
-  ``dddd:bb:dd`` (lower case, function dropped) because NVML spells them
-  ``00000000:3B:00.0`` and the kernel log ``0000:3b:00``; both must map to the
-  same GPU.
+* PCI bus ids are normalised by :func:`normalize_bus_id` to NVML's own
+  spelling, ``00000000:3B:00.0``, because the kernel log prints the same GPU
+  as ``0000:3b:00`` and both must map to one GPU. NVML's form is the one a
+  person pastes into ``nvidia-smi -i`` and the one ``nvidia-smi --query-gpu=
+  pci.bus_id`` and dcgm-exporter's ``pci_bus_id`` label show, so messages,
+  the GPUNode and the logs can be matched against them as they are.
 """
 
 from __future__ import annotations
@@ -25,24 +27,28 @@ from enum import StrEnum
 
 
 def normalize_bus_id(bus_id: str) -> str:
-    """``00000000:3B:00.0`` / ``0000:3b:00`` / ``3b:00.0`` -> ``0000:3b:00``.
+    """``0000:3b:00`` / ``PCI:0000:3b:00`` / ``3b:00.0`` -> ``00000000:3B:00.0``.
 
-    The domain is cut to its last four hex digits (NVML pads it to eight), the
-    PCI function is dropped (a GPU is one function), and case is folded.
-    Text that is not a bus id is returned lower-cased and stripped, so a
-    lookup simply misses instead of raising.
+    The result is NVML's ``busId`` spelling: an eight-digit domain, upper-case
+    hex, and the PCI function (0 when the text has none: the kernel log drops
+    it, and a GPU is function 0). Text that is not a bus id is returned
+    stripped, so a lookup simply misses instead of raising.
     """
-    text = bus_id.strip().lower()
-    if text.startswith("pci:"):
+    text = bus_id.strip()
+    if text[:4].lower() == "pci:":
         text = text[4:]
     parts = text.split(":")
     if len(parts) == 2:
-        parts = ["0000", *parts]
+        parts = ["0", *parts]
     if len(parts) != 3:
         return text
     domain, bus, devfn = parts
-    device = devfn.split(".", 1)[0]
-    return f"{domain[-4:].rjust(4, '0')}:{bus.rjust(2, '0')}:{device.rjust(2, '0')}"
+    device, _, function = devfn.partition(".")
+    try:
+        d, b, dev, fn = int(domain, 16), int(bus, 16), int(device, 16), int(function or "0", 16)
+    except ValueError:
+        return text
+    return f"{d:08X}:{b:02X}:{dev:02X}.{fn:X}"
 
 
 # ---------------------------------------------------------------------------

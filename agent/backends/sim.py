@@ -76,6 +76,7 @@ from agent.samples import (
     PcieSample,
     RemappedRows,
     RetiredPages,
+    normalize_bus_id,
 )
 
 log = get_logger(__name__)
@@ -195,7 +196,8 @@ _BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 class _Gpu:
     index: int
     uuid: str
-    bus: str
+    bus: str  # as NVML spells it, 00000000:18:00.0
+    kernel_bus: str  # as the driver's kernel-log lines spell it, 0000:18:00
     name: str
     memory_total: int
     memory_used: int
@@ -278,12 +280,13 @@ class SimNode:
 
     def _make_gpu(self, i: int) -> _Gpu:
         g = self.scenario.gpus
-        bus = f"0000:{_BUSES[i] if i < len(_BUSES) else format(0x10 + i, '02x')}:00"
+        kernel_bus = f"0000:{_BUSES[i] if i < len(_BUSES) else format(0x10 + i, '02x')}:00"
         mem = g.memory_mib * 1024 * 1024
         return _Gpu(
             index=i,
             uuid="GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{self.scenario.name}.{i}.gpuwarden.sim")),
-            bus=bus,
+            bus=normalize_bus_id(kernel_bus),
+            kernel_bus=kernel_bus,
             name=g.model,
             memory_total=mem,
             memory_used=mem // 50,
@@ -372,7 +375,7 @@ class SimNode:
         elif kind == "gpu_lost":
             g = self._gpu(p)
             self._xid(g, 79, "GPU has fallen off the bus.")
-            self._kmsg_line(3, f"NVRM: GPU {g.bus}.0: GPU has fallen off the bus.")
+            self._kmsg_line(3, f"NVRM: GPU {g.kernel_bus}.0: GPU has fallen off the bus.")
             g.lost = True
         elif kind == "gpu_reset":
             g = self._gpu(p)
@@ -449,7 +452,7 @@ class SimNode:
 
     def _xid(self, g: _Gpu, xid: int, message: str) -> None:
         self._event(g, GpuEventKind.XID, xid)
-        self._kmsg_line(4, f"NVRM: Xid (PCI:{g.bus}): {xid}, pid='<unknown>', name=<unknown>, {message}")
+        self._kmsg_line(4, f"NVRM: Xid (PCI:{g.kernel_bus}): {xid}, pid='<unknown>', name=<unknown>, {message}")
 
     # ---------------------------------------------------------------- reads
 

@@ -32,7 +32,7 @@ def gpu(i: int, **changes: Any) -> GpuSample:
     base = GpuSample(
         index=i,
         uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
-        pci_bus_id=f"0000:{BUSES[i % 8]}:00",
+        pci_bus_id=f"00000000:{BUSES[i % 8].upper()}:00.0",
         name="NVIDIA H100 80GB HBM3",
         memory_total_bytes=80 * 1024**3,
         memory_used_bytes=1024**3,

@@ -24,14 +24,14 @@ BOOT = 1_700_000_000.0
         # r418-r460: no pid
         (
             "4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
-            "0000:3b:00",
+            "00000000:3B:00.0",
             79,
             "GPU has fallen off the bus.",
         ),
         # r470: pid=
         (
             "4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
-            "0000:3b:00",
+            "00000000:3B:00.0",
             79,
             "GPU has fallen off the bus.",
         ),
@@ -39,39 +39,39 @@ BOOT = 1_700_000_000.0
         (
             "4,9,5000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid='<unknown>', name=<unknown>, "
             "Graphics Exception: ESR 0x1",
-            "0000:86:00",
+            "00000000:86:00.0",
             13,
             "Graphics Exception: ESR 0x1",
         ),
         # r550 GSP
         (
             "4,9,5000000,-;NVRM: Xid (PCI:0000:DB:00): 119, pid=3321, name=nvidia-smi, Timeout after 6s of waiting",
-            "0000:db:00",
+            "00000000:DB:00.0",
             119,
             "Timeout after 6s of waiting",
         ),
         # pre-r400: no PCI: prefix, hex words
         (
             "4,9,5000000,-;NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0",
-            "0000:03:00",
+            "00000000:03:00.0",
             13,
             "0003 00000000 0000a1c0",
         ),
         # dmesg output and journal lines
         (
             "[ 5.000000] NVRM: Xid (PCI:0000:18:00): 48, pid=7, name=x, An uncorrectable double bit error",
-            "0000:18:00",
+            "00000000:18:00.0",
             48,
             "An uncorrectable double bit error",
         ),
         (
             "Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:18:00): 94, pid=7, name=x, Contained: CE User Channel",
-            "0000:18:00",
+            "00000000:18:00.0",
             94,
             "Contained: CE User Channel",
         ),
         # no text after the number
-        ("4,9,5000000,-;NVRM: Xid (PCI:0000:18:00): 45", "0000:18:00", 45, ""),
+        ("4,9,5000000,-;NVRM: Xid (PCI:0000:18:00): 45", "00000000:18:00.0", 45, ""),
     ],
 )
 def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
@@ -96,13 +96,13 @@ def test_record_time_is_boot_plus_monotonic_timestamp() -> None:
 @pytest.mark.parametrize(
     ("record", "bus"),
     [
-        ("3,1,1,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "0000:3b:00"),
+        ("3,1,1,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "00000000:3B:00.0"),
         (
             "3,1,1,-;NVRM: The NVIDIA GPU 0000:9a:00.0 (PCI ID: 10de:20b0) installed in this system has fallen off "
             "the bus and is not responding to commands.",
-            "0000:9a:00",
+            "00000000:9A:00.0",
         ),
-        ("3,1,1,-;NVRM: GPU at PCI:0000:5d:00: GPU has fallen off the bus.", "0000:5d:00"),
+        ("3,1,1,-;NVRM: GPU at PCI:0000:5d:00: GPU has fallen off the bus.", "00000000:5D:00.0"),
     ],
 )
 def test_fallen_off_the_bus_lines(record: str, bus: str) -> None:
@@ -137,17 +137,17 @@ def test_a_captured_log_replays_through_the_reader(tmp_path: Path) -> None:
         source.close()
     kinds = [(e.kind.value, e.pci_bus_id, e.xid) for e in events]
     assert kinds == [
-        ("xid", "0000:3b:00", 79),
-        ("fallen_off_bus", "0000:3b:00", None),
-        ("xid", "0000:86:00", 13),
-        ("xid", "0000:86:00", 13),
-        ("xid", "0000:18:00", 48),
-        ("xid", "0000:18:00", 63),
-        ("xid", "0000:03:00", 13),
-        ("xid", "0000:db:00", 119),
-        ("xid", "0000:db:00", 154),
-        ("fallen_off_bus", "0000:9a:00", None),
-        ("xid", "0000:ab:00", 999),
+        ("xid", "00000000:3B:00.0", 79),
+        ("fallen_off_bus", "00000000:3B:00.0", None),
+        ("xid", "00000000:86:00.0", 13),
+        ("xid", "00000000:86:00.0", 13),
+        ("xid", "00000000:18:00.0", 48),
+        ("xid", "00000000:18:00.0", 63),
+        ("xid", "00000000:03:00.0", 13),
+        ("xid", "00000000:DB:00.0", 119),
+        ("xid", "00000000:DB:00.0", 154),
+        ("fallen_off_bus", "00000000:9A:00.0", None),
+        ("xid", "00000000:AB:00.0", 999),
     ]
     # Dictionary continuation lines (" SUBSYSTEM=pci") are not records.
     assert probe.records_read == 15
@@ -215,14 +215,17 @@ def test_any_record_parses_or_is_ignored(text: str) -> None:
         assert ev is None or ev.pci_bus_id is not None
 
 
-@given(
-    domain=st.integers(0, 0xFFFF),
-    bus=st.integers(0, 0xFF),
-    device=st.integers(0, 0x1F),
-    function=st.integers(0, 7),
-)
-def test_nvml_and_kernel_spellings_of_a_bus_id_agree(domain: int, bus: int, device: int, function: int) -> None:
-    nvml = f"{domain:08X}:{bus:02X}:{device:02X}.{function}"
+@given(domain=st.integers(0, 0xFFFF), bus=st.integers(0, 0xFF), device=st.integers(0, 0x1F))
+def test_nvml_and_kernel_spellings_of_a_bus_id_agree(domain: int, bus: int, device: int) -> None:
+    """The kernel log's spelling maps onto NVML's, which is kept as is: it is
+    what ``nvidia-smi -i`` takes and what ``nvidia-smi`` and dcgm-exporter show."""
+    nvml = f"{domain:08X}:{bus:02X}:{device:02X}.0"
     kernel = f"{domain:04x}:{bus:02x}:{device:02x}"
-    assert normalize_bus_id(nvml) == normalize_bus_id(kernel) == normalize_bus_id(f"PCI:{kernel}")
-    assert normalize_bus_id(normalize_bus_id(nvml)) == normalize_bus_id(nvml)
+    assert normalize_bus_id(nvml) == normalize_bus_id(kernel) == normalize_bus_id(f"PCI:{kernel}") == nvml
+    assert normalize_bus_id(normalize_bus_id(nvml)) == nvml
+    assert normalize_bus_id(f"{kernel}.{device % 8}") == f"{domain:08X}:{bus:02X}:{device:02X}.{device % 8}"
+
+
+def test_text_that_is_not_a_bus_id_is_returned_as_is() -> None:
+    assert normalize_bus_id(" not-a-bus ") == "not-a-bus"
+    assert normalize_bus_id("zz:yy:xx") == "zz:yy:xx"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ def test_samples_every_gpu_with_identity(nvml_module: Any, backend_for: Any) -> 
     for i, s in enumerate(samples):
         assert s.index == i
         assert s.uuid.startswith(("GPU-", "MIG-"))
-        assert len(s.pci_bus_id) == len("0000:18:00") and s.pci_bus_id == s.pci_bus_id.lower()
+        # NVML's own spelling, the one `nvidia-smi -i` takes.
+        assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", s.pci_bus_id), s.pci_bus_id
         assert s.memory_total_bytes and s.memory_total_bytes > 0
         assert not s.lost
         for link in s.nvlinks:
@@ -65,7 +67,7 @@ def test_stand_in_values_come_through_in_real_shapes(backend_for: Any) -> None:
     assert s[4].nvlinks[7].error_total == 11
     assert s[6].pcie is not None and s[6].pcie.current_width == 8 and s[6].pcie.max_width == 16
     assert s[6].pcie.replay_counter == 42
-    assert s[0].pci_bus_id == "0000:18:00"
+    assert s[0].pci_bus_id == "00000000:18:00.0"
 
 
 def test_not_supported_fields_are_none_and_not_asked_again(backend_for: Any) -> None:
@@ -188,7 +190,7 @@ def test_xid_event_arrives_through_the_event_set(backend_for: Any) -> None:
     ev = backend.wait_event(1.0)
     assert ev is not None
     assert ev.kind is GpuEventKind.XID and ev.xid == 79 and ev.source is EventSource.NVML
-    assert ev.pci_bus_id == "0000:5d:00" and ev.uuid == nv.gpus[3].uuid
+    assert ev.pci_bus_id == "00000000:5D:00.0" and ev.uuid == nv.gpus[3].uuid
     nv.emit(2, pynvml.nvmlEventTypeDoubleBitEccError)
     ev = backend.wait_event(1.0)
     assert ev is not None and ev.kind is GpuEventKind.ECC_DOUBLE_BIT and ev.xid is None

@@ -279,10 +279,10 @@ def test_ignored_xid_gives_nothing() -> None:
 
 
 def test_xid_on_a_gpu_nvml_never_showed_is_still_named() -> None:
-    ev = GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id="0000:c1:00", xid=79)
+    ev = GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id="00000000:C1:00.0", xid=79)
     report = HealthRules(config_from_dict(None), "n").evaluate(NodeSample(time=T0, events=(ev,), gpu_source_error="x"))
     (fault,) = report.faults
-    assert fault.entity.pci_bus_id == "0000:c1:00" and "0000:c1:00" in fault.message
+    assert fault.entity.pci_bus_id == "00000000:C1:00.0" and "00000000:C1:00.0" in fault.message
 
 
 # --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ GPU_MIB = 81559
 
 
 def gpu_entity(index: int) -> Entity:
-    return Entity.gpu(index, f"GPU-{index:04d}-aaaa", f"0000:{0x18 + index:02x}:00")
+    return Entity.gpu(index, f"GPU-{index:04d}-aaaa", f"00000000:{0x18 + index:02X}:00.0")
 
 
 def xid_fault(index: int, xid: int = 79, *, since: datetime = T0) -> Fault:

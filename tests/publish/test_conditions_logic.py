@@ -37,7 +37,7 @@ def test_fault_message_names_gpu_uuid_bus_id_and_action() -> None:
     assert xid.reason == "Xid79"
     assert "GPU 3" in xid.message
     assert "GPU-0003-aaaa" in xid.message
-    assert "0000:1b:00" in xid.message
+    assert "00000000:1B:00.0" in xid.message
     assert xid.message.endswith("Recommended action: REBOOT.")
     assert states[ConditionType.GPU_MEMORY_DEGRADED].status == "False"
 
