@@ -18,7 +18,11 @@ NVML's failure modes shape this module:
   ``errors`` and logged; the rest of the sample stands.
 
 XID, ECC and retirement events come through an NVML event set that
-:meth:`NvmlBackend.wait_event` blocks on from the event thread.
+:meth:`NvmlBackend.wait_event` blocks on from the event thread. The set is a
+C object: freeing it (``close``, after NVML broke) while that thread is still
+inside ``nvmlEventSetWait`` on it would be a use-after-free in the driver
+library, a segfault that takes the whole agent down. So the wait and the free
+are serialised by their own lock; ``close`` waits at most one wait timeout.
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ class NvmlBackend(GpuBackend):
         for mask in self._event_kinds:
             self._wanted_events |= mask
         self._lock = threading.Lock()
+        # Held while NVML waits on the event set and while the set is freed.
+        self._event_lock = threading.Lock()
         self._open = False
         self._event_set: Any = None
         self._handles: dict[int, Any] = {}
@@ -168,12 +174,13 @@ class NvmlBackend(GpuBackend):
         if not self._open:
             return
         nv = self._nv
-        if self._event_set is not None:
-            try:
-                nv.nvmlEventSetFree(self._event_set)
-            except nv.NVMLError as exc:
-                log.debug("nvml_event_set_free_failed", error=str(exc))
-            self._event_set = None
+        with self._event_lock:
+            if self._event_set is not None:
+                try:
+                    nv.nvmlEventSetFree(self._event_set)
+                except nv.NVMLError as exc:
+                    log.debug("nvml_event_set_free_failed", error=str(exc))
+                self._event_set = None
         try:
             nv.nvmlShutdown()
         except nv.NVMLError as exc:
@@ -372,24 +379,29 @@ class NvmlBackend(GpuBackend):
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         nv = self._nv
-        event_set = self._event_set
-        if not self._open or event_set is None:
-            threading.Event().wait(timeout_s)
-            return None
-        try:
-            data = nv.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
-        except nv.NVMLError_Timeout:
-            return None
-        except nv.NVMLError_GpuIsLost:
-            log.error("nvml_event_wait_gpu_lost")
-            threading.Event().wait(timeout_s)
-            return None
-        except self._unavailable as exc:
-            raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
-        except nv.NVMLError as exc:
-            log.warning("nvml_event_wait_failed", error=str(exc))
-            threading.Event().wait(timeout_s)
-            return None
+        with self._event_lock:  # the set cannot be freed while NVML waits on it
+            event_set = self._event_set if self._open else None
+            failure: str | None = None
+            if event_set is not None:
+                try:
+                    data = nv.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
+                except nv.NVMLError_Timeout:
+                    return None
+                except self._unavailable as exc:
+                    raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
+                except nv.NVMLError as exc:
+                    failure = str(exc)
+                else:
+                    return self._event_from(data)
+        if failure is not None:
+            # GPU_IS_LOST and the like: the poll reports the GPU; do not spin.
+            log.warning("nvml_event_wait_failed", error=failure)
+        threading.Event().wait(timeout_s)
+        return None
+
+    def _event_from(self, data: Any) -> GpuEvent | None:
+        """A :class:`GpuEvent` from NVML's event data; None for types not asked for."""
+        nv = self._nv
         kind = self._event_kinds.get(int(data.eventType))
         if kind is None:
             return None

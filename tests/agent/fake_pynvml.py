@@ -19,6 +19,11 @@ backend's code paths run unchanged:
   up to its timeout and raises ``NVMLError_Timeout``; events are delivered only
   for devices and types that were registered.
 
+What the real library does not survive is recorded in :attr:`FakeNvml.misuse`
+instead of crashing the test run: freeing an event set while another thread
+waits on it is a use-after-free in ``libnvidia-ml`` (a segfault), so the
+stand-in notes it and tests assert the list stays empty.
+
 Per-GPU failures are scripted by function name: ``errors={"nvmlDeviceGetRemappedRows":
 NVML_ERROR_NOT_SUPPORTED}`` makes that call raise the real ``NotSupported``.
 A GPU can also be built from a JSON fixture recorded on a real machine by
@@ -108,6 +113,8 @@ class FakeNvml:
         self._sets: dict[int, dict[int, int]] = {}  # set id -> {gpu index: registered mask}
         self._queues: dict[int, deque[tuple[int, int, int]]] = {}
         self._set_structs: list[Any] = []
+        self._waiting: dict[int, int] = {}  # set id -> threads inside nvmlEventSetWait
+        self.misuse: list[str] = []
         self.calls = 0
 
     # Real exception classes and constants, so the stand-in cannot drift.
@@ -289,12 +296,17 @@ class FakeNvml:
         key = self._set_key(event_set)
         deadline = time.monotonic() + timeoutms / 1000
         with self._cond:
-            while not self._queues[key]:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._raise(_real.NVML_ERROR_TIMEOUT)
-                self._cond.wait(remaining)
-            index, etype, edata = self._queues[key].popleft()
+            self._waiting[key] = self._waiting.get(key, 0) + 1
+            self._cond.notify_all()
+            try:
+                while not self._queues.get(key):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._raise(_real.NVML_ERROR_TIMEOUT)
+                    self._cond.wait(remaining)
+                index, etype, edata = self._queues[key].popleft()
+            finally:
+                self._waiting[key] -= 1
         data = _real.c_nvmlEventData_t()
         data.device = self._handles[index]
         data.eventType = etype
@@ -305,8 +317,15 @@ class FakeNvml:
         self._check_init()
         key = self._set_key(event_set)
         with self._lock:
+            if self._waiting.get(key, 0) > 0:
+                self.misuse.append("nvmlEventSetFree on a set another thread is waiting on (use after free)")
             del self._sets[key]
             del self._queues[key]
+
+    def wait_for_waiter(self, timeout_s: float = 10.0) -> bool:
+        """Block until some thread is inside ``nvmlEventSetWait`` (test sequencing)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: any(n > 0 for n in self._waiting.values()), timeout_s)
 
     # ------------------------------------------------------- test control
 

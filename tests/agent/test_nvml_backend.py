@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,26 @@ def test_xid_event_arrives_through_the_event_set(backend_for: Any) -> None:
     nv.emit(2, pynvml.nvmlEventTypeDoubleBitEccError)
     ev = backend.wait_event(1.0)
     assert ev is not None and ev.kind is GpuEventKind.ECC_DOUBLE_BIT and ev.xid is None
+
+
+def test_close_waits_for_the_event_thread_before_freeing_the_set() -> None:
+    """The poll thread closes NVML (it broke) while the event thread is
+    blocked in nvmlEventSetWait: freeing the set under it would crash the
+    real library, so close must wait for that wait to end first."""
+    nv = h100_node(2)
+    backend = NvmlBackend(nv)
+    backend.open()
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(backend.wait_event(0.5)))
+    waiter.start()
+    assert nv.wait_for_waiter()
+    backend.close()
+    waiter.join()
+    assert nv.misuse == []
+    assert results == [None]
+    # Closed: the next wait does not touch NVML at all.
+    calls = nv.calls
+    assert backend.wait_event(0.01) is None and nv.calls == calls
 
 
 def test_events_only_for_supported_types(backend_for: Any) -> None:
