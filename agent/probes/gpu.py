@@ -111,17 +111,17 @@ class GpuProbe:
                 continue
             try:
                 event = self.backend.wait_event(0.2)
+                if event is not None:
+                    self._sink(event)
             except BackendUnavailableError as exc:
                 log.error("gpu_event_wait_failed", error=str(exc))
                 self._stop.wait(1.0)
-                continue
             except Exception:
-                # The event thread must outlive a driver oddity; polling still runs.
+                # The event thread must outlive a driver oddity or a bug in
+                # the sink: nothing restarts it, and without it XIDs wait for
+                # the kernel log. Polling still runs meanwhile.
                 log.exception("gpu_event_wait_failed")
                 self._stop.wait(1.0)
-                continue
-            if event is not None:
-                self._sink(event)
 
     def request_stop(self) -> None:
         """Ask the thread to finish without waiting for it."""

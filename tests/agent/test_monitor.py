@@ -23,7 +23,7 @@ from agent.monitor import Monitor
 from agent.probes.gpu import GpuProbe
 from agent.probes.infiniband import SysfsIbSource
 from agent.probes.storage import StatvfsMountSource
-from agent.samples import NodeSample
+from agent.samples import GpuEvent, NodeSample
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
 from tests.agent.sysfs_tree import two_hcas
@@ -193,6 +193,30 @@ def test_gpu_probe_retries_with_backoff_and_recovers() -> None:
     gpus, error = probe.sample()
     assert error is None and len(gpus) == 2 and probe.is_open
     probe.stop()
+
+
+def test_the_gpu_event_thread_survives_a_failing_sink() -> None:
+    """Nothing restarts the event thread: one event the sink chokes on must
+    not end event delivery for the life of the agent."""
+    nv = h100_node(2)
+    received: list[int | None] = []
+
+    def sink(ev: GpuEvent) -> None:
+        if not received:
+            received.append(None)
+            raise RuntimeError("sink bug")
+        received.append(ev.xid)
+
+    probe = GpuProbe(NvmlBackend(nv), sink, retry_initial_s=0.01)
+    try:
+        assert probe.sample()[1] is None
+        probe.start_events()
+        nv.emit_xid(0, 13)
+        assert wait_for(lambda: len(received) == 1)
+        nv.emit_xid(1, 79)
+        assert wait_for(lambda: received == [None, 79])
+    finally:
+        probe.stop()
 
 
 def test_monitor_close_stops_its_threads(sim: tuple[SimNode, Monitor]) -> None:
