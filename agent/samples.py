@@ -232,6 +232,7 @@ class IbPortSample:
     netdev: str | None = None
     netdev_oper_state: str | None = None  # IFLA_OPERSTATE: UP, DOWN, LOWERLAYERDOWN, ...
     netdev_speed_mbps: int | None = None  # ethtool link speed
+    netdev_admin_up: bool | None = None  # IFF_UP: someone meant the netdev to be up
 
 
 # ---------------------------------------------------------------------------

@@ -537,6 +537,7 @@ class SimNode:
                         if p.netdev is None
                         else ("UP" if p.state == "ACTIVE" else "LOWERLAYERDOWN"),
                         netdev_speed_mbps=None if p.netdev is None or p.state != "ACTIVE" else int(p.rate * 1000),
+                        netdev_admin_up=None if p.netdev is None else True,
                     )
                     for p in self._ports
                 ]

@@ -135,6 +135,7 @@ class SysfsIbSource(IbSource):
                     netdev=netdev,
                     netdev_oper_state=nd.oper_state if nd else None,
                     netdev_speed_mbps=nd.speed_mbps if nd else None,
+                    netdev_admin_up=nd.admin_up if nd else None,
                 )
             )
         return tuple(samples)

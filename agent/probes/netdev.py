@@ -3,7 +3,9 @@
 Behind each HCA port sits a netdev (RoCE on Ethernet, IPoIB on InfiniBand).
 Its operational state (``UP``, ``DOWN``, ``LOWERLAYERDOWN``, ...) and the
 speed the driver reports through ethtool say whether traffic can actually
-flow, which sysfs port state alone does not for RoCE. Both are read with
+flow, which sysfs port state alone does not for RoCE. Whether the netdev is
+administratively up (``IFF_UP``) is read too: an IPoIB interface nobody
+configured (RDMA-only fabrics) is DOWN by choice, not by fault. Both are read with
 pyroute2: one ``RTM_GETLINK`` dump per poll and one ethtool link-mode query
 per netdev.
 
@@ -29,6 +31,7 @@ from agent.logconfig import get_logger
 log = get_logger(__name__)
 
 _CLONE_NEWNET = 0x40000000
+_IFF_UP = 0x1  # <linux/if.h>: set by `ip link set ... up`
 
 T = TypeVar("T")
 
@@ -37,6 +40,7 @@ T = TypeVar("T")
 class NetdevState:
     oper_state: str | None
     speed_mbps: int | None
+    admin_up: bool | None = None
 
 
 def _enter_netns(name: str) -> None:
@@ -141,7 +145,9 @@ class NetdevReader:
             if name not in names:
                 continue
             oper = link.get_attr("IFLA_OPERSTATE")
-            out[name] = NetdevState(oper_state=oper, speed_mbps=self._speed(name))
+            flags = link.get("flags")
+            admin_up = bool(flags & _IFF_UP) if isinstance(flags, int) else None
+            out[name] = NetdevState(oper_state=oper, speed_mbps=self._speed(name), admin_up=admin_up)
         return out
 
     def _speed(self, name: str) -> int | None:

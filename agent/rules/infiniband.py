@@ -5,7 +5,10 @@ seen ACTIVE since the agent started, and those with a fault raised now (so a
 port that was down when the agent restarted keeps its restored fault). A port
 never up and never expected is an unused port, not a fault.
 
-* not ``ACTIVE``/``LinkUp``, or its netdev not ``UP``: ``IbPortDown``;
+* not ``ACTIVE``/``LinkUp``, or its netdev not ``UP`` although it is
+  administratively up: ``IbPortDown``. A netdev set down on purpose (an
+  IPoIB interface left unconfigured because jobs use RDMA only) is no fault:
+  flagging it would quarantine every such node;
 * rate below the expected rate (configured, else the highest seen on any port
   of the same link layer): ``IbRateDegraded``;
 * ``link_downed`` incremented: ``IbLinkDowned``, held for
@@ -54,7 +57,11 @@ class InfinibandRule:
                 or name in self._expected
                 or any(k[2] == entity.key for k in ctx.active if k[0] == cond.value)
             )
-            netdev_down = p.netdev_oper_state is not None and p.netdev_oper_state.upper() not in _UP_STATES
+            netdev_down = (
+                p.netdev_oper_state is not None
+                and p.netdev_oper_state.upper() not in _UP_STATES
+                and p.netdev_admin_up is not False
+            )
             port_down = p.state != "ACTIVE" or p.phys_state != "LinkUp"
             if watched and (port_down or netdev_down):
                 what = [f"state {p.state}/{p.phys_state}"]

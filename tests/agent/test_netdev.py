@@ -53,13 +53,14 @@ def test_up_links_report_up_and_veth_speed(reader: NetdevReader) -> None:
     assert set(states) == {"gwa", "gwb"}
     assert states["gwa"].oper_state == "UP" and states["gwb"].oper_state == "UP"
     assert states["gwa"].speed_mbps == 10000
+    assert states["gwa"].admin_up is True and states["gwb"].admin_up is True
 
 
 def test_peer_down_shows_as_lowerlayerdown_and_recovers(veth_ns: str, reader: NetdevReader) -> None:
     ip("-n", veth_ns, "link", "set", "gwb", "down")
     states = reader.read({"gwa", "gwb"})
-    assert states["gwb"].oper_state == "DOWN"
-    assert states["gwa"].oper_state == "LOWERLAYERDOWN"
+    assert (states["gwb"].oper_state, states["gwb"].admin_up) == ("DOWN", False)
+    assert (states["gwa"].oper_state, states["gwa"].admin_up) == ("LOWERLAYERDOWN", True)
     ip("-n", veth_ns, "link", "set", "gwb", "up")
     states = reader.read({"gwa", "gwb"})
     assert states["gwa"].oper_state == "UP" and states["gwb"].oper_state == "UP"
@@ -96,4 +97,11 @@ def test_roce_port_with_its_netdev_down_is_judged_down(tmp_path: Path, veth_ns: 
     ip("-n", veth_ns, "link", "set", "gwb", "up")
     (port,) = source.read_ports()
     report = rules.evaluate(NodeSample(time=t0 + timedelta(seconds=20), ib_ports=(port,)))
+    assert report.faults == ()
+
+    # Set down on purpose (an interface nobody configured): not a fault.
+    ip("-n", veth_ns, "link", "set", "gwa", "down")
+    (port,) = source.read_ports()
+    assert (port.netdev_oper_state, port.netdev_admin_up) == ("DOWN", False)
+    report = rules.evaluate(NodeSample(time=t0 + timedelta(seconds=30), ib_ports=(port,)))
     assert report.faults == ()

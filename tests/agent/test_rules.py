@@ -118,6 +118,23 @@ CASES = [
         {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
     ),
     Case(
+        "RoCE port ACTIVE but its netdev lost its link",
+        [
+            node(
+                ports=(
+                    port("mlx5_0"),
+                    port("mlx5_1", netdev="eth1", netdev_oper_state="LOWERLAYERDOWN", netdev_admin_up=True),
+                )
+            )
+        ],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "an IPoIB netdev set down on purpose (RDMA-only fabric) is no fault",
+        [node(ports=(port("mlx5_0"), port("mlx5_1", netdev="ib1", netdev_oper_state="DOWN", netdev_admin_up=False)))],
+        set(),
+    ),
+    Case(
         "IB port at half the rate of its peers",
         [node(ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)))],
         {(C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_1/1", Action.REPLACE)},
