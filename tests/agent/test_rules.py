@@ -16,6 +16,8 @@ from agent.contract import Action, ConditionType, Reason
 from agent.model import EventType
 from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
+from agent.rules.memory import MemoryRule
+from agent.rules.storage import StorageRule
 from agent.rules.xid_catalogue import XID_CATALOGUE, XidKind
 from agent.samples import EventSource, GpuEvent, GpuEventKind, IbCounters, MountSample, NodeSample, RetiredPages
 from tests.agent.samples_factory import T0, at, gpu, link, node, pcie, port, xid
@@ -513,3 +515,30 @@ def test_faults_are_held_while_their_source_is_blind() -> None:
         assert {f.reason for f in held} == {Reason.PCIE_WIDTH_DEGRADED, Reason.IB_RATE_DEGRADED, Reason.MOUNT_HUNG}
     # Sources back and healthy: the faults clear as usual.
     assert rules.evaluate(node(t=at(200))).faults == ()
+
+
+class _BrokenRule:
+    """A rule with a bug: it raises something no rule is expected to raise."""
+
+    conditions = frozenset({ConditionType.STORAGE_DEGRADED})
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def evaluate(self, sample: NodeSample, ctx: Any) -> Any:
+        if self.broken:
+            raise RuntimeError("a bug in the rule")
+        return StorageRule(config_from_dict(None)).evaluate(sample, ctx)
+
+
+def test_a_failing_rule_holds_its_own_conditions_and_costs_no_other() -> None:
+    cfg = config_from_dict({"hysteresis": {"clear_polls": 1}})
+    broken = _BrokenRule()
+    rules = HealthRules(cfg, "n", rules=(broken, MemoryRule(cfg)))
+    hung = MountSample("/mnt/shared", mounted=True, responsive=False, error="timed out")
+    assert [f.reason for f in rules.evaluate(node(mounts=(hung,))).faults] == [Reason.MOUNT_HUNG]
+    broken.broken = True
+    pending = gpu(0, remapped_rows=replace(G0.remapped_rows, pending=True))
+    report = rules.evaluate(node(t=at(10), gpus=(pending,)))
+    # The storage fault is held (its rule could not judge), the memory rule still ran.
+    assert {f.reason for f in report.faults} == {Reason.MOUNT_HUNG, Reason.ROW_REMAP_PENDING}
