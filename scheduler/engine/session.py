@@ -25,6 +25,7 @@ from scheduler.engine.model import (
     Bind,
     Decisions,
     Eviction,
+    Job,
     JobStatus,
     PendingReason,
     QueueShare,
@@ -203,9 +204,11 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
     parsed: dict[object, GpuRequest | str] = {}
     by_pool: dict[str, dict[object, tuple[GpuRequest, int]]] = {}
     demand: dict[str, list[int]] = {}
-    job_keys = [j.key for j in snapshot.jobs]
-    for order in sorted(range(len(job_keys)), key=job_keys.__getitem__):
-        spec = snapshot.jobs[order]
+    # A pod seen twice (same namespace and name, or same uid) is seated and
+    # charged once: counting it twice would hide capacity it does not use.
+    seen_pods: set[tuple[str, str]] = set()
+    seen_uids: set[str] = set()
+    for key, spec in _unique_jobs(snapshot):
         queue = queues.get(spec.queue)
         error: PendingReason | None = None
         if queue is None:
@@ -217,9 +220,7 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
             )
             queue = None
         pool = pools[queue.pool] if queue is not None else None
-        job = JobState(
-            spec=spec, key=job_keys[order], queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error
-        )
+        job = JobState(spec=spec, key=key, queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error)
         if queue is not None:
             queue.jobs.append(job)
         cluster.jobs.append(job)
@@ -230,6 +231,13 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
         held_gpu = held_cpu = held_mem = 0
         known = by_pool.setdefault(pool.name if pool is not None else "", {})
         for tspec in tasks:
+            ident = (tspec.namespace, tspec.name)
+            if ident in seen_pods or (tspec.uid and tspec.uid in seen_uids):
+                log.warning("duplicate pod in snapshot; keeping the first", job=key, pod=tspec.name, uid=tspec.uid)
+                continue
+            seen_pods.add(ident)
+            if tspec.uid:
+                seen_uids.add(tspec.uid)
             ann = tspec.annotations
             akey: object = (tspec.gpus, tuple(ann.items())) if ann else tspec.gpus
             hit = known.get(akey)
@@ -296,6 +304,28 @@ def _task_name(task: Task) -> str:
     return task.name
 
 
+def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
+    """Jobs in key order, one per key.
+
+    Two jobs with one key (a watch cache that listed a pod group twice)
+    would have their running pods charged twice and their pending pods
+    placed twice. One is kept: the same one whatever the input order (the
+    least by its full value), so that shuffling a snapshot never changes
+    its decisions.
+    """
+    chosen: dict[str, Job] = {}
+    for spec in snapshot.jobs:
+        key = spec.key
+        other = chosen.get(key)
+        if other is None:
+            chosen[key] = spec
+            continue
+        log.warning("duplicate job in snapshot; keeping one", job=key)
+        if repr(spec) < repr(other):
+            chosen[key] = spec
+    return [(key, chosen[key]) for key in sorted(chosen)]
+
+
 def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
     """Put a running pod where the snapshot says it is; False if it cannot be."""
     spec = task.spec
@@ -317,12 +347,52 @@ def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
             found.append(p)
         positions = tuple(found)
     gpu = task.gpu
+    wanted = gpu.devices if gpu.is_slice else gpu.whole
+    count = len(positions)
+    if count < wanted or (count > 1 and len(set(positions)) < count):
+        positions = _complete_assignment(node, task, positions, wanted)
     if gpu.is_slice:
         mem = node.gpu_mem
         Cluster.seat(task, node, positions, tuple([gpu.slice_on(mem[p]) for p in positions]))
     else:
         Cluster.seat(task, node, positions, ())
     return True
+
+
+def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], wanted: int) -> tuple[int, ...]:
+    """A running pod's GPUs when the snapshot names too few (or one twice).
+
+    The pod holds the devices it asked for whatever the snapshot says;
+    leaving them free would let this session bind a second pod onto a GPU in
+    use. The missing ones are taken from GPUs nobody holds (usable ones
+    first, then the most free memory for a slice): the count is right even
+    if the indices are a guess, and the log says so.
+    """
+    distinct = list(dict.fromkeys(positions))
+    missing = wanted - len(distinct)
+    if missing > 0:
+        taken = set(distinct)
+        if task.gpu.is_slice:
+            spare = [p for p in range(len(node.gpu_mem)) if p not in taken and not node.gpu_whole[p]]
+            spare.sort(key=lambda p: (not node.gpu_ok[p], -node.gpu_free[p], p))
+        else:
+            spare = [
+                p
+                for p in range(len(node.gpu_mem))
+                if p not in taken and not node.gpu_whole[p] and not node.gpu_slices[p]
+            ]
+            spare.sort(key=lambda p: (not node.gpu_ok[p], p))
+        distinct.extend(spare[:missing])
+        log.warning(
+            "running pod's GPU assignment names fewer GPUs than it requests; counting unassigned GPUs as held",
+            job=task.job.key,
+            pod=task.spec.name,
+            node=node.name,
+            named=[node.gpu_index[p] for p in positions],
+            counted=sorted(node.gpu_index[p] for p in distinct),
+            requested=wanted,
+        )
+    return tuple(sorted(distinct))
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""Snapshots no healthy cluster produces: the session schedules what it can,
+says on the job or in the log what was wrong, and never over-commits."""
+
+from __future__ import annotations
+
+from structlog.testing import capture_logs
+
+from scheduler.engine.model import Snapshot
+from scheduler.engine.session import run_session
+from tests.scheduler.builders import binds_by_job, job, node, pending, queue, running
+
+
+def _warnings(logs: list[dict[str, object]]) -> list[str]:
+    return [str(entry["event"]) for entry in logs if entry["log_level"] == "warning"]
+
+
+def test_a_job_listed_twice_is_charged_and_placed_once() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 2, gpu_limit=2),),
+        jobs=(
+            job("a", "q", running("a-0", "n1", (0,))),
+            job("a", "q", running("a-0", "n1", (0,))),
+            job("b", "q", pending("b-0", 1)),
+        ),
+    )
+    with capture_logs() as logs:
+        d = run_session(snap)
+    assert "duplicate job in snapshot; keeping one" in _warnings(logs)
+    # Counted twice, queue q would sit at its 2-GPU limit and b would be refused.
+    assert binds_by_job(d) == {"b": [("b-0", "n1", (1,))]}
+    assert next(s for s in d.queue_shares if s.queue == "q").allocated.gpu == 2000
+
+
+def test_which_duplicate_is_kept_does_not_depend_on_input_order() -> None:
+    wide = job("x", "q", pending("x-0", 2), priority=1)
+    narrow = job("x", "q", pending("x-0", 1), priority=1)
+    cluster = {"nodes": (node("n1", 2),), "queues": (queue("q", 2),)}
+    first = run_session(Snapshot(jobs=(wide, narrow), **cluster))
+    second = run_session(Snapshot(jobs=(narrow, wide), **cluster))
+    assert first == second
+    assert len(first.binds) == 1
+
+
+def test_a_pod_in_two_jobs_is_seated_once() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 2, gpu_limit=2),),
+        jobs=(
+            job("a", "q", running("shared-0", "n1", (0,))),
+            job("b", "q", running("shared-0", "n1", (0,))),
+            job("c", "q", pending("c-0", 1)),
+        ),
+    )
+    with capture_logs() as logs:
+        d = run_session(snap)
+    assert "duplicate pod in snapshot; keeping the first" in _warnings(logs)
+    assert binds_by_job(d) == {"c": [("c-0", "n1", (1,))]}
+
+
+def test_running_pod_without_gpu_assignment_still_holds_its_gpus() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("r", "q", running("r-0", "n1", (), gpus=2)),
+            job("p", "q", pending("p-0", 1)),
+        ),
+    )
+    with capture_logs() as logs:
+        d = run_session(snap)
+    assert not d.binds, "both GPUs of n1 are in use by r-0"
+    assert any("names fewer GPUs than it requests" in w for w in _warnings(logs))
+    assert d.pending[0].reasons[0].message.startswith("each pod needs 1 GPU")
+
+
+def test_running_pod_naming_one_gpu_twice_holds_as_many_as_it_asked() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 4),),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("r", "q", running("r-0", "n1", (1, 1), gpus=2)),
+            job("p", "q", pending("p-0", 2)),
+        ),
+    )
+    d = run_session(snap)
+    # r-0 is counted on GPU 1 and on the first free one, GPU 0.
+    assert binds_by_job(d) == {"p": [("p-0", "n1", (2, 3))]}
+
+
+def test_overlapping_running_pods_keep_the_gpu_taken_until_both_leave() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("a", "q", running("a-0", "n1", (0,))),
+            job("b", "q", running("b-0", "n1", (0,))),
+            job("p", "q", pending("p-0", 2)),
+            job("s", "q", pending("s-0", 1)),
+        ),
+    )
+    d = run_session(snap)
+    assert binds_by_job(d) == {"s": [("s-0", "n1", (1,))]}
