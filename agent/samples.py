@@ -120,9 +120,10 @@ class GpuSample:
     """Everything NVML told us about one GPU in one poll.
 
     ``lost`` is True when NVML answered ``GPU_IS_LOST`` (the GPU fell off the
-    bus): the identity fields then hold what was last known about it and the
-    rest are ``None``. ``errors`` lists fields that failed for a reason other
-    than "not supported" (they are logged; the sample keeps what did work).
+    bus) or could not name the GPU at all: the identity fields then hold what
+    was last known about it, the rest are ``None`` and ``errors`` says why.
+    Otherwise ``errors`` lists fields that failed for a reason other than
+    "not supported" (they are logged; the sample keeps what did work).
     """
 
     index: int

@@ -10,7 +10,9 @@ NVML's failure modes shape this module:
   has no such thing": the field is ``None`` and is not asked again for that
   GPU, which also keeps the poll cheap.
 * ``GPU_IS_LOST`` means the GPU fell off the bus: its sample is flagged
-  ``lost`` with the identity last seen, so the rules can name it.
+  ``lost`` with the identity last seen, so the rules can name it. A GPU whose
+  handle or UUID cannot be read for another reason (``RESET_REQUIRED``,
+  ``Unknown``) is flagged the same way, with NVML's error in ``errors``.
 * ``Uninitialized``, ``LibraryNotFound``, ``DriverNotLoaded`` and a driver/
   library mismatch mean NVML is unusable: :class:`BackendUnavailableError`, which
   the GPU probe reports and retries with backoff.
@@ -225,7 +227,7 @@ class NvmlBackend(GpuBackend):
             log.warning("nvml_field_failed", gpu=index, field=name, error=str(exc))
             return None
 
-    def _lost_sample(self, index: int) -> GpuSample:
+    def _lost_sample(self, index: int, why: str) -> GpuSample:
         uuid, bus, name = self._identity.get(index, ("", "", ""))
         static = self._static.get(uuid, {})
         return GpuSample(
@@ -235,6 +237,7 @@ class NvmlBackend(GpuBackend):
             name=name,
             memory_total_bytes=static.get("memory_total"),
             lost=True,
+            errors=(why,),
         )
 
     def _sample_one(self, index: int) -> GpuSample:
@@ -248,6 +251,13 @@ class NvmlBackend(GpuBackend):
                 raise _GpuLostError from exc
             except self._unavailable as exc:
                 raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
+            except nv.NVMLError as exc:
+                # The GPU cannot even be named (RESET_REQUIRED, Unknown,
+                # NoPermission): it is out of service like a lost one. Raising
+                # instead would cost every other GPU its sample, this poll and
+                # every poll after, and the broken GPU would never be reported.
+                log.error("gpu_unusable", gpu=index, error=str(exc))
+                return self._lost_sample(index, f"NVML cannot reach it: {exc}")
             static = self._static.get(uuid)
             if static is None:
                 static = self._read_static(index, handle, errors)
@@ -277,7 +287,7 @@ class NvmlBackend(GpuBackend):
             )
         except _GpuLostError:
             log.error("gpu_lost", gpu=index, uuid=self._identity.get(index, ("",))[0] or None)
-            return self._lost_sample(index)
+            return self._lost_sample(index, "NVML: GPU is lost (fallen off the bus)")
 
     def _read_static(self, index: int, handle: Any, errors: list[str]) -> dict[str, Any]:
         nv = self._nv

@@ -84,7 +84,12 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
     ),
     _doc("gpu_retired_pages_pending", "gauge", "1 if retired pages wait for a GPU reset or reboot.", GPU_LABELS),
     _doc("gpu_healthy", "gauge", "1 if the GPU is in service (its memory counts in node capacity).", GPU_LABELS),
-    _doc("gpu_lost", "gauge", "1 if NVML reports the GPU lost (fallen off the bus).", GPU_LABELS),
+    _doc(
+        "gpu_lost",
+        "gauge",
+        "1 if NVML reports the GPU lost (fallen off the bus) or cannot reach it at all.",
+        GPU_LABELS,
+    ),
     _doc("nvlink_up", "gauge", "1 if the NVLink is active.", NVLINK_LABELS),
     _doc(
         "nvlink_errors_total",

@@ -85,7 +85,7 @@ class GpuCountRule:
                 yield Finding(
                     cond,
                     Reason.GPU_LOST,
-                    f"{entity.describe()} is lost (NVML: GPU is lost, fallen off the bus); "
+                    f"{entity.describe()} is lost ({'; '.join(gpu.errors) or 'NVML: GPU is lost'}); "
                     f"recommended action {Action.REBOOT}",
                     Action.REBOOT,
                     entity,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,10 @@ import pytest
 
 from agent.backends.base import BackendUnavailableError
 from agent.backends.nvml import NvmlBackend
-from agent.samples import EventSource, GpuEventKind
+from agent.config import config_from_dict
+from agent.contract import Reason
+from agent.rules.engine import HealthRules
+from agent.samples import EventSource, GpuEventKind, NodeSample
 from tests.agent.fake_pynvml import FakeGpu, FakeNvml, h100_node
 from tests.agent.record_nvml import record
 
@@ -136,6 +140,23 @@ def test_gpu_lost_after_start_keeps_its_identity(backend_for: Any) -> None:
     assert lost.lost and lost.uuid == before.uuid and lost.pci_bus_id == before.pci_bus_id
     assert lost.remapped_rows is None and lost.nvlinks == ()
     assert not any(s.lost for i, s in enumerate(after) if i != 5)
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_UNKNOWN])
+def test_a_gpu_nvml_cannot_name_is_out_of_service_and_the_rest_still_sampled(backend_for: Any, code: int) -> None:
+    nv = h100_node(3)
+    backend = backend_for(nv)
+    before = backend.sample()[1]
+    nv.gpus[1].errors = {"nvmlDeviceGetUUID": code}
+    s = backend.sample()
+    assert [x.lost for x in s] == [False, True, False]
+    assert (s[1].uuid, s[1].pci_bus_id) == (before.uuid, before.pci_bus_id)
+    assert str(pynvml.NVMLError(code)) in s[1].errors[0]
+    assert s[0].remapped_rows is not None and s[2].pcie is not None
+
+    report = HealthRules(config_from_dict(None), "n").evaluate(NodeSample(time=datetime.now(UTC), gpus=s))
+    (fault,) = [f for f in report.faults if f.reason == Reason.GPU_LOST]
+    assert fault.entity.uuid == before.uuid and str(pynvml.NVMLError(code)) in fault.message
 
 
 def test_gpu_lost_from_the_start_is_still_reported(backend_for: Any) -> None:
