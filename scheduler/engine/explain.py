@@ -38,6 +38,8 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         if usable < gpu.devices:
             return f"fewer than {gpu.devices} GPU(s) with {need} MiB free"
     elif node.free_whole < gpu.whole:
+        if node.mig:
+            return f"fewer than {gpu.whole} free GPUs not in MIG mode"
         return f"fewer than {gpu.whole} free GPUs"
     if node.free_cpu < task.cpu:
         return "not enough free CPU"

@@ -121,7 +121,10 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
         gpu_index = [g.index for g in spec.gpus]
         gpu_mem = [g.memory_mib for g in spec.gpus]
         bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
-        gpu_ok = [r is None for r in bad_reason]
+        # A GPU in MIG mode is handed out as MIG devices, which are not ours
+        # to place: it takes neither whole-GPU pods nor slices, and is no
+        # part of the capacity fair share divides.
+        gpu_ok = [r is None and not g.mig_enabled for r, g in zip(bad_reason, spec.gpus, strict=True)]
         node = NodeState(
             spec=spec,
             pool=pool,

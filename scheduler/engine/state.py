@@ -49,7 +49,7 @@ class NodeState:
     gpu_free: list[int]  # free MiB per position
     gpu_whole: list[int]  # whole-GPU holders per position (more than 1 only in bad snapshots)
     gpu_slices: list[int]  # slice holders per position
-    gpu_ok: list[bool]  # usable: healthy and not faulted
+    gpu_ok: list[bool]  # usable: healthy, not faulted, not in MIG mode
     gpu_bad_reason: list[str | None]
     free_whole: int  # usable positions held by nobody
     dense: bool  # GPU indices are 0..n-1, so an index is its own position

@@ -198,10 +198,28 @@ def test_mig_node_takes_no_slices_but_takes_whole_gpus() -> None:
         jobs=(job("slice", "q", fraction("slice-0", 0.5)), job("whole", "q", pending("whole-0", 1))),
     )
     d = run_session(snap)
-    assert binds_by_job(d)["whole"][0][1] == "mig"
+    # GPU 0 is in MIG mode: the whole-GPU pod gets GPU 1, never the MIG one.
+    assert binds_by_job(d)["whole"] == [("whole-0", "mig", (1,))]
     reason = next(p for p in d.pending if p.job == "default/slice").reasons[0]
     assert reason.code is UnschedulableReason.NO_ELIGIBLE_NODES
     assert "MIG" in reason.message
+
+
+def test_gpus_in_mig_mode_are_neither_placed_on_nor_counted_nor_evicted_from() -> None:
+    all_mig = tuple(Gpu(i, mig_enabled=True) for i in range(2))
+    snap = Snapshot(
+        nodes=(node("mig", gpu_list=all_mig), node("plain", 1)),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("on-mig", "q", running("on-mig-0", "mig", (0,))),
+            job("two", "q", pending("two-0", 2)),
+        ),
+    )
+    d = run_session(snap)
+    assert not d.binds and not d.evictions
+    share = next(s for s in d.queue_shares if s.queue == "q")
+    assert share.fair_share.gpu == 1000  # only the plain node's GPU
+    assert "1 fewer than 2 free GPUs not in MIG mode" in d.pending[0].reasons[0].message
 
 
 def test_never_on_unhealthy_gpu_cordoned_or_tainted_node() -> None:

@@ -28,13 +28,14 @@ def run(cluster: Cluster) -> None:
                     hit[id(task)] = (task, why)
                     jobs.setdefault(id(task.job), task.job)
             continue
-        if all(node.gpu_ok):
+        bad = node.gpu_bad_reason
+        if not any(bad):
             continue
         for task in node.tasks:
             if not evictable(task):
                 continue
             for p in task.gpu_pos:
-                if not node.gpu_ok[p]:
+                if bad[p] is not None:
                     why = f"GPU {node.gpu_index[p]} on node {node.name}: {node.gpu_bad_reason[p]}"
                     hit[id(task)] = (task, why)
                     jobs.setdefault(id(task.job), task.job)
