@@ -45,13 +45,20 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("ConfigMap", "gpuwarden-agent"),
         ("ClusterRole", "gpuwarden-agent"),
         ("ClusterRoleBinding", "gpuwarden-agent"),
+        ("Role", "gpuwarden-agent-events"),
+        ("RoleBinding", "gpuwarden-agent-events"),
         ("DaemonSet", "gpuwarden-agent"),
         ("Service", "gpuwarden-agent"),
     }
     # As the API server stores it (defaults applied), not as written.
     ds = _get_json(control_plane, "daemonset")
     pod = ds["spec"]["template"]["spec"]
-    assert contract.TAINT_QUARANTINE in {t.get("key") for t in pod["tolerations"]}
+    # It tolerates the quarantine taint and any other, NoExecute included.
+    for taint in (contract.TAINT_QUARANTINE, "nvidia.com/gpu", "example.com/someone-elses"):
+        assert any(
+            t.get("operator") == "Exists" and t.get("key") in (None, taint) and t.get("effect") in (None, "NoExecute")
+            for t in pod["tolerations"]
+        ), taint
     container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -84,10 +91,20 @@ def _agent_flag_envs() -> set[str]:
 
 
 def test_cluster_role_grants_nothing_on_pods_or_secrets(control_plane: ControlPlane) -> None:
-    role = next(d for d in _rendered(control_plane, MANIFESTS) if d["kind"] == "ClusterRole")
+    docs = _rendered(control_plane, MANIFESTS)
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status", "events"}
-    for rule in role["rules"]:
+    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status"}
+    # Events only where Node Events live, not cluster-wide.
+    events = next(d for d in docs if d["kind"] == "Role")
+    assert events["metadata"]["namespace"] == DEFAULT_EVENTS_NAMESPACE
+    assert [r["resources"] for r in events["rules"]] == [["events"]]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["metadata"]["namespace"] == DEFAULT_EVENTS_NAMESPACE
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": AGENT_NAMESPACE}
+    ]
+    for rule in [*role["rules"], *events["rules"]]:
         assert "*" not in rule["verbs"]
         assert "delete" not in rule["verbs"]
         if "nodes/status" in rule["resources"]:
@@ -201,6 +218,18 @@ def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
                     contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, gpu_node
                 )
             ),
+            "create an Event in a workload's namespace": _refused(
+                lambda: core.create_namespaced_event(
+                    namespace,
+                    client.CoreV1Event(
+                        metadata=client.V1ObjectMeta(name="spoof"),
+                        involved_object=client.V1ObjectReference(kind="Pod", name="victim", namespace=namespace),
+                        reason="Spoofed",
+                        message="x",
+                    ),
+                )
+            ),
+            "list Events cluster-wide": _refused(core.list_event_for_all_namespaces),
             "evict a pod": _refused(
                 lambda: core.create_namespaced_pod_eviction(
                     "victim",
