@@ -205,7 +205,7 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
     # Parsed GPU requests by (whole GPUs, annotations), and their milli-GPU
     # charge per pool: 150,000 pods have a handful of distinct requests.
     parsed: dict[object, GpuRequest | str] = {}
-    by_pool: dict[str, dict[object, tuple[GpuRequest, int]]] = {}
+    by_pool: dict[str, dict[object, tuple[GpuRequest, int, str | None]]] = {}
     demand: dict[str, list[int]] = {}
     # A pod seen twice (same namespace and name, or same uid) is seated and
     # charged once: counting it twice would hide capacity it does not use.
@@ -255,12 +255,15 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
                         job.error = PendingReason(
                             UnschedulableReason.INVALID_REQUEST, f"pod {tspec.name}: {parsed_request}"
                         )
-                    request, milli = _NO_GPU, 0
+                    request, milli, never = _NO_GPU, 0, None
                 else:
                     request, milli = parsed_request, milli_of(parsed_request, pool)
-                    known[akey] = (request, milli)
+                    never = _never_fits(request, pool)
+                    known[akey] = (request, milli, never)
+                    if never is not None:
+                        log.warning("GPU request fits no node of its pool", job=spec.key, pod=tspec.name, problem=never)
             else:
-                request, milli = hit
+                request, milli, never = hit
             status = tspec.status
             cpu = tspec.cpu_milli
             mem = tspec.memory_mib
@@ -272,6 +275,8 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
             if status is PENDING:
                 task.shape = shape_of(task)
                 has_pending = True
+                if never is not None and job.error is None:
+                    job.error = PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"pod {tspec.name} {never}")
             elif _seat_running(nodes, task):
                 held_gpu += milli
                 held_cpu += cpu
@@ -301,6 +306,31 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
 _NO_GPU = GpuRequest()
 PENDING = TaskStatus.PENDING
 RELEASING = TaskStatus.RELEASING
+
+
+def _never_fits(request: GpuRequest, pool: PoolState | None) -> str | None:
+    """Why no node of ``pool`` could hold ``request`` even if it were empty.
+
+    Such a pod would otherwise read "no node has room" cycle after cycle,
+    and reclaim, preemption and consolidation would evict for it in vain;
+    the person who wrote the request is the one who can act.
+    """
+    if pool is None or not pool.nodes:
+        return None
+    most = pool.max_gpus
+    if request.whole > most:
+        return f"asks for {request.whole} GPUs on one node; the largest node of pool {pool.name} has {most}"
+    if request.is_slice and request.devices > most:
+        return (
+            f"asks for a GPU slice on {request.devices} GPUs of one node; "
+            f"the largest node of pool {pool.name} has {most}"
+        )
+    if request.memory_mib is not None and request.memory_mib > pool.reference_gpu_mem:
+        return (
+            f"asks for {request.memory_mib} MiB of GPU memory per device; "
+            f"the largest GPU in pool {pool.name} has {pool.reference_gpu_mem} MiB"
+        )
+    return None
 
 
 def _task_name(task: Task) -> str:

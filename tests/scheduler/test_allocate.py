@@ -81,17 +81,18 @@ def test_gang_is_placed_whole_or_not_at_all() -> None:
 
 def test_pending_reason_says_how_far_from_fitting() -> None:
     snap = Snapshot(
-        nodes=(node("n1", 4), node("n2", 4)),
+        nodes=(node("n1", 8), node("n2", 8)),
         queues=(queue("q", 16),),
         jobs=(
-            job("warm", "q", running("warm-0", "n1", (0, 1))),
+            job("warm", "q", running("warm-0", "n1", (0, 1, 2, 3)), priority=100),
+            job("hot", "q", running("hot-0", "n2", (0, 1, 2)), priority=100),
             job("wide", "q", pending("wide-0", 6)),
         ),
     )
-    message = run_session(snap).pending[0].reasons[0].message
+    message = next(p for p in run_session(snap).pending if p.job == "default/wide").reasons[0].message
     assert message.startswith("each pod needs 6 GPUs, 1 core, 1 GiB on one node; 0 of 2 eligible nodes")
     assert "2 fewer than 6 free GPUs" in message
-    assert "the most free GPUs on one eligible node is 4" in message
+    assert "the most free GPUs on one eligible node is 5" in message
 
 
 def test_elastic_job_gets_gang_then_extras_while_they_fit() -> None:

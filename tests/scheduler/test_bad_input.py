@@ -3,11 +3,13 @@ says on the job or in the log what was wrong, and never over-commits."""
 
 from __future__ import annotations
 
+import pytest
 from structlog.testing import capture_logs
 
-from scheduler.engine.model import Snapshot
+from agent.contract import UnschedulableReason
+from scheduler.engine.model import Snapshot, Task
 from scheduler.engine.session import run_session
-from tests.scheduler.builders import binds_by_job, job, node, pending, queue, running
+from tests.scheduler.builders import binds_by_job, fraction, gpu_mib, job, node, pending, queue, running
 
 
 def _warnings(logs: list[dict[str, object]]) -> list[str]:
@@ -101,3 +103,26 @@ def test_overlapping_running_pods_keep_the_gpu_taken_until_both_leave() -> None:
     )
     d = run_session(snap)
     assert binds_by_job(d) == {"s": [("s-0", "n1", (1,))]}
+
+
+@pytest.mark.parametrize(
+    ("task", "fragment"),
+    [
+        (pending("p-0", 9), "pod p-0 asks for 9 GPUs on one node; the largest node of pool default has 8"),
+        (gpu_mib("p-0", 900_000), "asks for 900000 MiB of GPU memory per device; the largest GPU in pool default has"),
+        (fraction("p-0", 0.5, devices=9), "asks for a GPU slice on 9 GPUs of one node; the largest node of pool"),
+    ],
+)
+def test_a_request_no_node_could_ever_hold_says_so_and_evicts_nothing(task: Task, fragment: str) -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 8), node("n2", 4)),
+        queues=(queue("q", 8), queue("other", 0)),
+        jobs=(job("hog", "other", running("hog-0", "n1", tuple(range(8)))), job("p", "q", task)),
+    )
+    with capture_logs() as logs:
+        d = run_session(snap)
+    assert "GPU request fits no node of its pool" in _warnings(logs)
+    assert not d.evictions and not d.binds
+    (status,) = d.pending
+    assert [r.code for r in status.reasons] == [UnschedulableReason.NO_ELIGIBLE_NODES]
+    assert fragment in status.reasons[0].message
