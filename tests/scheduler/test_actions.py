@@ -171,6 +171,18 @@ def test_reclaim_takes_back_from_queue_above_fair_share() -> None:
     assert d.binds[0].pipelined
 
 
+def test_reclaim_places_a_whole_gang_within_the_fair_share() -> None:
+    snap = _reclaim_snapshot((2, 2, 2, 2), want=2)
+    gang = job("mine", "owed", pending("mine-0", 2), pending("mine-1", 2), min_member=2)
+    d = run_session(Snapshot(snap.nodes, snap.queues, (*snap.jobs[:-1], gang)))
+    # owed's fair share is 4 and the gang needs 4: both of its pods must
+    # count against it once, not the first pod twice.
+    assert evicted(d) == {"v3-0": ("Reclaim", "mine"), "v2-0": ("Reclaim", "mine")}
+    assert sorted(b[2] for b in binds_by_job(d)["mine"]) == [(4, 5), (6, 7)]
+    greedy = next(s for s in d.queue_shares if s.queue == "greedy")
+    assert greedy.allocated.gpu == greedy.fair_share.gpu == 4000
+
+
 def test_reclaim_never_pushes_victim_below_its_fair_share() -> None:
     # owed wants 4 (share 4); greedy share 4 but its only job holds 8:
     # evicting it leaves greedy at 0 < 4, so nothing happens.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.contract import EvictionAction
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount
@@ -68,11 +68,21 @@ def _above_share(queue: QueueState, resources: tuple[int, ...]) -> bool:
 
 @dataclass(slots=True)
 class _Fairness:
-    """May this victim go? Both queues must stay on their side of fair share."""
+    """May this victim go? Both queues must stay on their side of fair share.
+
+    The reclaimer's side is judged on what its queues held *before* the
+    plan plus the whole gang: by the time a later pod of the gang needs a
+    victim, the earlier pods are already charged, and adding the full
+    request to that would count them twice.
+    """
 
     reclaimer: QueueState
     need: list[int]
     contested: tuple[int, ...]
+    before: dict[int, list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.before = {id(q): list(q.alloc) for q in self.reclaimer.path}
 
     def allows(self, victim: JobState) -> bool:
         assert victim.queue is not None
@@ -80,7 +90,8 @@ class _Fairness:
         theirs = {id(q) for q in victim.queue.path}
         mine = {id(q) for q in self.reclaimer.path}
         for q in self.reclaimer.path:
-            if id(q) not in theirs and any(q.alloc[r] + self.need[r] > q.share[r] for r in contested):
+            start = self.before[id(q)]
+            if id(q) not in theirs and any(start[r] + self.need[r] > q.share[r] for r in contested):
                 return False
         held = _held(victim)
         for q in victim.queue.path:
