@@ -83,7 +83,9 @@ class _Checker:
                 mounted=last.mounted if last else True,
                 responsive=False,
                 latency_s=None,
-                error=f"statvfs has not answered for {now - started:.1f}s (timeout {timeout:g}s)",
+                # No running duration in the text: it becomes the condition's
+                # message, which must not change (and be re-sent) every poll.
+                error=f"statvfs has not answered within {timeout:g}s",
             )
         if last is None:
             # First check still running and within its timeout: nothing known yet.

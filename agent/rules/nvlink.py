@@ -9,6 +9,10 @@ The data-link error counters (replay, recovery, CRC flit, CRC data) summed
 per link are turned into a rate over ``nvlink.window_s``; above
 ``nvlink.error_rate_per_min`` is ``NvlinkErrorRate``, cleared only below the
 lower hysteresis threshold.
+
+Messages name links and thresholds, never a live value: a message is a
+condition's message, and one that changed every poll would cost a Node patch
+every poll.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class NvlinkRule:
                     Action.RESET_GPU,
                     entity,
                 )
-            fast: list[str] = []
+            fast: list[int] = []
             active = ctx.is_active(cond, Reason.NVLINK_ERROR_RATE, entity)
             for link in gpu.nvlinks:
                 key = (gpu.uuid, link.link)
@@ -70,13 +74,17 @@ class NvlinkRule:
                     window = self._rates[key] = RateWindow(self._cfg.window_s)
                 rate = window.add(t, link.error_total)
                 if rate is not None and over_threshold(rate, self._cfg.error_rate_per_min, active, self._clear_ratio):
-                    fast.append(f"link {link.link} {rate:.0f}/min")
+                    fast.append(link.link)
             if fast:
+                # The links, not their current rates: the message becomes the
+                # condition's, and a number that moves every poll would patch
+                # the Node every poll. The rates are in the metrics.
                 yield Finding(
                     cond,
                     Reason.NVLINK_ERROR_RATE,
                     f"{entity.describe()}: NVLink errors growing faster than "
-                    f"{self._cfg.error_rate_per_min:g}/min ({'; '.join(fast)}); recommended action {Action.RESET_GPU}",
+                    f"{self._cfg.error_rate_per_min:g}/min on link {', '.join(map(str, fast))}; "
+                    f"recommended action {Action.RESET_GPU}",
                     Action.RESET_GPU,
                     entity,
                 )

@@ -8,7 +8,9 @@ when idle, so a lower generation counts only while the GPU is busy
 ``pcie.gen_sustained_s`` is set, when it has lasted that long whatever the
 load. The replay counter's growth rate over ``pcie.window_s`` above
 ``pcie.replay_rate_per_min`` is ``PcieReplayRate``, with the two-threshold
-hysteresis of every rate rule.
+hysteresis of every rate rule. Messages carry no live value (utilisation,
+duration, rate): they become the condition's message, which must not change
+every poll.
 """
 
 from __future__ import annotations
@@ -52,7 +54,14 @@ class PcieRule:
                 busy = gpu.utilization_gpu_pct is not None and gpu.utilization_gpu_pct >= self._cfg.gen_load_pct
                 sustained = self._cfg.gen_sustained_s > 0 and t - low_since >= self._cfg.gen_sustained_s
                 if busy or sustained:
-                    why = f"at {gpu.utilization_gpu_pct}% utilisation" if busy else f"for {t - low_since:.0f}s"
+                    # Fixed wording, sustained first (it stays true once true):
+                    # a live utilisation or duration here would change the
+                    # condition's message, and patch the Node, every poll.
+                    why = (
+                        f"for more than {self._cfg.gen_sustained_s:g}s"
+                        if sustained
+                        else f"under load (utilisation at least {self._cfg.gen_load_pct}%)"
+                    )
                     yield Finding(
                         cond,
                         Reason.PCIE_GEN_DEGRADED,
@@ -73,8 +82,8 @@ class PcieRule:
                     yield Finding(
                         cond,
                         Reason.PCIE_REPLAY_RATE,
-                        f"{entity.describe()}: PCIe replays growing at {rate:.0f}/min "
-                        f"(threshold {self._cfg.replay_rate_per_min:g}/min); recommended action {Action.REBOOT}",
+                        f"{entity.describe()}: PCIe replays growing faster than "
+                        f"{self._cfg.replay_rate_per_min:g}/min; recommended action {Action.REBOOT}",
                         Action.REBOOT,
                         entity,
                     )

@@ -542,3 +542,31 @@ def test_a_failing_rule_holds_its_own_conditions_and_costs_no_other() -> None:
     report = rules.evaluate(node(t=at(10), gpus=(pending,)))
     # The storage fault is held (its rule could not judge), the memory rule still ran.
     assert {f.reason for f in report.faults} == {Reason.MOUNT_HUNG, Reason.ROW_REMAP_PENDING}
+
+
+def test_a_raised_fault_keeps_its_message_while_the_numbers_behind_it_move() -> None:
+    """A condition's message is re-sent whenever it changes: a live rate,
+    utilisation or duration in it would patch the Node on every poll."""
+    cfg = config_from_dict({"pcie": {"gen_sustained_s": 100}, "hysteresis": {"clear_polls": 3}})
+    rules = HealthRules(cfg, "n")
+    messages: dict[str, set[str]] = {}
+    counter = 0
+    for step in range(1, 40):
+        counter += 100 + 37 * (step % 5)  # errors keep growing, at a rate that varies
+        g = gpu(
+            0,
+            nvlinks=(link(0, replay=counter), link(1), link(2), link(3)),
+            pcie=pcie(current_gen=3, replay_counter=counter),
+            utilization_gpu_pct=[35, 90, 60, 20][step % 4],
+        )
+        hung = MountSample("/mnt/shared", mounted=True, responsive=False, error="statvfs has not answered within 5s")
+        for f in rules.evaluate(node(t=at(10 * step), gpus=(g,), mounts=(hung,))).faults:
+            messages.setdefault(f.reason, set()).add(f.message)
+    assert set(messages) >= {Reason.NVLINK_ERROR_RATE, Reason.PCIE_REPLAY_RATE, Reason.PCIE_GEN_DEGRADED}
+    # PCIe gen: "under load" until it has lasted gen_sustained_s, then "for more than": two texts, once each.
+    assert {r: len(m) for r, m in messages.items()} == {
+        Reason.NVLINK_ERROR_RATE: 1,
+        Reason.PCIE_REPLAY_RATE: 1,
+        Reason.PCIE_GEN_DEGRADED: 2,
+        Reason.MOUNT_HUNG: 1,
+    }
