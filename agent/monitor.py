@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -43,7 +44,16 @@ from agent.probes.kmsg import KmsgProbe, open_kmsg
 from agent.probes.netdev import NetdevReader
 from agent.probes.storage import StatvfsMountSource
 from agent.rules.engine import HealthRules
-from agent.samples import GpuEvent, GpuEventKind, GpuSample, IbPortSample, MountSample, NodeSample, XidCount
+from agent.samples import (
+    EventSource,
+    GpuEvent,
+    GpuEventKind,
+    GpuSample,
+    IbPortSample,
+    MountSample,
+    NodeSample,
+    XidCount,
+)
 
 log = get_logger(__name__)
 
@@ -61,17 +71,27 @@ def _utcnow() -> datetime:
 class EventHub:
     """Collects GPU events from the NVML and kernel-log threads.
 
-    The same XID usually arrives twice, once per source; events with the same
-    GPU, kind and XID within ``dedup_window_s`` of each other are one. The hub
-    also keeps per-GPU XID counts since start for the metrics publisher.
+    The same XID usually arrives twice, once per source. An event is the twin
+    of an earlier one when the *other* source reported the same GPU, kind and
+    XID within ``dedup_window_s`` and that report is still unmatched; each
+    report matches at most one twin. Two reports from one source are two
+    occurrences (a crash-looping job raises XID 13 every few seconds), so
+    NVML, NVML, kmsg, kmsg counts two, not three. The hub also keeps per-GPU
+    XID counts since start for the metrics publisher.
     """
+
+    # Unmatched sightings older than the window are dropped once the table
+    # holds this many keys, so a long XID storm cannot grow it without bound.
+    _PRUNE_AT = 4096
 
     def __init__(self, dedup_window_s: float, wake: Callable[[], None]) -> None:
         self._window = dedup_window_s
         self._wake = wake
         self._lock = threading.Lock()
         self._queue: list[GpuEvent] = []
-        self._recent: dict[tuple[str, str, int], datetime] = {}
+        # Per GPU/kind/XID and source, the times of reports not yet matched
+        # by the other source, oldest first.
+        self._unmatched: dict[tuple[str, str, int], dict[EventSource, deque[datetime]]] = {}
         self._counts: dict[tuple[str, int], int] = {}
         self._bus_by_uuid: dict[str, str] = {}
         self._gpu_by_bus: dict[str, GpuSample] = {}
@@ -89,14 +109,11 @@ class EventHub:
             bus = event.pci_bus_id or (self._bus_by_uuid.get(event.uuid) if event.uuid else None)
             gpu_key = bus or event.uuid or "?"
             key = (gpu_key, event.kind.value, event.xid or 0)
-            last = self._recent.get(key)
-            if last is not None and abs((event.time - last).total_seconds()) <= self._window:
+            if self._match_twin(key, event):
                 self.duplicates += 1
                 return
-            self._recent[key] = event.time
-            if len(self._recent) > 4096:
-                newest = max(self._recent.values())
-                self._recent = {k: t for k, t in self._recent.items() if (newest - t).total_seconds() <= self._window}
+            if len(self._unmatched) > self._PRUNE_AT:
+                self._prune(event.time)
             if event.kind is GpuEventKind.XID and event.xid is not None:
                 ck = (gpu_key, event.xid)
                 self._counts[ck] = self._counts.get(ck, 0) + 1
@@ -112,6 +129,39 @@ class EventHub:
             uuid=event.uuid,
         )
         self._wake()
+
+    def _match_twin(self, key: tuple[str, str, int], event: GpuEvent) -> bool:
+        """True when ``event`` is the twin of an unmatched report of ``key``
+        from the other source within the window; that report is consumed.
+        Otherwise ``event`` is recorded as unmatched. Reports that fell out of
+        the window are dropped from the front on the way, so a one-source storm
+        (single-bit ECC from NVML only) costs constant time per event and keeps
+        only a window's worth. Caller holds the lock."""
+        by_source = self._unmatched.setdefault(key, {})
+        for times in by_source.values():
+            while times and abs((event.time - times[0]).total_seconds()) > self._window:
+                times.popleft()
+        others = [t for source, t in by_source.items() if source is not event.source and t]
+        if others:
+            others[0].popleft()
+            matched = True
+        else:
+            by_source.setdefault(event.source, deque()).append(event.time)
+            matched = False
+        if not any(by_source.values()):
+            del self._unmatched[key]
+        return matched
+
+    def _prune(self, now: datetime) -> None:
+        """Forget reports too old to be matched any more, for GPUs and XIDs
+        that have gone quiet. Caller holds the lock."""
+        for key in list(self._unmatched):
+            by_source = self._unmatched[key]
+            for times in by_source.values():
+                while times and abs((now - times[0]).total_seconds()) > self._window:
+                    times.popleft()
+            if not any(by_source.values()):
+                del self._unmatched[key]
 
     def drain(self) -> tuple[GpuEvent, ...]:
         with self._lock:

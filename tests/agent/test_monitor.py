@@ -19,11 +19,11 @@ from agent.backends.sim import SimNode, load_scenario
 from agent.config import MountConfig, config_from_dict
 from agent.contract import ConditionType, Reason
 from agent.model import HealthReport
-from agent.monitor import Monitor
+from agent.monitor import EventHub, Monitor
 from agent.probes.gpu import GpuProbe
 from agent.probes.infiniband import SysfsIbSource
 from agent.probes.storage import StatvfsMountSource
-from agent.samples import GpuEvent, NodeSample
+from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
 from tests.agent.sysfs_tree import two_hcas
@@ -98,6 +98,43 @@ def test_an_injected_xid_produces_a_report_before_the_next_poll(sim: tuple[SimNo
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_each_report_matches_at_most_one_twin_from_the_other_source() -> None:
+    """A crash-looping job: NVML reports XID 13 twice, then the kernel log
+    twice. Two occurrences, two duplicates; and a kernel-log line outside the
+    window is an occurrence of its own."""
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def xid(source: EventSource, seconds: float) -> GpuEvent:
+        return GpuEvent(
+            GpuEventKind.XID, source, t0 + timedelta(seconds=seconds), pci_bus_id="00000000:3B:00.0", xid=13
+        )
+
+    for event in (
+        xid(EventSource.NVML, 0),
+        xid(EventSource.NVML, 1),
+        xid(EventSource.KMSG, 1.5),
+        xid(EventSource.KMSG, 2),
+        xid(EventSource.KMSG, 3),
+        xid(EventSource.NVML, 30),  # its twin below, 40 s on, is too late to be one
+        xid(EventSource.KMSG, 70),
+    ):
+        hub.push(event)
+    assert hub.duplicates == 2
+    assert [(c.xid, c.count) for c in hub.counts()] == [(13, 5)]
+    assert len(hub.drain()) == 5
+
+
+def test_a_one_source_storm_keeps_only_a_window_of_unmatched_reports() -> None:
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(10_000):
+        hub.push(GpuEvent(GpuEventKind.ECC_SINGLE_BIT, EventSource.NVML, t0 + timedelta(seconds=i / 100), uuid="GPU-a"))
+    assert hub.duplicates == 0 and len(hub.drain()) == 10_000
+    (by_source,) = hub._unmatched.values()
+    assert len(by_source[EventSource.NVML]) <= 1001
 
 
 def test_a_failing_report_handler_does_not_stop_detection(sim: tuple[SimNode, Monitor]) -> None:
