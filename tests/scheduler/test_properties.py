@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, Action, ConditionType, EvictionAction
+from agent.contract import (
+    ANNOTATION_GPU_FRACTION,
+    ANNOTATION_GPU_FRACTION_NUM_DEVICES,
+    ANNOTATION_GPU_MEMORY,
+    Action,
+    ConditionType,
+    EvictionAction,
+)
 from scheduler.engine.model import (
     UNLIMITED,
+    Decisions,
     Gpu,
     Job,
     Node,
@@ -20,8 +29,11 @@ from scheduler.engine.model import (
     QueueResource,
     SchedulerConfig,
     Snapshot,
+    Taint,
+    TaintEffect,
     Task,
     TaskStatus,
+    Toleration,
 )
 from scheduler.engine.placement import place_job
 from scheduler.engine.session import build_cluster, run_session
@@ -30,13 +42,28 @@ from scheduler.engine.statement import Statement
 GPU_MEM = 40000
 
 
+# Taints the generated nodes may carry: one that blocks, one that evicts,
+# one that only discourages (and so must not keep pods away).
+TAINTS = (
+    Taint("dedicated", "infer", TaintEffect.NO_SCHEDULE),
+    Taint("maintenance", "", TaintEffect.NO_EXECUTE),
+    Taint("spot", "", TaintEffect.PREFER_NO_SCHEDULE),
+)
+TOLERATIONS = (
+    (Toleration("dedicated", "Equal", "infer"),),
+    (Toleration("maintenance", "Exists"),),
+    (Toleration(operator="Exists"),),
+)
+
+
 @st.composite
 def snapshots(draw: st.DrawFn) -> Snapshot:
     nodes = []
     for i in range(draw(st.integers(1, 6))):
         count = draw(st.integers(0, 4))
+        mig = count > 1 and draw(st.integers(0, 7)) == 0
         gpus = tuple(
-            Gpu(g, memory_mib=GPU_MEM, healthy=draw(st.booleans()) or draw(st.booleans()), mig_enabled=False)
+            Gpu(g, memory_mib=GPU_MEM, healthy=draw(st.booleans()) or draw(st.booleans()), mig_enabled=mig and g == 0)
             for g in range(count)
         )
         conditions: tuple[NodeCondition, ...] = ()
@@ -48,6 +75,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 cpu_milli=draw(st.sampled_from([4000, 16000, 64000])),
                 memory_mib=65536,
                 gpus=gpus,
+                labels={"zone": draw(st.sampled_from(["a", "b"]))},
+                taints=(draw(st.sampled_from(TAINTS)),) if draw(st.integers(0, 3)) == 0 else (),
                 schedulable=draw(st.integers(0, 6)) > 0,
                 conditions=conditions,
                 draining=draw(st.integers(0, 10)) == 0,
@@ -67,6 +96,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     for j in range(draw(st.integers(0, 10))):
         size = draw(st.integers(1, 3))
         kind = draw(st.sampled_from(["whole", "fraction", "mib", "cpu"]))
+        tolerations = draw(st.sampled_from(((), (), *TOLERATIONS)))
+        selector = {"zone": "a"} if draw(st.integers(0, 4)) == 0 else {}
         tasks = []
         for t in range(size):
             annotations: dict[str, str] = {}
@@ -77,6 +108,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 annotations[ANNOTATION_GPU_FRACTION] = draw(st.sampled_from(["0.25", "0.5", "0.7"]))
             elif kind == "mib":
                 annotations[ANNOTATION_GPU_MEMORY] = draw(st.sampled_from(["5000", "15000", "30000"]))
+            if annotations and draw(st.integers(0, 3)) == 0:
+                annotations[ANNOTATION_GPU_FRACTION_NUM_DEVICES] = "2"
             tasks.append(
                 Task(
                     f"j{j}-{t}",
@@ -84,6 +117,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                     memory_mib=1024,
                     gpus=whole,
                     annotations=annotations,
+                    node_selector=selector,
+                    tolerations=tolerations,
                 )
             )
         jobs.append(
@@ -91,6 +126,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 f"j{j}",
                 draw(st.sampled_from(leaves)),
                 priority=draw(st.sampled_from([10, 50, 50, 100])),
+                preemptible=draw(st.sampled_from([None, None, True, False])),
                 min_member=draw(st.integers(1, size)),
                 created=float(j),
                 tasks=tuple(tasks),
@@ -100,8 +136,29 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     return Snapshot(tuple(nodes), tuple(queues), tuple(jobs), config=SchedulerConfig(default_strategy=strategy))
 
 
+def _check_placement(snapshot: Snapshot, decisions: Decisions) -> None:
+    """Every bind lands where the pod may go: usable node, healthy GPUs not
+    in MIG mode, taints tolerated, selector matched, no slice on a MIG node."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    pods = {(j.key, t.name): t for j in snapshot.jobs for t in j.tasks}
+    for b in decisions.binds:
+        n = nodes[b.node]
+        task = pods[(b.job, b.pod)]
+        assert n.schedulable and not n.draining
+        for taint in n.taints:
+            if taint.effect is not TaintEffect.PREFER_NO_SCHEDULE:
+                assert any(t.tolerates(taint) for t in task.tolerations), "placed against a taint"
+        assert all(n.labels.get(k) == v for k, v in task.node_selector.items())
+        gpus = {g.index: g for g in n.gpus}
+        for index in b.gpu_indices:
+            assert not gpus[index].mig_enabled, "placed on a GPU in MIG mode"
+        if b.gpu_memory_mib is not None:
+            assert not any(g.mig_enabled for g in n.gpus), "a slice on a MIG node"
+
+
 def _check(snapshot: Snapshot) -> None:
     decisions = run_session(snapshot)
+    _check_placement(snapshot, decisions)
     nodes = {n.name: n for n in snapshot.nodes}
     cluster = build_cluster(snapshot)
     jobs = {j.key: j for j in snapshot.jobs}
@@ -153,13 +210,19 @@ def test_session_invariants(snapshot: Snapshot) -> None:
 
 
 def with_running_work(snapshot: Snapshot) -> Snapshot:
-    """Run once and feed the binds back as running pods, plus one new 1-GPU job
+    """Run once and feed the binds back as running pods, plus one new job
     per job at a higher priority: the next session has work to evict,
-    reclaim, preempt and consolidate."""
+    reclaim, preempt and consolidate.
+
+    Every other new job goes to another leaf queue (so reclaim has a queue
+    to take from) and every third asks for two GPUs on one node (so
+    consolidation has fragmentation to undo)."""
     first = run_session(snapshot)
     placed = {(b.job, b.pod): b for b in first.binds}
+    parents = {q.parent for q in snapshot.queues}
+    leaves = sorted(q.name for q in snapshot.queues if q.name not in parents)
     jobs = []
-    for job in snapshot.jobs:
+    for number, job in enumerate(snapshot.jobs):
         tasks = []
         for task in job.tasks:
             b = placed.get((job.key, task.name))
@@ -183,19 +246,20 @@ def with_running_work(snapshot: Snapshot) -> Snapshot:
                 job.name,
                 job.queue,
                 priority=job.priority,
+                preemptible=job.preemptible,
                 min_member=job.min_member,
                 created=job.created,
                 tasks=tuple(tasks),
             )
         )
-        more = Task(f"{job.name}-next-0", gpus=1, cpu_milli=500, memory_mib=1024)
+        more = Task(f"{job.name}-next-0", gpus=2 if number % 3 == 2 else 1, cpu_milli=500, memory_mib=1024)
+        target = job.queue if number % 2 == 0 else leaves[(leaves.index(job.queue) + 1) % len(leaves)]
         jobs.append(
-            Job(f"{job.name}-next", job.queue, priority=job.priority + 5, created=job.created + 100, tasks=(more,))
+            Job(f"{job.name}-next", target, priority=job.priority + 5, created=job.created + 100, tasks=(more,))
         )
     # Remediation starts draining the first node: health eviction has work too.
     nodes = list(snapshot.nodes)
-    head = nodes[0]
-    nodes[0] = Node(head.name, cpu_milli=head.cpu_milli, memory_mib=head.memory_mib, gpus=head.gpus, draining=True)
+    nodes[0] = replace(nodes[0], draining=True)
     return Snapshot(tuple(nodes), snapshot.queues, tuple(jobs), config=snapshot.config)
 
 
@@ -204,6 +268,7 @@ def with_running_work(snapshot: Snapshot) -> Snapshot:
 def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
     second = with_running_work(snapshot)
     decisions = run_session(second)
+    _check_placement(second, decisions)
     running_pods = {(j.key, t.name) for j in second.jobs for t in j.tasks if t.status is TaskStatus.RUNNING}
     evicted_jobs = {e.job for e in decisions.evictions}
     for e in decisions.evictions:
