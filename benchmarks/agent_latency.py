@@ -106,31 +106,46 @@ class NodeWatch:
                 )
                 self._resp = resp
                 buffer = b""
+                expired = False
                 for chunk in resp.stream(4096, decode_content=False):
                     now = time.monotonic()
                     buffer += chunk
-                    while b"\n" in buffer:
+                    while b"\n" in buffer and not expired:
                         line, buffer = buffer.split(b"\n", 1)
                         if line.strip():
-                            version = self._handle(json.loads(line), now) or version
+                            seen = self._handle(json.loads(line), now)
+                            if seen is None:
+                                # The resourceVersion expired (410 Gone): start
+                                # the next watch from the current state.
+                                version, expired = "", True
+                            elif seen:
+                                version = seen
                     if self._stop.is_set():
                         return
+                    if expired:
+                        resp.release_conn()
+                        break
             except Exception:
                 if self._stop.is_set():
                     return
                 time.sleep(0.1)
 
     def _handle(self, event: dict[str, Any], now: float) -> str | None:
+        """Note the wanted status if this event shows it; the event's resourceVersion.
+
+        Returns None for an ERROR event (the watch's version is gone, so the
+        caller must not resume from it) and "" for an event without a version.
+        """
         obj = event.get("object") or {}
         if event.get("type") == "ERROR":
-            return ""
+            return None
         conditions = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
         with self._lock:
             if self._want is not None and conditions.get(self._want[0]) == self._want[1] and not self._seen.is_set():
                 self._seen_at = now
                 self._seen.set()
-        version: str | None = (obj.get("metadata") or {}).get("resourceVersion")
-        return version
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        return version if isinstance(version, str) else ""
 
 
 def start_agent(
