@@ -171,7 +171,14 @@ class AgentDaemon:
         )
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the threads; a last attempt writes queued Events."""
+        """Stop the threads; a last attempt writes queued Events.
+
+        The publisher thread may outlive the join (stuck in a request to a
+        dead API server); the last flush then waits for its flush rather
+        than writing the same Events beside it (EventsPublisher serialises
+        flushes), and gives up after ``timeout_s`` so that shutdown cannot
+        hang.
+        """
         self._stop.set()
         self._wake.set()
         self.monitor.wake()
@@ -182,9 +189,12 @@ class AgentDaemon:
             self.server.stop()
         if self.events.pending():
             try:
-                self.events.flush()
+                self.events.flush(wait_s=timeout_s)
             except ApiError as exc:
                 log.warning("events_not_written_at_exit", pending=self.events.pending(), error=str(exc))
+            else:
+                if self.events.pending():
+                    log.warning("events_not_written_at_exit", pending=self.events.pending(), error="publisher busy")
         log.info("agent_daemon_stopped", node=self.settings.node_name)
 
     def __enter__(self) -> AgentDaemon:

@@ -84,7 +84,12 @@ class EventsPublisher:
 
     :meth:`enqueue` is thread-safe (the monitor thread calls it for every
     report, so events are not lost when the publishing thread coalesces
-    reports); :meth:`flush` runs on the publishing thread.
+    reports). :meth:`flush` normally runs on the publishing thread, but the
+    daemon also flushes once at shutdown from the main thread, possibly
+    while the publishing thread is still inside a request: flushes are
+    serialised by their own lock, so two writers never send the same queued
+    event (which would double its count) nor race on the remembered Event
+    names. That lock is not the queue's: enqueue never waits for a request.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class EventsPublisher:
         self._clock = clock
         self._node_uid: str | None = None
         self._lock = Lock()
+        self._writer = Lock()
         self._queue: OrderedDict[str, _Pending] = OrderedDict()
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._dropped = 0
@@ -131,7 +137,7 @@ class EventsPublisher:
         if dropped:
             log.warning("events_dropped", node=self._node, dropped=dropped, queue_limit=MAX_QUEUED)
 
-    def flush(self) -> int:
+    def flush(self, *, wait_s: float | None = None) -> int:
         """Write every queued event; returns how many requests were sent.
 
         Stops at the first failure and leaves that event and the rest queued
@@ -139,7 +145,21 @@ class EventsPublisher:
         to an outage. An Event the API server rejects as invalid (400, 422)
         would be rejected forever: it is logged with the reason and dropped,
         so it cannot hold up the ones behind it.
+
+        One flush at a time: a second caller waits for the running one, at
+        most ``wait_s`` seconds (None: as long as it takes), and returns 0
+        without writing if it is still running then -- the shutdown path
+        must not hang behind a publisher stuck on a dead API server.
         """
+        if not self._writer.acquire(timeout=-1 if wait_s is None else max(0.0, wait_s)):
+            return 0
+        try:
+            return self._flush_queue()
+        finally:
+            self._writer.release()
+
+    def _flush_queue(self) -> int:
+        """The body of :meth:`flush`; the caller holds the writer lock."""
         sent = 0
         while True:
             with self._lock:

@@ -321,3 +321,42 @@ def test_an_event_the_api_server_rejects_is_logged_and_dropped_not_retried_forev
     right.enqueue([app_xid_event(0, 13)])
     right.flush()
     assert [e["reason"] for e in _events_for(k8s, gpu_node)] == ["Xid13"]
+
+
+class _GatedApi(KubeApi):
+    """The real API, with each Event creation held at a gate until the test opens it.
+
+    Lets a test catch one flush in the middle of its request, which is where
+    the daemon's shutdown flush can find the publisher thread.
+    """
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.entered.set()
+        self.gate.wait(timeout=30)
+        return super().create_event(namespace, body)
+
+
+def test_a_flush_from_a_second_thread_never_writes_the_same_event_again(k8s: client.ApiClient, gpu_node: str) -> None:
+    api = _GatedApi(k8s)
+    pub = EventsPublisher(api, gpu_node)
+    pub.enqueue([app_xid_event(2, 13)])
+    publisher = threading.Thread(target=pub.flush, name="publisher")
+    publisher.start()
+    assert api.entered.wait(timeout=10)
+    # The shutdown flush while the publisher is inside its request: it waits
+    # for that flush, and a bounded wait gives up without writing anything.
+    assert pub.flush(wait_s=0.2) == 0
+    shutdown = threading.Thread(target=pub.flush, name="shutdown")
+    shutdown.start()
+    api.gate.set()
+    publisher.join(timeout=30)
+    shutdown.join(timeout=30)
+    assert not publisher.is_alive() and not shutdown.is_alive()
+    assert pub.pending() == 0
+    assert [(e["reason"], e["count"]) for e in _events_for(k8s, gpu_node)] == [("Xid13", 1)]
+    assert api.stats.snapshot()[0] == {"create_event": 1}
