@@ -36,16 +36,37 @@ def desired_gpu_memory_mib(report: HealthReport, previous: int | None) -> int | 
     return report.healthy_gpu_memory_mib
 
 
-def capacity_from_node(node: JSON) -> int | None:
-    """The gpu-memory capacity a Node carries now (None when it has none)."""
-    raw = ((node.get("status") or {}).get("capacity") or {}).get(RESOURCE_GPU_MEMORY)
+def _gpu_memory_in(node: JSON, field: str) -> int | None:
+    raw = ((node.get("status") or {}).get(field) or {}).get(RESOURCE_GPU_MEMORY)
     if raw is None:
         return None
     try:
         return int(str(raw))
     except ValueError:
-        log.warning("capacity_on_node_malformed", resource=RESOURCE_GPU_MEMORY, value=raw)
+        log.warning("capacity_on_node_malformed", resource=RESOURCE_GPU_MEMORY, field=field, value=raw)
         return None
+
+
+def capacity_from_node(node: JSON) -> int | None:
+    """The gpu-memory capacity a Node carries now (None when it has none)."""
+    return _gpu_memory_in(node, "capacity")
+
+
+def allocatable_from_node(node: JSON) -> int | None:
+    """The gpu-memory allocatable a Node carries now (None when it has none)."""
+    return _gpu_memory_in(node, "allocatable")
+
+
+def published_from_node(node: JSON) -> int | None:
+    """The value the agent's patch left on the Node, if both maps still hold it.
+
+    The scheduler places against allocatable, so a Node whose allocatable
+    alone was changed (by hand, or by a tool that rewrites it) is as wrong as
+    one whose capacity was: when the two disagree the Node holds no value of
+    the agent's, and the next publish sends both again.
+    """
+    capacity = capacity_from_node(node)
+    return capacity if capacity == allocatable_from_node(node) else None
 
 
 def capacity_patch(mib: int) -> JSON:
@@ -72,10 +93,14 @@ class CapacityPublisher:
         return self._published
 
     def restore(self, node: JSON) -> int | None:
-        """Remember the value already on the Node, so an unchanged restart sends nothing."""
-        self._published = capacity_from_node(node)
-        self._desired = self._published
-        return self._published
+        """Remember the value already on the Node, so an unchanged restart sends nothing.
+
+        The capacity found is also what the agent keeps asking for while its
+        GPU probe fails; it counts as published only if allocatable matches.
+        """
+        self._published = published_from_node(node)
+        self._desired = capacity_from_node(node)
+        return self._desired
 
     def invalidate(self) -> None:
         self._published = None
@@ -84,11 +109,11 @@ class CapacityPublisher:
         """Take the value the Node holds now from a Node the agent received anyway.
 
         The heartbeat patch returns the whole Node; if something else changed
-        the capacity -- a kubelet that lost its checkpoint zeroes extended
-        resources when it re-registers -- the next publish puts it back,
-        without any extra read.
+        the capacity or the allocatable -- a kubelet that lost its checkpoint
+        zeroes extended resources when it re-registers -- the next publish
+        puts both back, without any extra read.
         """
-        self._published = capacity_from_node(node)
+        self._published = published_from_node(node)
 
     def publish(self, report: HealthReport) -> bool:
         """Patch capacity and allocatable if the healthy memory changed; True if sent."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agent.contract import Action, ConditionType, Reason
 from agent.daemon import faults_from_conditions
 from agent.model import Entity, EntityKind, Fault
-from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib
+from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib, published_from_node
 from agent.publish.conditions import ConditionState, desired_conditions
 from agent.publish.events import EventsPublisher, aggregation_key, event_name
 from agent.publish.gpunode import faults_from_gpunode, gpunode_status
@@ -97,6 +97,15 @@ def test_capacity_keeps_its_value_while_the_gpu_probe_fails() -> None:
     assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "652472"}}}) == 652472
     assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "lots"}}}) is None
     assert capacity_from_node({}) is None
+
+
+def test_capacity_counts_as_published_only_while_allocatable_agrees() -> None:
+    key = "gpuwarden.io/gpu-memory"
+    assert published_from_node({"status": {"capacity": {key: "652472"}, "allocatable": {key: "652472"}}}) == 652472
+    # Allocatable rewritten (or missing) alone: the agent's value is not on the Node.
+    assert published_from_node({"status": {"capacity": {key: "652472"}, "allocatable": {key: "0"}}}) is None
+    assert published_from_node({"status": {"capacity": {key: "652472"}}}) is None
+    assert published_from_node({}) is None
 
 
 def test_malformed_gpunode_entries_are_skipped_not_fatal() -> None:
