@@ -48,6 +48,7 @@ Example with every key at its default::
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -219,9 +220,17 @@ def from_mapping(cls: type[Any], data: Any, prefix: str = "") -> Any:
 
 
 def _validate(cfg: AgentConfig) -> None:
+    # YAML reads ``.nan`` and ``.inf`` as floats. Every comparison with NaN is
+    # false, so "value <= 0" lets it through, and a NaN threshold or window
+    # silently disables its rule; an infinite one does the same. Both are
+    # rejected wherever a finite number is meant.
     def positive(key: str, value: float) -> None:
-        if value <= 0:
-            raise ConfigError(f"{key}: must be greater than 0, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{key}: must be a finite number greater than 0, got {value!r}")
+
+    def non_negative(key: str, value: float) -> None:
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key}: must be a finite number not below 0, got {value!r}")
 
     positive("poll_interval_s", cfg.poll_interval_s)
     if cfg.hysteresis.raise_polls < 1:
@@ -236,6 +245,9 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError(f"gpu.state_file: must be absolute, got {cfg.gpu.state_file!r}")
     if cfg.gpu.expected_count is not None and cfg.gpu.expected_count < 0:
         raise ConfigError(f"gpu.expected_count: must not be negative, got {cfg.gpu.expected_count}")
+    if cfg.gpu.retired_pages_limit < 1:
+        # 0 or less would flag every pre-Ampere GPU "replace the board" at once.
+        raise ConfigError(f"gpu.retired_pages_limit: must be at least 1, got {cfg.gpu.retired_pages_limit}")
     if cfg.xid.unknown not in {"event", "condition"}:
         raise ConfigError(f"xid.unknown: must be 'event' or 'condition', got {cfg.xid.unknown!r}")
     if cfg.xid.unknown_action not in _ACTIONS:
@@ -250,10 +262,11 @@ def _validate(cfg: AgentConfig) -> None:
     positive("nvlink.window_s", cfg.nvlink.window_s)
     positive("pcie.replay_rate_per_min", cfg.pcie.replay_rate_per_min)
     positive("pcie.window_s", cfg.pcie.window_s)
-    if cfg.pcie.gen_sustained_s < 0:
-        raise ConfigError(f"pcie.gen_sustained_s: must not be negative, got {cfg.pcie.gen_sustained_s}")
+    non_negative("pcie.gen_sustained_s", cfg.pcie.gen_sustained_s)
     if cfg.infiniband.expected_rate_gbps is not None:
         positive("infiniband.expected_rate_gbps", cfg.infiniband.expected_rate_gbps)
+    # A negative hold would drop an IbLinkDowned the poll it is raised.
+    non_negative("infiniband.link_downed_hold_s", cfg.infiniband.link_downed_hold_s)
     for i, port in enumerate(cfg.infiniband.expected_ports):
         dev, sep, num = port.partition("/")
         if not sep or not dev or not num.isdigit():

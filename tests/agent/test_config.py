@@ -56,7 +56,15 @@ storage:
     [
         ({"poll_interval": 5}, "poll_interval: unknown key"),
         ({"pcie": {"window_s": "abc"}}, "pcie.window_s: expected a number, got 'abc'"),
-        ({"pcie": {"window_s": -1}}, "pcie.window_s: must be greater than 0"),
+        ({"pcie": {"window_s": -1}}, "pcie.window_s: must be a finite number greater than 0"),
+        ({"nvlink": {"error_rate_per_min": float("nan")}}, "nvlink.error_rate_per_min: must be a finite number"),
+        ({"nvlink": {"window_s": float("inf")}}, "nvlink.window_s: must be a finite number greater than 0, got inf"),
+        ({"poll_interval_s": float("-inf")}, "poll_interval_s: must be a finite number greater than 0"),
+        ({"gpu": {"retired_pages_limit": 0}}, "gpu.retired_pages_limit: must be at least 1, got 0"),
+        ({"gpu": {"retired_pages_limit": -5}}, "gpu.retired_pages_limit: must be at least 1, got -5"),
+        ({"infiniband": {"link_downed_hold_s": -1}}, "infiniband.link_downed_hold_s: must be a finite number not"),
+        ({"infiniband": {"link_downed_hold_s": float("nan")}}, "infiniband.link_downed_hold_s: must be a finite"),
+        ({"pcie": {"gen_sustained_s": float("nan")}}, "pcie.gen_sustained_s: must be a finite number not below 0"),
         ({"gpu": {"expected_count": 2.5}}, "gpu.expected_count: expected an integer"),
         ({"gpu": {"expected_count": True}}, "gpu.expected_count: expected an integer"),
         ({"gpu": []}, "gpu: expected a mapping"),
@@ -76,6 +84,22 @@ def test_bad_config_names_the_key(data: object, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         config_from_dict(data)
     assert message in str(err.value)
+
+
+def test_yaml_nan_and_inf_are_rejected_by_key(tmp_path: Path) -> None:
+    """YAML's own spellings reach the checks as floats, not strings."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("pcie:\n  replay_rate_per_min: .nan\n")
+    with pytest.raises(ConfigError, match=r"pcie\.replay_rate_per_min: must be a finite number .*, got nan"):
+        load_config(path)
+    path.write_text("xid:\n  dedup_window_s: .inf\n")
+    with pytest.raises(ConfigError, match=r"xid\.dedup_window_s: must be a finite number greater than 0, got inf"):
+        load_config(path)
+
+
+def test_range_limits_themselves_are_accepted() -> None:
+    cfg = config_from_dict({"gpu": {"retired_pages_limit": 1}, "infiniband": {"link_downed_hold_s": 0}})
+    assert cfg.gpu.retired_pages_limit == 1 and cfg.infiniband.link_downed_hold_s == 0.0
 
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
