@@ -49,7 +49,10 @@ _ROWS: tuple[XidInfo, ...] = (
     XidInfo(32, _A, Action.RESTART_APP, "invalid or corrupted push buffer stream"),
     XidInfo(38, _A, Action.NONE, "driver firmware error (informational)"),
     XidInfo(43, _A, Action.RESTART_APP, "GPU stopped processing; the application's channel was reset"),
-    XidInfo(45, _A, Action.RESTART_APP, "preemptive cleanup of a channel after an earlier error"),
+    # Informational in NVIDIA's catalogue: the driver cleaning up channels
+    # after another error (or a killed process). The XID before it is the one
+    # to act on; restarting the application for this one would act twice.
+    XidInfo(45, _A, Action.NONE, "preemptive cleanup of a channel after an earlier error (informational)"),
     XidInfo(46, _H, Action.RESET_GPU, "GPU stopped processing (GPU timeout)"),
     XidInfo(48, _H, Action.RESET_GPU, "double-bit ECC error in GPU memory"),
     XidInfo(54, _H, Action.REPLACE, "auxiliary power is not connected to the GPU board"),
@@ -70,7 +73,12 @@ _ROWS: tuple[XidInfo, ...] = (
     XidInfo(120, _H, Action.RESET_GPU, "GSP firmware error"),
     XidInfo(121, _A, Action.NONE, "chip-to-chip (C2C) link corrected error (informational)"),
     XidInfo(136, _H, Action.RESET_GPU, "NVLink training failed"),
-    XidInfo(137, _A, Action.NONE, "NVLink privilege error (informational)"),
+    # A fault the remote MMU reports: an illegal NVLink peer-to-peer access
+    # through the fabric address space. NVIDIA describes it as it does XID 31
+    # (an MMU fault): typically an application bug, rarely a driver or hardware
+    # one. The faulting application is stopped, so restarting it is the action;
+    # the GPU stays in service: an Event, never a condition.
+    XidInfo(137, _A, Action.RESTART_APP, "NVLink FLA privilege error: illegal peer-to-peer access by the application"),
     XidInfo(140, _H, Action.RESET_GPU, "unrecovered ECC error"),
     XidInfo(143, _H, Action.RESET_GPU, "GPU initialisation error"),
     XidInfo(144, _H, Action.RESET_GPU, "NVLink SAW error"),

@@ -291,6 +291,21 @@ def test_xid_events_name_the_gpu_and_meaning() -> None:
     assert all(e.type is EventType.WARNING for e in report.events)
 
 
+@pytest.mark.parametrize(
+    ("number", "action"),
+    [
+        (45, Action.NONE),  # informational: follows the XID that matters
+        (137, Action.RESTART_APP),  # NVLink FLA privilege error: the application's illegal access
+    ],
+)
+def test_follow_on_and_application_nvlink_xids_are_events_only(number: int, action: Action) -> None:
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(xid(0, number),)))
+    assert report.faults == ()
+    (event,) = report.events
+    assert event.reason == f"Xid{number}" and f"recommended action {action}" in event.message
+    assert XID_CATALOGUE[number].kind is XidKind.APPLICATION and XID_CATALOGUE[number].action is action
+
+
 def test_ignored_xid_gives_nothing() -> None:
     rules = HealthRules(config_from_dict({"xid": {"overrides": {45: {"kind": "ignore"}}}}), "n")
     report = rules.evaluate(node(events=(xid(0, 45),)))
