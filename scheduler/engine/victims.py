@@ -288,7 +288,8 @@ def make_room(
     queue.
 
     ``victims()`` yields candidate jobs cheapest first (it may yield others,
-    which ``is_candidate`` filters out); ``admissible`` is asked just before
+    which ``is_candidate`` filters out; non-preemptible jobs are always
+    filtered out); ``admissible`` is asked just before
     each eviction, against the state as it then is. On success the
     evictions and placements stay in ``stmt`` (not committed); on failure
     ``stmt`` is rolled back to where it was.
@@ -297,6 +298,15 @@ def make_room(
     queue = job.queue
     if pool is None or queue is None or job.error is not None:
         return False
+    # Non-preemptible work is never a victim of consolidate, reclaim or
+    # preempt, whatever the action's own filter says: the victim index only
+    # lists preemptible jobs, but a node found through one is cleared by
+    # looking at every job on it, so the rule is enforced here, once.
+    action_candidate = is_candidate
+
+    def candidate(victim: JobState) -> bool:
+        return victim.preemptible and action_candidate(victim)
+
     pending = job.pending_tasks()
     required = max(0, job.spec.min_member - job.held)
     gang = pending[: max(required, 1)]
@@ -314,7 +324,7 @@ def make_room(
                 job,
                 request,
                 victims=victims(),
-                is_candidate=is_candidate,
+                is_candidate=candidate,
                 admissible=admissible,
                 action=action,
                 reason=reason,
@@ -327,13 +337,13 @@ def make_room(
             stmt.allocate(task, *found)
             continue
         placed = False
-        for node in _nodes_to_try(task, victims(), is_candidate, eligibility(pool, task).ok):
+        for node in _nodes_to_try(task, victims(), candidate, eligibility(pool, task).ok):
             node_mark = stmt.mark()
             if _clear_node(
                 stmt,
                 node=node,
                 task=task,
-                is_candidate=is_candidate,
+                is_candidate=candidate,
                 rank=victim_order,
                 admissible=admissible,
                 action=action,

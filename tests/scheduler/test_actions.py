@@ -144,6 +144,29 @@ def test_consolidate_never_moves_non_preemptible_work() -> None:
     assert not run_session(snap).evictions
 
 
+def test_consolidate_moves_only_the_preemptible_job_of_a_mixed_node() -> None:
+    # Two free GPUs in the pool, on n2 and n3; "big" needs two on one node.
+    # n1 is the node found first (through its youngest preemptible pod), but
+    # clearing it would move the non-preemptible pod too: it is passed over,
+    # and one of the other nodes is cleared instead.
+    snap = Snapshot(
+        nodes=(node("n1", 2), node("n2", 2), node("n3", 2)),
+        queues=(queue("q", 6),),
+        jobs=(
+            job("p2", "q", running("p2-0", "n2", (0,)), created=1),
+            job("p3", "q", running("p3-0", "n3", (0,)), created=2),
+            job("p1", "q", running("p1-0", "n1", (1,)), created=3),
+            job("np", "q", running("np-0", "n1", (0,)), preemptible=False, created=4),
+            job("big", "q", pending("big-0", 2), created=5),
+        ),
+    )
+    d = run_session(snap)
+    ((pod, why),) = evicted(d).items()
+    assert pod in {"p2-0", "p3-0"} and why == ("Consolidate", "big")
+    (bind,) = binds_by_job(d)["big"]
+    assert bind[1] in {"n2", "n3"}
+
+
 # --------------------------------------------------------------------------
 # Reclaim
 # --------------------------------------------------------------------------
@@ -215,6 +238,49 @@ def test_reclaim_spares_non_preemptible_work() -> None:
     assert not run_session(snap).evictions
 
 
+def test_reclaim_blocked_by_the_reclaimers_parent_says_so() -> None:
+    # Capacity 8: dept-a's fair share is 3, dept-b's 5. Team a1 is under its
+    # share (0 of 2) but dept-a already holds 2 through a2's non-preemptible
+    # job, and 2 more would take dept-a over 3: b1's surplus may not be taken,
+    # and the note names dept-a rather than blaming b1's fair share.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(
+            queue("dept-a", 2),
+            queue("dept-b", 4),
+            queue("a1", 2, parent="dept-a"),
+            queue("a2", 0, parent="dept-a"),
+            queue("b1", 4, parent="dept-b"),
+        ),
+        jobs=(
+            job("np", "a2", running("np-0", "n1", (0, 1)), preemptible=False),
+            *(job(f"b{i}", "b1", running(f"b{i}-0", "n1", (2 + i,)), created=i) for i in range(6)),
+            job("want", "a1", pending("want-0", 2), created=10),
+        ),
+    )
+    d = run_session(snap)
+    assert not d.evictions
+    notes = " ".join(r.message for r in d.pending[0].reasons)
+    assert "parent queue dept-a would go over its own fair share" in notes
+
+
+def test_reclaim_takes_only_the_preemptible_job_of_a_mixed_node() -> None:
+    # greedy holds all four GPUs of n1 (fair share 2): one non-preemptible
+    # pod on two GPUs and one preemptible pod on two. Only the latter goes.
+    snap = Snapshot(
+        nodes=(node("n1", 4),),
+        queues=(queue("greedy", 2), queue("owed", 2)),
+        jobs=(
+            job("np", "greedy", running("np-0", "n1", (0, 1)), preemptible=False, created=2),
+            job("p", "greedy", running("p-0", "n1", (2, 3)), created=1),
+            job("mine", "owed", pending("mine-0", 2)),
+        ),
+    )
+    d = run_session(snap)
+    assert evicted(d) == {"p-0": ("Reclaim", "mine")}
+    assert binds_by_job(d)["mine"][0][2] == (2, 3)
+
+
 # --------------------------------------------------------------------------
 # Preempt
 # --------------------------------------------------------------------------
@@ -234,6 +300,23 @@ def test_preempt_evicts_strictly_lower_priority_in_same_queue() -> None:
     d = run_session(snap)
     assert evicted(d) == {"low-0": ("Preempt", "high")}
     assert binds_by_job(d)["high"][0][2] == (0, 1)
+
+
+def test_preempt_never_evicts_non_preemptible_lower_priority_work() -> None:
+    # Both running jobs are lower priority, but only one may be preempted;
+    # the two GPUs "high" needs are not there without the other.
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 2),),
+        jobs=(
+            job("low-p", "q", running("a", "n1", (0,)), priority=10, created=1),
+            job("low-np", "q", running("b", "n1", (1,)), priority=10, preemptible=False, created=2),
+            job("high", "q", pending("c", 2), priority=50, created=3),
+        ),
+    )
+    d = run_session(snap)
+    assert not d.evictions and not d.binds
+    assert pending_codes(d)["high"] == "InsufficientResources"
 
 
 def test_preempt_spares_victims_a_later_one_makes_unnecessary() -> None:

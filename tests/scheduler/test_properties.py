@@ -90,7 +90,14 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             draw(st.sampled_from([UNLIMITED, UNLIMITED, 3000, 6000])),
             draw(st.sampled_from([0.0, 1.0, 2.0])),
         )
-        queues.append(Queue(f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 1])), gpu=gpu))
+        # CPU and memory quotas too: with the default of 0 every
+        # non-preemptible pod (they all ask for CPU) would be refused, and
+        # "non-preemptible work within quota" would never be exercised.
+        cpu = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 2000, 16000])), UNLIMITED, 1.0)
+        memory = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 4096])), UNLIMITED, 1.0)
+        queues.append(
+            Queue(f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 1])), gpu=gpu, cpu=cpu, memory=memory)
+        )
     leaves = [q.name for q in queues if q.name not in {p.parent for p in queues}]
     jobs = []
     for j in range(draw(st.integers(0, 10))):
@@ -190,17 +197,44 @@ def _check(snapshot: Snapshot) -> None:
         limit = spec[share.queue].gpu.limit
         if limit != UNLIMITED:
             assert share.allocated.gpu <= limit
-    np_alloc: dict[str, int] = defaultdict(int)
+    _check_non_preemptible_within_quota(snapshot, decisions)
+
+
+def _non_preemptible_usage(snapshot: Snapshot, decisions: Decisions, *, after: bool) -> dict[str, list[int]]:
+    """GPU (milli), CPU (milli) and memory (MiB) held by non-preemptible work,
+    per queue and its ancestors: before the session, or after its decisions."""
+    cluster = build_cluster(snapshot)
+    evicted = {(e.job, e.pod) for e in decisions.evictions}
+    bound = {(b.job, b.pod) for b in decisions.binds}
+    usage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for q in cluster.queues.values():
         for job in q.jobs:
-            if job.key in bound and not job.preemptible:
-                milli = sum(t.milli for t in job.tasks if t.spec.name in bound[job.key])
-                for anc in q.path:
-                    np_alloc[anc.name] += milli
-    for name, used in np_alloc.items():
-        quota = spec[name].gpu.quota
-        if quota != UNLIMITED:
-            assert used <= quota
+            if job.preemptible:
+                continue
+            for t in job.tasks:
+                key = (job.key, t.spec.name)
+                holds = t.was_running and (not after or key not in evicted)
+                if after and key in bound:
+                    holds = True
+                if holds:
+                    for anc in q.path:
+                        used = usage[anc.name]
+                        used[0] += t.milli
+                        used[1] += t.cpu
+                        used[2] += t.mem
+    return usage
+
+
+def _check_non_preemptible_within_quota(snapshot: Snapshot, decisions: Decisions) -> None:
+    """No queue's non-preemptible work goes beyond its quota on any resource
+    (unless it already was when the session began)."""
+    spec = {q.name: q for q in snapshot.queues}
+    before = _non_preemptible_usage(snapshot, decisions, after=False)
+    after = _non_preemptible_usage(snapshot, decisions, after=True)
+    for name, used in after.items():
+        for r, resource in enumerate(spec[name].resources):
+            if resource.quota != UNLIMITED:
+                assert used[r] <= max(resource.quota, before[name][r]), f"{name}: non-preemptible over quota"
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -271,9 +305,14 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
     _check_placement(second, decisions)
     running_pods = {(j.key, t.name) for j in second.jobs for t in j.tasks if t.status is TaskStatus.RUNNING}
     evicted_jobs = {e.job for e in decisions.evictions}
+    preemptible = {j.key: j.is_preemptible for j in second.jobs}
     for e in decisions.evictions:
         assert (e.job, e.pod) in running_pods
         assert e.reason
+        if e.action in (EvictionAction.CONSOLIDATE, EvictionAction.RECLAIM, EvictionAction.PREEMPT):
+            assert preemptible[e.job], f"{e.action} evicted non-preemptible {e.job}"
+            assert e.beneficiary, "an eviction to make room names who it is for"
+    _check_non_preemptible_within_quota(second, decisions)
     # A gang evicted for any reason but health is evicted whole.
     for key in evicted_jobs:
         job = next(j for j in second.jobs if j.key == key)
