@@ -18,9 +18,10 @@ leaves. At every level the division is the same two-phase rule:
 Amounts are handed out in whole units (one GPU, one core, one GiB; see
 ``resources.WHOLE_UNIT``): each round gives every child the whole units its
 weight earns, then the units left over one by one by largest fractional
-claim (ties by queue name), and a final sub-unit remainder to the first child
-in that order. So the result is deterministic, and when the children can
-absorb the parent's share they receive exactly all of it.
+claim (ties by queue name); a sub-unit remainder (less than one whole unit
+left) goes to the child with the largest weight (ties by queue name). So the
+result is deterministic, and when the children can absorb the parent's share
+they receive exactly all of it.
 
 "What a child can take" is its absorbable demand: for a leaf
 ``min(request, limit)``; for an inner queue ``min(limit, sum over children of

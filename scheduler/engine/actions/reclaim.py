@@ -62,6 +62,19 @@ def _held(job: JobState) -> list[int]:
     return held
 
 
+def _no_fair_victims(queue: QueueState, need: list[int], contested: tuple[int, ...]) -> str:
+    """Why no victim could be taken, naming a parent queue of the reclaimer
+    that the gang would take over its own share: then only victims under
+    that parent were allowed, and blaming the victims' shares would mislead."""
+    over = [q.name for q in queue.path[:-1] if any(q.alloc[r] + need[r] > q.share[r] for r in contested)]
+    if over:
+        return (
+            f"cannot reclaim: parent queue {over[-1]} would go over its own fair share, so only its sub-queues' "
+            "preemptible work could be taken, and none of it can go without pushing its queue below its fair share"
+        )
+    return _NO_FAIR_VICTIMS
+
+
 def _above_share(queue: QueueState, resources: tuple[int, ...]) -> bool:
     return any(q.alloc[r] > q.share[r] for q in queue.path for r in resources)
 
@@ -148,7 +161,7 @@ def run(cluster: Cluster) -> None:
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
-            job.notes.append(_NO_FAIR_VICTIMS)
+            job.notes.append(_no_fair_victims(queue, need, contested))
             continue
         tried += 1
         source = _FromQueues(frozenset(names), [index.by_queue[n] for n in names])
@@ -169,4 +182,4 @@ def run(cluster: Cluster) -> None:
         else:
             stmt.rollback()
             memo.remember(cluster, key)
-            job.notes.append(_NO_FAIR_VICTIMS)
+            job.notes.append(_no_fair_victims(queue, need, contested))
