@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,7 +133,11 @@ def test_injected_fault_shows_in_condition_capacity_and_gpunode(
     assert case.names in cond["message"]
     assert "Recommended action:" in cond["message"]
     if gpu is not None:
-        assert "GPU-" in cond["message"]  # the UUID
+        # The GPU's UUID and its PCI bus id as `nvidia-smi -i` takes it.
+        sim_gpu = next(g for g in agent.sim.sample_gpus() if g.index == gpu)
+        assert sim_gpu.uuid in cond["message"]
+        assert sim_gpu.pci_bus_id in cond["message"]
+        assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.0", sim_gpu.pci_bus_id)
         expected = ONE_LESS
     else:
         expected = FULL
