@@ -30,10 +30,10 @@ Example with every key at its default::
       dedup_window_s: 10         # the same XID from NVML and the kernel log within this is one
       overrides: {}              # e.g. {94: {kind: hardware, action: RESET_GPU}} (kind: hardware|application|ignore)
     nvlink:
-      error_rate_per_min: 60     # replay+recovery+CRC errors per minute per link
-      window_s: 300              # window the rate is measured over
+      error_rate_per_min: 60     # replay+recovery+CRC errors per minute per link ...
+      window_s: 300              # ... as their increase within this window (so: over 300 errors in 5 minutes)
     pcie:
-      replay_rate_per_min: 60    # PCIe replay counter growth per minute
+      replay_rate_per_min: 60    # PCIe replay counter growth per minute, measured as for nvlink
       window_s: 300
       gen_load_pct: 30           # a generation drop counts while GPU utilisation is at least this
       gen_sustained_s: 0         # >0: also count a drop lasting this long whatever the load

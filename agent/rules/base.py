@@ -87,7 +87,19 @@ class Rule(Protocol):
 
 
 class RateWindow:
-    """Growth rate of one cumulative counter over a sliding time window.
+    """Growth rate of one cumulative counter: its increase over a sliding window.
+
+    The rate is the increase over the last ``window_s`` seconds, per minute:
+    ``(newest - oldest) * 60 / max(span, window_s)``. Dividing by the window,
+    not by the time the history happens to span, is what keeps a burst from
+    being extrapolated: 11 NVLink replays in the first 10 s after the agent
+    started (or after the counter reset) are 11 errors in this window, 2.2/min
+    for a 5-minute window, not 66/min. A threshold of N per minute therefore
+    means "more than N * window_s / 60 errors within one window", as in
+    Prometheus' ``increase()``; a sustained rate reads true once the window
+    has filled. Until then the rate is a lower bound, which :attr:`full` says,
+    so that a raised fault is not cleared on a history too short to show the
+    errors have stopped (see :func:`over_threshold`).
 
     Keeps (time, value) points spanning the window. Points closer together
     than a 32nd of the window are merged (the newest replaces the last), so
@@ -107,8 +119,9 @@ class RateWindow:
     def add(self, t: float, value: int) -> float | None:
         """Record ``value`` at ``t`` (seconds); the rate per minute, if known.
 
-        The rate is over the window's oldest and newest points; ``None``
-        until two points at different times exist.
+        The rate is the increase from the window's oldest point to the newest,
+        over the window's length or the span between them, whichever is
+        longer; ``None`` until two points at different times exist.
         """
         pts = self._points
         if pts and (value < pts[-1][1] or t < pts[-1][0]):
@@ -122,16 +135,30 @@ class RateWindow:
         t0, v0 = pts[0]
         if t <= t0:
             return None
-        return (value - v0) * 60.0 / (t - t0)
+        return (value - v0) * 60.0 / max(t - t0, self.window_s)
+
+    @property
+    def full(self) -> bool:
+        """True once the history spans a whole window (the rate is then exact)."""
+        pts = self._points
+        return len(pts) >= 2 and pts[-1][0] - pts[0][0] >= self.window_s
 
     def __len__(self) -> int:
         return len(self._points)
 
 
-def over_threshold(rate: float | None, threshold: float, active: bool, clear_ratio: float) -> bool:
+def over_threshold(rate: float | None, threshold: float, active: bool, clear_ratio: float, full: bool = True) -> bool:
     """Two thresholds so a rate hovering at the limit does not flap: raise
     above ``threshold``, and once raised stay until below
-    ``threshold * clear_ratio``."""
+    ``threshold * clear_ratio``.
+
+    An unknown rate keeps the state as it is, and so does a history shorter
+    than the window (``full`` False: right after the agent started or the
+    counter reset) for a raised fault: errors seen over part of a window only
+    bound the rate from below, so they can raise a fault but never clear one.
+    """
     if rate is None:
         return active
-    return rate > (threshold * clear_ratio if active else threshold)
+    if active:
+        return not full or rate > threshold * clear_ratio
+    return rate > threshold

@@ -6,9 +6,10 @@ systems wire every GPU alike; this also covers an agent restarted after the
 link dropped). An expected link that is not active is ``NvlinkDown``.
 
 The data-link error counters (replay, recovery, CRC flit, CRC data) summed
-per link are turned into a rate over ``nvlink.window_s``; above
+per link are turned into their increase over ``nvlink.window_s``, per
+minute (see :class:`~agent.rules.base.RateWindow`); above
 ``nvlink.error_rate_per_min`` is ``NvlinkErrorRate``, cleared only below the
-lower hysteresis threshold.
+lower hysteresis threshold over a whole window.
 
 Messages name links and thresholds, never a live value: a message is a
 condition's message, and one that changed every poll would cost a Node patch
@@ -66,15 +67,24 @@ class NvlinkRule:
                     entity,
                 )
             fast: list[int] = []
+            held: list[int] = []  # a raised fault kept while a link's history is too short to judge
             active = ctx.is_active(cond, Reason.NVLINK_ERROR_RATE, entity)
+            threshold = self._cfg.error_rate_per_min
             for link in gpu.nvlinks:
                 key = (gpu.uuid, link.link)
                 window = self._rates.get(key)
                 if window is None:
                     window = self._rates[key] = RateWindow(self._cfg.window_s)
                 rate = window.add(t, link.error_total)
-                if rate is not None and over_threshold(rate, self._cfg.error_rate_per_min, active, self._clear_ratio):
+                if not over_threshold(rate, threshold, active, self._clear_ratio, window.full):
+                    continue
+                if rate is not None and (window.full or rate > threshold):
                     fast.append(link.link)
+                else:
+                    held.append(link.link)
+            # Name the links measured fast; only when none is (a restored fault
+            # being re-measured) the links it is held on.
+            fast = fast or held
             if fast:
                 # The links, not their current rates: the message becomes the
                 # condition's, and a number that moves every poll would patch

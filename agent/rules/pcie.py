@@ -6,7 +6,7 @@ signal problem. Generation is different: GPUs drop to a lower generation
 when idle, so a lower generation counts only while the GPU is busy
 (utilisation at least ``pcie.gen_load_pct``), or, when
 ``pcie.gen_sustained_s`` is set, when it has lasted that long whatever the
-load. The replay counter's growth rate over ``pcie.window_s`` above
+load. The replay counter's increase over ``pcie.window_s``, per minute, above
 ``pcie.replay_rate_per_min`` is ``PcieReplayRate``, with the two-threshold
 hysteresis of every rate rule. Messages carry no live value (utilisation,
 duration, rate): they become the condition's message, which must not change
@@ -78,7 +78,7 @@ class PcieRule:
                     window = self._rates[gpu.uuid] = RateWindow(self._cfg.window_s)
                 rate = window.add(t, pcie.replay_counter)
                 active = ctx.is_active(cond, Reason.PCIE_REPLAY_RATE, entity)
-                if rate is not None and over_threshold(rate, self._cfg.replay_rate_per_min, active, self._clear_ratio):
+                if over_threshold(rate, self._cfg.replay_rate_per_min, active, self._clear_ratio, window.full):
                     yield Finding(
                         cond,
                         Reason.PCIE_REPLAY_RATE,

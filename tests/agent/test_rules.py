@@ -86,6 +86,22 @@ CASES = [
         set(),
     ),
     Case(
+        "a burst of NVLink errors right after start is counted over the whole window",
+        # 11 replays in the first 10 s: 11 in a 5-minute window, not 66/min.
+        [node(), node(t=at(10), gpus=(gpu(0, nvlinks=(link(0, replay=11), link(1), link(2), link(3))), G1))],
+        set(),
+    ),
+    Case(
+        "a burst of PCIe replays right after the counter reset is counted over the whole window",
+        [
+            node(gpus=(gpu(0, pcie=pcie(replay_counter=5000)), G1)),
+            node(t=at(100), gpus=(gpu(0, pcie=pcie(replay_counter=5010)), G1)),
+            node(t=at(110), gpus=(gpu(0, pcie=pcie(replay_counter=0)), G1)),  # GPU reset
+            node(t=at(120), gpus=(gpu(0, pcie=pcie(replay_counter=40)), G1)),
+        ],
+        set(),
+    ),
+    Case(
         "PCIe width below maximum",
         [node(gpus=(gpu(0, pcie=pcie(current_width=8)),))],
         {(C.GPU_PCIE_DEGRADED, Reason.PCIE_WIDTH_DEGRADED, GPU0, Action.REBOOT)},
@@ -468,15 +484,123 @@ def test_rate_window_stays_bounded(steps: list[tuple[float, int]]) -> None:
         assert rate is None or rate >= 0
 
 
-def test_rate_window_measures_a_steady_rate_and_survives_a_stalled_clock() -> None:
+@dataclass
+class RateCase:
+    name: str
+    points: list[tuple[float, int]]  # (seconds, counter value)
+    rate: float | None  # per minute, after the last point
+    full: bool
+
+
+RATE_CASES = [
+    RateCase("one point has no rate", [(0, 5)], None, False),
+    RateCase("a burst in the first 10 s is its increase over the window", [(0, 0), (10, 11)], 2.2, False),
+    RateCase("a half-filled window at a steady 60/min reads 30/min", [(t, t) for t in range(0, 151, 10)], 30.0, False),
+    RateCase("a full window at a steady 60/min reads 60/min", [(t, t) for t in range(0, 601, 10)], 60.0, True),
+    RateCase(
+        "a burst older than the window has left it",
+        [(0, 0), (10, 500), *((t, 500) for t in range(20, 321, 10))],
+        0.0,
+        True,
+    ),
+    RateCase("sparse polls: a span longer than the window", [(0, 0), (600, 600)], 60.0, True),
+    RateCase(
+        "after a counter reset the history restarts and a burst is counted over the window",
+        [(0, 9000), (100, 9500), (110, 0), (120, 11)],
+        2.2,
+        False,
+    ),
+    RateCase("a clock stepped back restarts the history", [(0, 0), (100, 50), (50, 60)], None, False),
+    RateCase(
+        "a stalled clock merges points instead of dividing by zero", [(0, 0), (5, 10), (5, 20), (5, 30)], 6.0, False
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RATE_CASES, ids=[c.name for c in RATE_CASES])
+def test_rate_window(case: RateCase) -> None:
     window = RateWindow(300.0)
-    rates = [window.add(i * 10.0, i * 10) for i in range(100)]
-    assert rates[0] is None and all(r == pytest.approx(60.0) for r in rates[1:])
+    for t, value in case.points:
+        rate = window.add(t, value)
+    assert rate == (None if case.rate is None else pytest.approx(case.rate))
+    assert window.full is case.full
+
+
+def test_rate_window_survives_a_stalled_clock() -> None:
     stalled = RateWindow(300.0)
     for i in range(1000):
         stalled.add(5.0, i)
     assert len(stalled) <= 2
-    assert window.add(0.0, 5) is None  # clock stepped back: history restarts
+
+
+def _window_rate(history: list[tuple[float, int]], window_s: float) -> tuple[float | None, bool]:
+    """The rate a window of ``window_s`` should show after ``history`` (points
+    since the last counter reset, oldest first), computed from scratch: the
+    increase from the newest point at least a window old (else the oldest)."""
+    t, v = history[-1]
+    old = [p for p in history if t - p[0] >= window_s]
+    t0, v0 = old[-1] if old else history[0]
+    if t <= t0:
+        return None, False
+    return (v - v0) * 60.0 / max(t - t0, window_s), t - t0 >= window_s
+
+
+RATE_RULES = {
+    "nvlink": (
+        Reason.NVLINK_ERROR_RATE,
+        lambda n: gpu(0, nvlinks=(link(0, replay=n), link(1), link(2), link(3))),
+        lambda threshold: {"nvlink": {"error_rate_per_min": threshold, "window_s": 60}},
+    ),
+    "pcie": (
+        Reason.PCIE_REPLAY_RATE,
+        lambda n: gpu(0, pcie=pcie(replay_counter=n)),
+        lambda threshold: {"pcie": {"replay_rate_per_min": threshold, "window_s": 60}},
+    ),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rule=st.sampled_from(sorted(RATE_RULES)),
+    # Errors per 10-second poll; None is a counter reset (GPU reset, driver reload).
+    steps=st.lists(st.one_of(st.integers(0, 30), st.none()), min_size=1, max_size=80),
+    clear_ratio=st.sampled_from([0.25, 0.5, 0.8, 1.0]),
+)
+def test_rate_faults_never_flap(rule: str, steps: list[int | None], clear_ratio: float) -> None:
+    """Raised only above the threshold, cleared only below the lower one over
+    a whole window, and otherwise left as it is: a rate hovering between the
+    two thresholds, a burst over a half-filled window or a counter reset can
+    neither raise nor clear the fault."""
+    reason, make_gpu, section = RATE_RULES[rule]
+    threshold = 60.0
+    cfg = config_from_dict(
+        {**section(threshold), "hysteresis": {"raise_polls": 1, "clear_polls": 1, "clear_ratio": clear_ratio}}
+    )
+    rules = HealthRules(cfg, "n")
+    value = 0
+    history: list[tuple[float, int]] = []
+    before = False
+    for i, step in enumerate(steps):
+        t = i * 10.0
+        if step is None:
+            if value > 0:
+                history = []
+            value = 0
+        else:
+            value += step
+        history.append((t, value))
+        rate, full = _window_rate(history, 60.0)
+        report = rules.evaluate(with_gpu0(make_gpu(value), t))
+        now = reason in {f.reason for f in report.faults}
+        if now and not before:
+            assert rate is not None and rate > threshold
+        if before and not now:
+            assert full and rate is not None and rate <= threshold * clear_ratio
+        if not before and rate is not None and rate > threshold:
+            assert now  # and it is raised as soon as the rate is over
+        if before and full and rate is not None and rate <= threshold * clear_ratio:
+            assert not now  # and cleared as soon as a whole window is under the lower threshold
+        before = now
 
 
 def test_kernel_log_history_from_before_a_repair_does_not_raise_again() -> None:
