@@ -457,10 +457,17 @@ def test_a_fault_cleared_just_before_a_restart_stays_cleared(
     )
 
 
+@pytest.mark.parametrize("zeroed_maps", [("capacity", "allocatable"), ("allocatable",)], ids=["both", "allocatable"])
 def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
-    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+    control_plane: ControlPlane,
+    k8s: client.ApiClient,
+    gpu_node: str,
+    sim_agent: Callable[..., SimAgent],
+    zeroed_maps: tuple[str, ...],
 ) -> None:
-    """A kubelet that lost its checkpoint zeroes extended resources when it re-registers."""
+    """A kubelet that lost its checkpoint zeroes extended resources when it
+    re-registers; a tool may rewrite allocatable alone, which is what the
+    scheduler places against."""
     agent = sim_agent(gpu_node, heartbeat_period_s=1.0, api_timeout_s=10.0)
     _wait_healthy(control_plane, gpu_node)
     wait_for(
@@ -471,8 +478,9 @@ def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
         ignore=(KubectlError,),
     )
     outages = agent.daemon.outages
-    zeroed = {"status": {"capacity": {RESOURCE_GPU_MEMORY: "0"}, "allocatable": {RESOURCE_GPU_MEMORY: "0"}}}
+    zeroed = {"status": {field: {RESOURCE_GPU_MEMORY: "0"} for field in zeroed_maps}}
     client.CoreV1Api(k8s).patch_node_status(gpu_node, zeroed, _content_type="application/strategic-merge-patch+json")
+    assert _capacity(control_plane, gpu_node) != (FULL, FULL)
     wait_for(
         lambda: _capacity(control_plane, gpu_node) == (FULL, FULL),
         timeout=15,
