@@ -78,6 +78,12 @@ class EventHub:
     occurrences (a crash-looping job raises XID 13 every few seconds), so
     NVML, NVML, kmsg, kmsg counts two, not three. The hub also keeps per-GPU
     XID counts since start for the metrics publisher.
+
+    A twin is dropped unless it says what the first report did not: XID 154's
+    recovery action is in the kernel-log text, and NVML's event has no text.
+    Then the first report, if still queued, is completed from the twin; if the
+    rules already had it, the twin follows as a ``supplement`` (it updates
+    the fault's action, makes no second Event and is not counted again).
     """
 
     # Unmatched sightings older than the window are dropped once the table
@@ -89,9 +95,9 @@ class EventHub:
         self._wake = wake
         self._lock = threading.Lock()
         self._queue: list[GpuEvent] = []
-        # Per GPU/kind/XID and source, the times of reports not yet matched
-        # by the other source, oldest first.
-        self._unmatched: dict[tuple[str, str, int], dict[EventSource, deque[datetime]]] = {}
+        # Per GPU/kind/XID and source, the reports not yet matched by the
+        # other source, oldest first.
+        self._unmatched: dict[tuple[str, str, int], dict[EventSource, deque[GpuEvent]]] = {}
         self._counts: dict[tuple[str, int], int] = {}
         self._bus_by_uuid: dict[str, str] = {}
         self._gpu_by_bus: dict[str, GpuSample] = {}
@@ -109,15 +115,18 @@ class EventHub:
             bus = event.pci_bus_id or (self._bus_by_uuid.get(event.uuid) if event.uuid else None)
             gpu_key = bus or event.uuid or "?"
             key = (gpu_key, event.kind.value, event.xid or 0)
-            if self._match_twin(key, event):
+            twin = self._match_twin(key, event)
+            if twin is not None:
                 self.duplicates += 1
-                return
-            if len(self._unmatched) > self._PRUNE_AT:
+                if not self._complete(twin, event):
+                    return
+            elif len(self._unmatched) > self._PRUNE_AT:
                 self._prune(event.time)
-            if event.kind is GpuEventKind.XID and event.xid is not None:
-                ck = (gpu_key, event.xid)
-                self._counts[ck] = self._counts.get(ck, 0) + 1
-            self._queue.append(event)
+            if twin is None:
+                if event.kind is GpuEventKind.XID and event.xid is not None:
+                    ck = (gpu_key, event.xid)
+                    self._counts[ck] = self._counts.get(ck, 0) + 1
+                self._queue.append(event)
         # Single-bit ECC events come in storms and are routine; the rest matter.
         emit = log.debug if event.kind is GpuEventKind.ECC_SINGLE_BIT else log.info
         emit(
@@ -130,36 +139,50 @@ class EventHub:
         )
         self._wake()
 
-    def _match_twin(self, key: tuple[str, str, int], event: GpuEvent) -> bool:
-        """True when ``event`` is the twin of an unmatched report of ``key``
-        from the other source within the window; that report is consumed.
-        Otherwise ``event`` is recorded as unmatched. Reports that fell out of
-        the window are dropped from the front on the way, so a one-source storm
-        (single-bit ECC from NVML only) costs constant time per event and keeps
-        only a window's worth. Caller holds the lock."""
+    def _match_twin(self, key: tuple[str, str, int], event: GpuEvent) -> GpuEvent | None:
+        """The unmatched report of ``key`` from the other source within the
+        window that ``event`` is the twin of; that report is consumed. When
+        there is none, ``event`` is recorded as unmatched and ``None``
+        returned. Reports that fell out of the window are dropped from the
+        front on the way, so a one-source storm (single-bit ECC from NVML
+        only) costs constant time per event and keeps only a window's worth.
+        Caller holds the lock."""
         by_source = self._unmatched.setdefault(key, {})
-        for times in by_source.values():
-            while times and abs((event.time - times[0]).total_seconds()) > self._window:
-                times.popleft()
-        others = [t for source, t in by_source.items() if source is not event.source and t]
+        for reports in by_source.values():
+            while reports and abs((event.time - reports[0].time).total_seconds()) > self._window:
+                reports.popleft()
+        others = [r for source, r in by_source.items() if source is not event.source and r]
+        twin: GpuEvent | None = None
         if others:
-            others[0].popleft()
-            matched = True
+            twin = others[0].popleft()
         else:
-            by_source.setdefault(event.source, deque()).append(event.time)
-            matched = False
+            by_source.setdefault(event.source, deque()).append(event)
         if not any(by_source.values()):
             del self._unmatched[key]
-        return matched
+        return twin
+
+    def _complete(self, first: GpuEvent, twin: GpuEvent) -> bool:
+        """Add what ``twin`` says and ``first`` did not (see the class
+        docstring); True when that changed what the rules will see. Caller
+        holds the lock."""
+        completed = first.completed_by(twin)
+        if completed is None:
+            return False
+        for i, queued in enumerate(self._queue):
+            if queued is first:
+                self._queue[i] = completed
+                return True
+        self._queue.append(completed.as_supplement())
+        return True
 
     def _prune(self, now: datetime) -> None:
         """Forget reports too old to be matched any more, for GPUs and XIDs
         that have gone quiet. Caller holds the lock."""
         for key in list(self._unmatched):
             by_source = self._unmatched[key]
-            for times in by_source.values():
-                while times and abs((now - times[0]).total_seconds()) > self._window:
-                    times.popleft()
+            for reports in by_source.values():
+                while reports and abs((now - reports[0].time).total_seconds()) > self._window:
+                    reports.popleft()
             if not any(by_source.values()):
                 del self._unmatched[key]
 

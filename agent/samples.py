@@ -21,7 +21,7 @@ Conventions, so that every reader interprets a sample the same way:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -176,6 +176,17 @@ class GpuEvent:
     ``uuid``. ``time`` is when it happened as best known: the kernel's record
     time for kmsg lines (so a restarted agent keeps the real time), arrival
     time for NVML events.
+
+    ``recovery_action`` is, for XID 154, the recovery action the driver now
+    asks for, as NVML numbers it (``nvmlDeviceGpuRecoveryAction_t``: 0 none,
+    1 GPU reset, 2 node reboot, 3 drain peer-to-peer, 4 drain and reset, ...):
+    read from the kernel-log text or from NVML's recovery-action field;
+    ``None`` when neither said.
+
+    ``supplement`` marks the other source's report of an event already
+    delivered, passed on only because it carries what the first report
+    lacked (XID 154's recovery action): the rules update the fault from it but
+    make no second Event, and it is not counted again.
     """
 
     kind: GpuEventKind
@@ -185,6 +196,23 @@ class GpuEvent:
     uuid: str | None = None
     xid: int | None = None
     message: str = ""
+    recovery_action: int | None = None
+    supplement: bool = False
+
+    def completed_by(self, twin: GpuEvent) -> GpuEvent | None:
+        """This report with what ``twin`` (the other source's report of the
+        same occurrence) adds to it, or ``None`` when it adds nothing.
+
+        Only XID 154's recovery action is worth the merge: NVML's event has no
+        text, and the kernel log's line may be the only place it is said.
+        """
+        if twin.recovery_action is None or self.recovery_action is not None:
+            return None
+        return replace(self, recovery_action=twin.recovery_action, message=self.message or twin.message)
+
+    def as_supplement(self) -> GpuEvent:
+        """This report marked as completing one the rules already had."""
+        return replace(self, supplement=True)
 
 
 @dataclass(frozen=True, slots=True)

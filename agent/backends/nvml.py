@@ -53,6 +53,9 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
+# "GPU recovery action changed": the one XID whose event needs a field read.
+_XID_RECOVERY_ACTION = 154
+
 
 class _GpuLostError(Exception):
     """Internal: the GPU being sampled answered GPU_IS_LOST."""
@@ -422,11 +425,32 @@ class NvmlBackend(GpuBackend):
                 uuid = _text(nv.nvmlDeviceGetUUID(data.device))
             except nv.NVMLError as exc:
                 log.debug("nvml_event_device_unknown", error=str(exc))
+        xid = int(data.eventData) if kind is GpuEventKind.XID else None
         return GpuEvent(
             kind=kind,
             source=EventSource.NVML,
             time=datetime.now(UTC),
             pci_bus_id=bus or None,
             uuid=uuid or None,
-            xid=int(data.eventData) if kind is GpuEventKind.XID else None,
+            xid=xid,
+            recovery_action=self._recovery_action(data.device) if xid == _XID_RECOVERY_ACTION else None,
         )
+
+    def _recovery_action(self, device: Any) -> int | None:
+        """The recovery action the driver asks for now (XID 154 says it
+        changed), from NVML's ``GET_GPU_RECOVERY_ACTION`` field: the event
+        itself carries only the XID number. ``None`` where the driver or the
+        bindings do not have the field; the kernel log's line then says it."""
+        nv = self._nv
+        field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return None
+        try:
+            (value,) = nv.nvmlDeviceGetFieldValues(device, [field_id])
+        except nv.NVMLError as exc:
+            log.debug("nvml_recovery_action_unavailable", error=str(exc))
+            return None
+        if int(value.nvmlReturn) != nv.NVML_SUCCESS:
+            log.debug("nvml_recovery_action_unavailable", nvml_return=int(value.nvmlReturn))
+            return None
+        return int(value.value.uiVal)

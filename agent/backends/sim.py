@@ -64,6 +64,7 @@ import yaml
 from agent.backends.base import BackendUnavailableError, GpuBackend, IbSource, KmsgSource, MountSource, NodeHardware
 from agent.config import ConfigError, from_mapping
 from agent.logconfig import get_logger
+from agent.probes.kmsg import parse_recovery_action
 from agent.samples import (
     EventSource,
     GpuEvent,
@@ -438,7 +439,7 @@ class SimNode:
         self._kmsg.append(f"{level},{self._seq},{usec},-;{text}")
         self._seq += 1
 
-    def _event(self, g: _Gpu, kind: GpuEventKind, xid: int | None = None) -> None:
+    def _event(self, g: _Gpu, kind: GpuEventKind, xid: int | None = None, recovery_action: int | None = None) -> None:
         self._events.append(
             GpuEvent(
                 kind=kind,
@@ -447,11 +448,14 @@ class SimNode:
                 pci_bus_id=g.bus,
                 uuid=g.uuid,
                 xid=xid,
+                recovery_action=recovery_action,
             )
         )
 
     def _xid(self, g: _Gpu, xid: int, message: str) -> None:
-        self._event(g, GpuEventKind.XID, xid)
+        # As the NVML backend reads XID 154's recovery action from NVML, the
+        # simulated NVML knows the one the injected driver text names.
+        self._event(g, GpuEventKind.XID, xid, parse_recovery_action(message) if xid == 154 else None)
         self._kmsg_line(4, f"NVRM: Xid (PCI:{g.kernel_bus}): {xid}, pid='<unknown>', name=<unknown>, {message}")
 
     # ---------------------------------------------------------------- reads

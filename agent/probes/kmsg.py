@@ -48,6 +48,23 @@ _FALLEN_RE = re.compile(
 _DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?")
 # Detail fields newer drivers put before the text; dropped from the message.
 _DETAIL_RE = re.compile(r"^(?:pid=[^,]*,\s*|name=[^,]*,\s*|channel=[^,]*,\s*)+")
+# XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+_RECOVERY_RE = re.compile(
+    r"recovery action changed from\s+\S+(?:\s+\([^)]*\))?\s+to\s+(?:0x(?P<hex>[0-9a-f]+)|(?P<dec>\d+))\b",
+    re.IGNORECASE,
+)
+
+
+def parse_recovery_action(text: str) -> int | None:
+    """The recovery action an XID 154 line changed *to*, as NVML numbers it.
+
+    ``None`` when the text does not say (a driver wording we do not know);
+    the rules then fall back to the catalogue's action.
+    """
+    m = _RECOVERY_RE.search(text)
+    if m is None:
+        return None
+    return int(m.group("hex"), 16) if m.group("hex") is not None else int(m.group("dec"))
 
 
 @functools.cache
@@ -92,6 +109,7 @@ def parse_record(record: str, boot_epoch: float) -> GpuEvent | None:
             pci_bus_id=normalize_bus_id(m.group("bus")),
             xid=int(m.group("xid")),
             message=rest,
+            recovery_action=parse_recovery_action(rest),
         )
     m = _FALLEN_RE.search(text)
     if m:

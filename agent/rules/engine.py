@@ -65,6 +65,12 @@ GPU_SOURCE_CONDITIONS: frozenset[ConditionType] = frozenset(
 )
 
 
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None or b is None:
+        return a or b
+    return min(a, b)
+
+
 def is_latched(fault: Fault) -> bool:
     return fault.latched or fault.condition is ConditionType.GPU_XID_ERROR or fault.reason in LATCHED_REASONS
 
@@ -190,7 +196,13 @@ class HealthRules:
         for rule in self._rules:
             try:
                 for finding in rule.evaluate(sample, ctx):
-                    findings.setdefault(finding.key, finding)
+                    earlier = findings.get(finding.key)
+                    # Two events of one fault in one poll (XID 154 changing its
+                    # recovery action twice): the later says what is wanted
+                    # now, the earlier when it began.
+                    findings[finding.key] = (
+                        finding if earlier is None else replace(finding, since=_earliest(earlier.since, finding.since))
+                    )
             except Exception:
                 # A rule tripping over odd input (or a bug in it) must not cost
                 # the other rules, nor the report: an exception escaping here

@@ -6,6 +6,12 @@ touching the node's conditions. An XID missing from the catalogue gives an
 Event (and the metric the publisher derives from the sample's XID counts)
 unless the config says unknown XIDs raise a condition. A "fallen off the bus"
 line with no XID number marks the GPU lost (``GpuMissing``/``GpuLost``).
+
+XID 154 ("GPU recovery action changed") carries its own action: the driver
+names the recovery it wants (none, GPU reset, node reboot, drain
+peer-to-peer traffic, ...), and that is the recommended action; a change to
+"none" is an Event, not a fault. The catalogue's action stands in only when
+the report does not say which.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from agent.config import AgentConfig
 from agent.contract import Action, ConditionType, Reason, xid_reason
 from agent.model import Entity, EntityKind, EventType, HealthEvent
 from agent.rules.base import Finding, RuleContext
-from agent.rules.xid_catalogue import XidInfo, XidKind, lookup
+from agent.rules.xid_catalogue import XID_RECOVERY_ACTION, XidInfo, XidKind, lookup, recovery_action
 from agent.samples import GpuEvent, GpuEventKind, NodeSample
 
 
@@ -69,7 +75,8 @@ class XidRule:
             detail = f": {ev.message}" if ev.message else ""
             if info is None:
                 text = f"{entity.describe()}: XID {ev.xid}, not in the catalogue{detail} (seen via {ev.source})"
-                ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
+                if not ev.supplement:
+                    ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
                 if self._unknown_condition:
                     yield Finding(
                         ConditionType.GPU_XID_ERROR,
@@ -82,17 +89,28 @@ class XidRule:
                         immediate=True,
                     )
                 continue
-            text = (
-                f"{entity.describe()}: XID {ev.xid} ({info.kind}), {info.meaning}{detail}; "
-                f"recommended action {info.action}"
-            )
-            ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
+            action: Action | None = info.action
+            if ev.xid == XID_RECOVERY_ACTION and ev.xid not in self._overrides:
+                # The driver says which recovery it wants; the catalogue's
+                # action only stands in when the report does not say.
+                action, said = recovery_action(ev.recovery_action, info.action)
+                detail = f"{detail}; {said}"
+            what = f"{entity.describe()}: XID {ev.xid} ({info.kind}), {info.meaning}{detail}"
+            if action is None:
+                if not ev.supplement:
+                    ctx.events.append(
+                        HealthEvent(EventType.NORMAL, reason, f"{what}; no recovery needed", entity, ev.time)
+                    )
+                continue
+            text = f"{what}; recommended action {action}"
+            if not ev.supplement:  # the first report of this occurrence made the Event
+                ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
             if info.kind is XidKind.HARDWARE:
                 yield Finding(
                     ConditionType.GPU_XID_ERROR,
                     reason,
                     text,
-                    info.action,
+                    action,
                     entity,
                     latched=True,
                     since=ev.time,

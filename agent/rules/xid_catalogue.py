@@ -89,7 +89,10 @@ _ROWS: tuple[XidInfo, ...] = (
     XidInfo(149, _H, Action.RESET_GPU, "NVLink NETIR error"),
     XidInfo(150, _H, Action.RESET_GPU, "NVLink MSE error"),
     XidInfo(151, _H, Action.REBOOT, "confidential-computing key rotation error"),
-    XidInfo(154, _H, Action.RESET_GPU, "GPU recovery action changed: the driver asks for a reset or reboot"),
+    # The driver names the recovery it wants in the XID itself; RECOVERY_ACTIONS
+    # below maps it, and this row's action is only the fallback for a report
+    # that does not say (or says something we do not know).
+    XidInfo(154, _H, Action.RESET_GPU, "GPU recovery action changed"),
     XidInfo(155, _H, Action.RESET_GPU, "NVLink software-defined error"),
     XidInfo(156, _H, Action.RESET_GPU, "resource retirement event; a reset applies it"),
     XidInfo(157, _H, Action.REPLACE, "resource retirement failure"),
@@ -105,3 +108,58 @@ def lookup(xid: int, overrides: dict[int, XidInfo] | None = None) -> XidInfo | N
     if overrides and xid in overrides:
         return overrides[xid]
     return XID_CATALOGUE.get(xid)
+
+
+XID_RECOVERY_ACTION = 154
+"""The XID whose action comes from the driver's report, not from this table."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryAction:
+    """One value of NVML's ``nvmlDeviceGpuRecoveryAction_t``, as XID 154 reports it.
+
+    ``action`` ``None`` means there is nothing to recover: no fault.
+    """
+
+    code: int
+    name: str
+    action: Action | None
+
+
+RECOVERY_ACTIONS: MappingProxyType[int, RecoveryAction] = MappingProxyType(
+    {
+        r.code: r
+        for r in (
+            RecoveryAction(0, "none", None),
+            RecoveryAction(1, "GPU reset", Action.RESET_GPU),
+            RecoveryAction(2, "node reboot", Action.REBOOT),
+            # Drain P2P: every process doing peer-to-peer traffic must stop; no
+            # reset, no reboot. Stopping the applications is RESTART_APP in our
+            # ladder, and the fault stays a GpuXidError condition, so the
+            # scheduler takes the GPU out of service and evicts its pods: that
+            # eviction is the drain. Once drained the driver reports the next
+            # action (none, or a reset) with another XID 154, which updates the
+            # fault's action.
+            RecoveryAction(3, "drain peer-to-peer traffic", Action.RESTART_APP),
+            RecoveryAction(4, "drain peer-to-peer traffic, then GPU reset", Action.RESET_GPU),
+            # Newer drivers. A PCIe bus reset still resets one GPU without a
+            # reboot; recovering an IMEX domain (5) spans nodes, has no action of
+            # ours and falls back to the catalogue's.
+            RecoveryAction(6, "PCIe bus reset", Action.RESET_GPU),
+            RecoveryAction(7, "system reboot", Action.REBOOT),
+        )
+    }
+)
+"""NVML recovery-action code -> what it asks of us; read-only."""
+
+
+def recovery_action(code: int | None, fallback: Action) -> tuple[Action | None, str]:
+    """XID 154's recommended action from the driver's recovery-action code,
+    and words for the message; ``fallback`` (the catalogue's action) when the
+    report did not say or names a code not in :data:`RECOVERY_ACTIONS`."""
+    if code is None:
+        return fallback, "the driver's recovery action was not given"
+    known = RECOVERY_ACTIONS.get(code)
+    if known is None:
+        return fallback, f"driver recovery action {code:#x} (unknown)"
+    return known.action, f"driver recovery action {code:#x} ({known.name})"

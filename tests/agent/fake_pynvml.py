@@ -75,6 +75,8 @@ class FakeGpu:
     pcie_max_width: int = 16
     pcie_replay: int = 0
     supported_events: int = XID_EVENTS | ECC_EVENTS | RETIREMENT_EVENTS
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: a driver without that field.
+    recovery_action: int | None = None
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -259,6 +261,21 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
         return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+        """As the real call: one ``c_nvmlFieldValue_t`` per id, each with its
+        own ``nvmlReturn`` (the call succeeds while single fields fail)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (_real.c_nvmlFieldValue_t * len(field_ids))()
+        for i, field_id in enumerate(field_ids):
+            values[i].fieldId = field_id
+            if field_id == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                values[i].nvmlReturn = _real.NVML_SUCCESS
+                values[i].valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = gpu.recovery_action
+            else:
+                values[i].nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+        return values
 
     # ------------------------------------------------------------- events
 

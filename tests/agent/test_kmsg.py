@@ -86,6 +86,43 @@ def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("record", "action"),
+    [
+        (
+            "4,161,523466789,-;NVRM: Xid (PCI:0000:db:00): 154, GPU recovery action changed from 0x0 (None) "
+            "to 0x1 (GPU Reset Required)",
+            1,
+        ),
+        (
+            "4,162,523466789,-;NVRM: Xid (PCI:0000:3b:00): 154, pid='<unknown>', name=<unknown>, "
+            "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            2,
+        ),
+        (
+            "4,163,523466789,-;NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) "
+            "to 0x3 (Drain P2P)",
+            3,
+        ),
+        (
+            "[ 8812.004411] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x3 (Drain P2P) "
+            "to 0x4 (Drain and Reset)",
+            4,
+        ),
+        (
+            "Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed "
+            "from 0x1 (GPU Reset Required) to 0x0 (None)",
+            0,
+        ),
+        ("4,164,523466789,-;NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed", None),
+        ("4,165,523466789,-;NVRM: Xid (PCI:0000:18:00): 154", None),
+    ],
+)
+def test_xid_154_lines_carry_the_recovery_action(record: str, action: int | None) -> None:
+    ev = parse_record(record, BOOT)
+    assert ev is not None and ev.xid == 154 and ev.recovery_action == action
+
+
 def test_record_time_is_boot_plus_monotonic_timestamp() -> None:
     ev = parse_record("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", BOOT)
     assert ev is not None and ev.time == datetime.fromtimestamp(BOOT + 5, tz=UTC)
@@ -149,6 +186,7 @@ def test_a_captured_log_replays_through_the_reader(tmp_path: Path) -> None:
         ("fallen_off_bus", "00000000:9A:00.0", None),
         ("xid", "00000000:AB:00.0", 999),
     ]
+    assert [e.recovery_action for e in events if e.xid == 154] == [1]  # "... to 0x1 (GPU Reset Required)"
     # Dictionary continuation lines (" SUBSYSTEM=pci") are not records.
     assert probe.records_read == 15
 

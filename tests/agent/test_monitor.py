@@ -17,12 +17,14 @@ from agent.backends.base import NodeHardware
 from agent.backends.nvml import NvmlBackend
 from agent.backends.sim import SimNode, load_scenario
 from agent.config import MountConfig, config_from_dict
-from agent.contract import ConditionType, Reason
+from agent.contract import Action, ConditionType, Reason
 from agent.model import HealthReport
 from agent.monitor import EventHub, Monitor
 from agent.probes.gpu import GpuProbe
 from agent.probes.infiniband import SysfsIbSource
+from agent.probes.kmsg import parse_record
 from agent.probes.storage import StatvfsMountSource
+from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
@@ -125,6 +127,48 @@ def test_each_report_matches_at_most_one_twin_from_the_other_source() -> None:
     assert hub.duplicates == 2
     assert [(c.xid, c.count) for c in hub.counts()] == [(13, 5)]
     assert len(hub.drain()) == 5
+
+
+def test_the_kernel_log_twin_completes_an_xid_154_nvml_reported_first() -> None:
+    """NVML's XID 154 event has no text; the kernel log's line names the
+    recovery action. Whichever comes first, the rules get the action, one
+    Event and one count."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    bus, uuid = "00000000:3B:00.0", "GPU-00000000-0000-0000-0000-000000000003"
+    nvml = GpuEvent(GpuEventKind.XID, EventSource.NVML, t0, pci_bus_id=bus, uuid=uuid, xid=154)
+    kmsg = parse_record(
+        "4,161,5000000,-;NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) "
+        "to 0x2 (Node Reboot Required)",
+        t0.timestamp() - 4.5,
+    )
+    assert kmsg is not None and kmsg.recovery_action == 2
+
+    # The twin arrives before the next poll: the queued report is completed.
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    hub.push(nvml)
+    hub.push(kmsg)
+    (event,) = hub.drain()
+    assert (event.source, event.recovery_action, event.supplement) == (EventSource.NVML, 2, False)
+    assert "Node Reboot Required" in event.message
+
+    # The poll already took NVML's report: the twin follows as a supplement.
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    rules = HealthRules(config_from_dict(None), "n")
+    hub.push(nvml)
+    report = rules.evaluate(NodeSample(time=t0, events=hub.drain()))
+    assert [f.action for f in report.faults] == [Action.RESET_GPU]  # not given yet: the catalogue's
+    hub.push(kmsg)
+    (supplement,) = hub.drain()
+    assert supplement.supplement and supplement.recovery_action == 2
+    report = rules.evaluate(NodeSample(time=t0 + timedelta(seconds=1), events=(supplement,)))
+    assert [f.action for f in report.faults] == [Action.REBOOT] and report.events == ()
+    assert [(c.xid, c.count) for c in hub.counts()] == [(154, 1)] and hub.duplicates == 1
+
+    # The kernel log first: NVML's twin adds nothing and is dropped.
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    hub.push(kmsg)
+    hub.push(nvml)
+    assert [(e.source, e.recovery_action) for e in hub.drain()] == [(EventSource.KMSG, 2)]
 
 
 def test_a_one_source_storm_keeps_only_a_window_of_unmatched_reports() -> None:

@@ -218,6 +218,25 @@ def test_xid_event_arrives_through_the_event_set(backend_for: Any) -> None:
     assert ev is not None and ev.kind is GpuEventKind.ECC_DOUBLE_BIT and ev.xid is None
 
 
+def test_xid_154_reads_the_recovery_action_nvml_reports(backend_for: Any) -> None:
+    """NVML's event carries only the XID number; the action XID 154 announces
+    is read from the recovery-action field, where the driver has one."""
+    nv = h100_node(2)
+    nv.gpus[0].recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    backend = backend_for(nv)
+    backend.sample()
+    nv.emit_xid(0, 154)
+    ev = backend.wait_event(1.0)
+    assert ev is not None and (ev.xid, ev.recovery_action) == (154, 2)
+    nv.emit_xid(1, 154)  # a driver without the field: the kernel log will say it
+    ev = backend.wait_event(1.0)
+    assert ev is not None and (ev.xid, ev.recovery_action) == (154, None)
+    nv.emit_xid(0, 79)  # no other XID costs a field read
+    calls = nv.calls
+    ev = backend.wait_event(1.0)
+    assert ev is not None and ev.recovery_action is None and nv.calls == calls + 1  # the wait itself
+
+
 def test_close_waits_for_the_event_thread_before_freeing_the_set() -> None:
     """The poll thread closes NVML (it broke) while the event thread is
     blocked in nvmlEventSetWait: freeing the set under it would crash the

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from agent.config import config_from_dict
 from agent.contract import Action, ConditionType, Reason
 from agent.model import EventType
+from agent.probes.kmsg import parse_record
 from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
 from agent.rules.memory import MemoryRule
@@ -320,6 +321,80 @@ def test_follow_on_and_application_nvlink_xids_are_events_only(number: int, acti
     (event,) = report.events
     assert event.reason == f"Xid{number}" and f"recommended action {action}" in event.message
     assert XID_CATALOGUE[number].kind is XidKind.APPLICATION and XID_CATALOGUE[number].action is action
+
+
+def _kmsg_154(text: str) -> GpuEvent:
+    """An XID 154 on GPU 1, as the kernel log prints it."""
+    ev = parse_record(f"4,161,5000000,-;NVRM: Xid (PCI:0000:2a:00): 154, {text}", T0.timestamp() - 5)
+    assert ev is not None and ev.pci_bus_id == G1.pci_bus_id
+    return ev
+
+
+@pytest.mark.parametrize(
+    ("text", "action"),
+    [
+        ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", Action.RESET_GPU),
+        ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", Action.REBOOT),
+        ("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", Action.RESTART_APP),
+        ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", Action.RESET_GPU),
+        ("pid=9, name=python3, GPU recovery action changed from 0x1 (GPU Reset) to 0x2 (Node Reboot)", Action.REBOOT),
+        # Text we cannot read, or a code we do not know: the catalogue's action.
+        ("GPU recovery action changed", Action.RESET_GPU),
+        ("GPU recovery action changed from 0x0 (None) to 0x5 (Recover IMEX Domain)", Action.RESET_GPU),
+    ],
+)
+def test_xid_154_takes_its_action_from_the_driver(text: str, action: Action) -> None:
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(_kmsg_154(text),)))
+    (fault,) = report.faults
+    assert (fault.condition, fault.reason, fault.action, fault.entity.key) == (C.GPU_XID_ERROR, "Xid154", action, GPU1)
+    assert f"recommended action {action}" in fault.message
+    assert [e.type for e in report.events] == [EventType.WARNING]
+
+
+def test_xid_154_to_no_recovery_action_is_no_fault() -> None:
+    ev = _kmsg_154("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(ev,)))
+    assert report.faults == ()
+    (event,) = report.events
+    assert (event.type, event.reason) == (EventType.NORMAL, "Xid154") and "no recovery needed" in event.message
+
+
+def test_xid_154_follows_the_driver_when_its_action_changes() -> None:
+    """Drain P2P first; once drained the driver asks for a reset: one fault, since
+    the first report, its action the latest one."""
+    rules = HealthRules(config_from_dict(None), "n")
+    drain = _kmsg_154("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)")
+    (first,) = rules.evaluate(node(events=(drain,))).faults
+    reset = replace(
+        _kmsg_154("GPU recovery action changed from 0x3 (Drain P2P) to 0x1 (GPU Reset Required)"), time=at(60)
+    )
+    (second,) = rules.evaluate(node(t=at(60), events=(reset,))).faults
+    assert (first.action, second.action) == (Action.RESTART_APP, Action.RESET_GPU)
+    assert second.since == first.since and second.latched
+    # Both changes within one poll: the latest action, the earliest since.
+    (both,) = HealthRules(config_from_dict(None), "n").evaluate(node(t=at(60), events=(drain, reset))).faults
+    assert (both.action, both.since) == (Action.RESET_GPU, drain.time)
+
+
+def test_a_supplement_updates_the_fault_without_a_second_event() -> None:
+    """NVML's report came first without the action; the kernel log's twin,
+    passed on as a supplement, corrects the action."""
+    rules = HealthRules(config_from_dict(None), "n")
+    nvml = xid(1, 154)
+    (fault,) = rules.evaluate(node(events=(nvml,))).faults
+    assert fault.action is Action.RESET_GPU and "not given" in fault.message
+    twin = replace(_kmsg_154("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"), time=T0)
+    report = rules.evaluate(node(t=at(1), events=(twin.as_supplement(),)))
+    (updated,) = report.faults
+    assert updated.action is Action.REBOOT and updated.since == fault.since
+    assert report.events == ()
+
+
+def test_an_operator_override_of_xid_154_wins_over_the_driver_text() -> None:
+    cfg = config_from_dict({"xid": {"overrides": {154: {"kind": "hardware", "action": "REPLACE"}}}})
+    ev = _kmsg_154("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)")
+    (fault,) = HealthRules(cfg, "n").evaluate(node(events=(ev,))).faults
+    assert fault.action is Action.REPLACE
 
 
 def test_ignored_xid_gives_nothing() -> None:

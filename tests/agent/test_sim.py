@@ -59,6 +59,18 @@ def test_xid_injection_reaches_nvml_events_and_the_kernel_log() -> None:
     assert [(e.xid, e.pci_bus_id) for e in parsed] == [(79, ev.pci_bus_id)]
 
 
+def test_an_injected_xid_154_names_its_recovery_action_in_both_sources() -> None:
+    node = SimNode(load_scenario("healthy"))
+    node.inject(
+        "xid", gpu=1, xid=154, message="GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+    )
+    ev = node.wait_event(1.0)
+    assert ev is not None and (ev.xid, ev.recovery_action) == (154, 2)
+    records, _ = node.read_kmsg(0, 0)
+    parsed = [e for e in (parse_record(r, 0.0) for r in records) if e is not None]
+    assert [(e.xid, e.recovery_action) for e in parsed] == [(154, 2)]
+
+
 @pytest.mark.parametrize(
     ("kind", "params", "check"),
     [
