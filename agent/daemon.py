@@ -15,9 +15,16 @@ Three threads, so that no part can stall another:
 
 Restart safety: before publishing anything the agent reads its Node and
 GPUNode back, seeds the monitor with the faults they record under the
-conditions the Node shows True (latched ones stay raised) and waits for a
-report made after that, so a restarted agent never reports a latched fault
-healthy and a steady node sees no flap.
+conditions the Node shows True (latched ones stay raised) and publishes only
+reports judged after that, so a restarted agent never reports a latched fault
+healthy and a steady node sees no flap. Each report carries the restore
+epoch it was judged under (:attr:`HealthReport.restore_epoch`); when the
+API server is down at start, the monitor keeps judging without the Node's
+faults, and those reports -- including one judged just before the restore
+that arrives just after it -- are never published. Their fault Events are
+held until the restore and then dropped where they re-announce (or clear) a
+fault the Node already had; Events that are no fault transition
+(application XIDs) and faults that are really new are written.
 
 Request budget in steady state: one heartbeat patch of nodes/status per
 heartbeat period (60 s by default) and nothing else. The agent does not
@@ -33,19 +40,20 @@ import re
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 
 from agent.config import ConfigError
-from agent.contract import TAINT_QUARANTINE, Action, ConditionType
+from agent.contract import HEALTHY_REASONS, TAINT_QUARANTINE, Action, ConditionType
 from agent.logconfig import get_logger
-from agent.model import Entity, Fault, HealthReport
+from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent, HealthReport
 from agent.monitor import Monitor
 from agent.publish.capacity import CapacityPublisher
 from agent.publish.conditions import ConditionsPublisher, ConditionState
-from agent.publish.events import EventsPublisher
+from agent.publish.events import MAX_QUEUED, EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher
 from agent.publish.http import HealthServer
 from agent.publish.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
@@ -91,6 +99,78 @@ def faults_from_conditions(conditions: dict[ConditionType, ConditionState], cove
     return out
 
 
+_CONDITION_OF_HEALTHY_REASON = {reason: ctype for ctype, reason in HEALTHY_REASONS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTransition:
+    """A fault Event of a report, with what it is about.
+
+    ``condition`` and ``entity_key`` name the fault the Event announces
+    (Warning) or clears (Normal); ``reason`` is the fault's reason, known
+    only for a Warning (a clearing Event carries the healthy reason).
+    """
+
+    event: HealthEvent
+    condition: ConditionType
+    entity_key: str
+    reason: str | None
+
+
+def split_events(report: HealthReport) -> tuple[list[HealthEvent], list[FaultTransition]]:
+    """The report's Events that are no fault transition, and those that are.
+
+    A Normal Event is a fault clearing. A Warning is a fault appearing when
+    the same report holds a fault of that reason on that entity (the XID
+    rule's Event for a hardware XID included). Everything else --
+    application XIDs, XIDs not in the catalogue -- tells of an occurrence,
+    not of state, and is worth writing whatever the rules knew.
+    """
+    plain: list[HealthEvent] = []
+    transitions: list[FaultTransition] = []
+    faults = {(f.reason, f.entity.key): f for f in report.faults}
+    for event in report.events:
+        if event.type is EventType.NORMAL:
+            ctype = _CONDITION_OF_HEALTHY_REASON.get(event.reason)
+            if ctype is not None:
+                transitions.append(FaultTransition(event, ctype, event.entity.key, None))
+                continue
+        else:
+            fault = faults.get((event.reason, event.entity.key))
+            if fault is not None:
+                transitions.append(FaultTransition(event, fault.condition, fault.entity.key, fault.reason))
+                continue
+        plain.append(event)
+    return plain, transitions
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredFaults:
+    """The faults a restore read back from the Node, to judge older Events by.
+
+    A fault restored without GPUNode detail stands for its whole condition
+    (a node-wide fault), so any fault Event under that condition is known.
+    """
+
+    keys: frozenset[tuple[str, str, str]]
+    node_wide: frozenset[ConditionType]
+
+    @classmethod
+    def of(cls, faults: list[Fault]) -> RestoredFaults:
+        return cls(
+            keys=frozenset(f.key for f in faults),
+            node_wide=frozenset(f.condition for f in faults if f.entity.kind is EntityKind.NODE),
+        )
+
+    def knew(self, transition: FaultTransition) -> bool:
+        """Whether the Node already showed the fault this transition is about."""
+        if transition.condition in self.node_wide:
+            return True
+        if transition.reason is not None:
+            return (transition.condition.value, transition.reason, transition.entity_key) in self.keys
+        return any(k[0] == transition.condition.value and k[2] == transition.entity_key for k in self.keys)
+
+
 def _taints(node: JSON) -> list[JSON]:
     spec = node.get("spec") or {}
     return [t for t in spec.get("taints") or [] if isinstance(t, dict)]
@@ -133,8 +213,12 @@ class AgentDaemon:
         self._lock = threading.Lock()
         self._latest: HealthReport | None = None
         self._seq = 0
-        self._restored = False
-        self._restored_seq = 0
+        # The restore epoch a report must carry to be published; None until
+        # the Node's state has been read back.
+        self._epoch: int | None = None
+        self._restored_faults = RestoredFaults(frozenset(), frozenset())
+        # Fault Events of reports judged before the restore, until it comes.
+        self._held: list[FaultTransition] = []
         self._retry_at = 0.0
         self._node_uid: str | None = None
         self._started_at = time.monotonic()
@@ -232,16 +316,40 @@ class AgentDaemon:
         self.monitor.run(self._stop, self.on_report)
 
     def on_report(self, report: HealthReport, sample: NodeSample) -> None:
-        """Monitor thread: metrics now, Events queued, report handed over."""
+        """Monitor thread: metrics now, Events queued, report handed over.
+
+        The fault Events of a report judged before the restore are held (no
+        restore yet) or filtered against the restored faults (a report that
+        was being judged while the restore ran); see the module docstring.
+        """
         self.metrics.observe_sample(sample)
         self.metrics.observe_report(report)
         self.metrics.observe_poll_duration(max(0.0, (datetime.now(UTC) - sample.time).total_seconds()))
-        self.events.enqueue(report.events)
+        events: list[HealthEvent] | tuple[HealthEvent, ...] = report.events
         with self._lock:
             self._latest = report
             self._seq += 1
+            if self._epoch is None or report.restore_epoch < self._epoch:
+                events, transitions = split_events(report)
+                if self._epoch is None:
+                    self._hold(transitions)
+                else:
+                    events += [t.event for t in transitions if not self._restored_faults.knew(t)]
+        self.events.enqueue(events)
         self._last_report_at = time.monotonic()
         self._wake.set()
+
+    def _hold(self, transitions: list[FaultTransition]) -> None:
+        """Keep fault Events until the restore can judge them (caller holds the lock).
+
+        Bounded like the Events queue: an API server that stays away from
+        the start cannot grow this without limit; the oldest go first.
+        """
+        self._held.extend(transitions)
+        overflow = len(self._held) - MAX_QUEUED
+        if overflow > 0:
+            del self._held[:overflow]
+            log.warning("held_events_dropped", node=self.settings.node_name, dropped=overflow, limit=MAX_QUEUED)
 
     # ---------------------------------------------------------- publisher
 
@@ -278,11 +386,13 @@ class AgentDaemon:
         Raises :class:`ApiError`; on success after failures, logs the
         recovery. Public for tests that drive publishing step by step.
         """
-        if not self._restored:
+        if self._epoch is None:
             self._restore()
         with self._lock:
-            report, seq = self._latest, self._seq
-        if report is None or seq <= self._restored_seq:
+            report, seq, epoch = self._latest, self._seq, self._epoch
+        if report is None or epoch is None or report.restore_epoch < epoch:
+            # Judged without the Node's faults: publishing it could turn a
+            # latched condition False. The monitor was woken for a new one.
             return
         self.conditions.publish(report)
         self.capacity.publish(report)
@@ -320,15 +430,25 @@ class AgentDaemon:
         faults = [f for f in self.gpunode.restore(self.api.get_gpunode(name)) if f.condition in raised]
         faults += faults_from_conditions(found, covered={f.condition for f in faults})
         added = self.monitor.restore(faults)
+        restored = RestoredFaults.of(faults)
         with self._lock:
-            self._restored_seq = self._seq
-        self._restored = True
+            self._epoch = self.monitor.restore_epoch
+            self._restored_faults = restored
+            held, self._held = self._held, []
+        # Fault Events judged before the restore: those about faults the Node
+        # already showed were announced by the previous run (or clear a
+        # fault the rules hold again now); the rest happened while the API
+        # server was away and are written.
+        kept = [t.event for t in held if not restored.knew(t)]
+        self.events.enqueue(kept)
         log.info(
             "state_restored",
             node=name,
             true_conditions=sorted(t.value for t, s in found.items() if s.problem),
             faults=len(faults),
             new_faults=added,
+            held_events=len(held),
+            held_events_dropped=len(held) - len(kept),
         )
         self.monitor.wake()
 

@@ -162,6 +162,10 @@ class HealthReport:
     ``errors`` lists probes that could not run this poll (NVML failed to
     initialise, a sysfs read failed): publishers must then keep what they
     published before for that source rather than report it healthy.
+    ``restore_epoch`` counts the state restores (faults read back from the
+    Node) the rules had received when they judged this report: a publisher
+    that restored state must not publish a report judged before that, since
+    it lacks the restored (latched) faults.
     """
 
     node: str
@@ -171,6 +175,7 @@ class HealthReport:
     faults: tuple[Fault, ...] = ()
     events: tuple[HealthEvent, ...] = ()
     errors: tuple[str, ...] = field(default_factory=tuple)
+    restore_epoch: int = 0
 
     def faults_for(self, condition: ConditionType) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.condition is condition)

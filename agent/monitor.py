@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -234,6 +235,7 @@ class Monitor:
         self.rules = HealthRules(config, node)
         self._lock = threading.RLock()
         self._started = False
+        self._restore_epoch = 0
         self.polls = 0
         self.last_report: HealthReport | None = None
         self.last_sample: NodeSample | None = None
@@ -334,7 +336,7 @@ class Monitor:
                 self.start()
             self._wake.clear()
             sample = self._gather()
-            report = self.rules.evaluate(sample)
+            report = replace(self.rules.evaluate(sample), restore_epoch=self._restore_epoch)
             self.polls += 1
             self.last_report, self.last_sample = report, sample
             return report, sample
@@ -350,9 +352,17 @@ class Monitor:
     def restore(self, faults: Iterable[Fault], cleared_at: Mapping[str, datetime] | None = None) -> int:
         """Seed faults read back from the Node after a restart, and when each
         entity was last repaired (see :meth:`HealthRules.restore`); returns
-        how many faults were added."""
+        how many faults were added. Every report judged from now on carries
+        the new :attr:`restore_epoch`."""
         with self._lock:
+            self._restore_epoch += 1
             return self.rules.restore(faults, cleared_at)
+
+    @property
+    def restore_epoch(self) -> int:
+        """How many times :meth:`restore` has run; see :attr:`HealthReport.restore_epoch`."""
+        with self._lock:
+            return self._restore_epoch
 
     def clear(self, entity_key: str, when: datetime | None = None) -> tuple[Fault, ...]:
         """Clear every fault on ``entity_key`` (an :attr:`Entity.key`) after

@@ -24,6 +24,7 @@ from kubernetes import client
 from agent.backends.sim import SimNode, load_scenario
 from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from agent.model import Entity
+from agent.publish.kube import ApiError
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from tests.kube import ControlPlane, KubectlError, create_gpu_node, wait_for
 from tests.publish.conftest import SimAgent
@@ -492,3 +493,134 @@ def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
     requests, _ = agent.daemon.stats.snapshot()
     assert requests.get("get_node", 0) == 1
     assert agent.daemon.outages == outages
+
+
+def _latched_xid_and_narrow_link(
+    control_plane: ControlPlane, k8s: client.ApiClient, node: str, sim_agent: Callable[..., SimAgent]
+) -> tuple[dict[str, Any], dict[tuple[str, str], int]]:
+    """A first agent publishes a latched XID and a narrow PCIe link, then stops.
+
+    Returns the Node's snapshot and its Event counts as that agent left them.
+    """
+    first = sim_agent(node)
+    _wait_healthy(control_plane, node)
+    first.sim.inject("xid", gpu=2, xid=79)
+    first.sim.inject("pcie_width", gpu=5, width=8)
+    wait_for(
+        lambda: all(
+            _condition(control_plane, node, t).get("status") == "True" for t in ("GpuXidError", "GpuPcieDegraded")
+        ),
+        timeout=20,
+        interval=0.2,
+        description="both faults published",
+    )
+    wait_for(lambda: first.daemon.events.pending() == 0, timeout=10, description="events written")
+    wait_for(
+        lambda: not _gpunode(control_plane, node)["status"]["gpus"][5]["healthy"],
+        timeout=10,
+        interval=0.2,
+        description="GPUNode lists both faults",
+        ignore=(KubectlError,),
+    )
+    snapshot, events = _snapshot(control_plane, node), _event_counts(k8s, node)
+    first.stop()
+    return snapshot, events
+
+
+def _restarted_sim() -> SimNode:
+    """The same hardware after a restart: the link is still narrow, the XID is history."""
+    sim = SimNode(load_scenario("healthy"))
+    sim.inject("pcie_width", gpu=5, width=8)
+    return sim
+
+
+def test_reports_judged_before_a_late_restore_are_never_published(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    """The race, step by step: the agent starts while the API server is down.
+
+    Its rules judge without the Node's faults: no XID (it is history) and a
+    "new" narrow link. One such report is handed over only after the restore
+    has run. None of them may reach the Node: GpuXidError would go False and
+    True again, and the link's Warning Event would be announced twice.
+    """
+    before, events_before = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
+    second = SimAgent(k8s, gpu_node, _restarted_sim())  # driven by hand: no threads
+    try:
+        daemon, monitor = second.daemon, second.monitor
+        control_plane.stop_apiserver()
+        try:
+            with pytest.raises(ApiError):
+                daemon.publish_once()  # the read-back fails
+            daemon.on_report(*monitor.step())
+            # During the outage: an application XID and a really new fault.
+            second.sim.inject("xid", gpu=0, xid=13)
+            second.sim.inject("ib_down", device="mlx5_1", port=1)
+            early = monitor.step()
+            assert not early[0].faults_for(ConditionType.GPU_XID_ERROR)
+            daemon.on_report(*early)
+            late = monitor.step()  # judged before the restore ...
+        finally:
+            control_plane.start_apiserver()
+        daemon.publish_once()  # the restore; the reports it has are older
+        daemon.on_report(*late)  # ... handed over after it
+        daemon.publish_once()
+        assert daemon.published_seq == 0
+        daemon.on_report(*monitor.step())
+        daemon.publish_once()
+        assert daemon.published_seq == 4
+    finally:
+        second.monitor.close()
+
+    after = _snapshot(control_plane, gpu_node)
+    for ctype in ("GpuXidError", "GpuPcieDegraded"):
+        assert after["conditions"][ctype] == before["conditions"][ctype]
+    assert after["conditions"]["InfinibandDegraded"][0] == "True"
+    events_after = _event_counts(k8s, gpu_node)
+    # The faults the Node had are not announced again; the application XID
+    # and the port that went down during the outage are.
+    assert {k: v for k, v in events_after.items() if k in events_before} == events_before
+    assert {k: v for k, v in events_after.items() if k not in events_before} == {
+        ("Warning", "Xid13"): 1,
+        ("Warning", "IbPortDown"): 1,
+        ("Warning", "IbLinkDowned"): 1,  # the port going down counts in link_downed too
+    }
+
+
+def test_an_agent_started_while_the_api_server_is_down_keeps_latched_faults(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    before, events_before = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
+    control_plane.stop_apiserver()
+    try:
+        second = sim_agent(gpu_node, _restarted_sim())
+        wait_for(
+            lambda: second.monitor.polls >= 4 and second.daemon.outages == 1,
+            timeout=20,
+            interval=0.1,
+            description="the agent polls while it cannot read its Node back",
+        )
+    finally:
+        control_plane.start_apiserver()
+    polls = second.monitor.polls + second.monitor.config.hysteresis.clear_polls + 2
+    wait_for(
+        lambda: second.daemon.published_seq >= polls and second.daemon.events.pending() == 0,
+        timeout=30,
+        interval=0.1,
+        description=f"{polls} reports published after the API server is back",
+    )
+    after = _snapshot(control_plane, gpu_node)
+    assert (after["conditions"], after["capacity"]) == (before["conditions"], before["capacity"])
+    # The GPUNode's fault detail is the same too, but for when the still
+    # narrow link was first seen: the rules judged it before the restore, and
+    # keep their own time for a fault they already held.
+    assert _without_since(after["gpunode"]) == _without_since(before["gpunode"])
+    assert _event_counts(k8s, gpu_node) == events_before
+
+
+def _without_since(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_since(v) for k, v in value.items() if k != "since"}
+    if isinstance(value, list):
+        return [_without_since(v) for v in value]
+    return value
