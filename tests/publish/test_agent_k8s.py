@@ -85,7 +85,7 @@ def _wait_healthy(control_plane: ControlPlane, node: str) -> None:
 
 # Faults a GPU reset repairs (a lost GPU or a failed remap needs the board
 # replaced, and stays unhealthy after a reset).
-RESET_FIXES = frozenset({"xid", "remap_pending", "nvlink_down", "pcie_width"})
+RESET_FIXES = frozenset({"xid", "remap_pending", "nvlink_down", "pcie_width", "pcie_gen"})
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,8 @@ class Case:
     reasons: frozenset[str]
     names: str  # text the condition message must contain
     gpu: int | None  # the GPU taken out of service, if any
+    # Injected first: what the node must be doing for the fault to count.
+    setup: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 CASES = [
@@ -116,6 +118,43 @@ CASES = [
     ),
     Case("gpu_lost", {"gpu": 6}, "GpuMissing", frozenset({"GpuLost", "MultipleFaults"}), "GPU 6", 6),
     Case("mount_missing", {"path": "/mnt/shared"}, "StorageDegraded", frozenset({"MountMissing"}), "/mnt/shared", None),
+    # Rates: one poll's growth far above the per-minute thresholds.
+    Case(
+        "nvlink_errors",
+        {"gpu": 0, "link": 7, "count": 100_000},
+        "GpuNvlinkDegraded",
+        frozenset({"NvlinkErrorRate"}),
+        "GPU 0",
+        0,
+    ),
+    Case(
+        "pcie_gen",
+        {"gpu": 4, "gen": 4},
+        "GpuPcieDegraded",
+        frozenset({"PcieGenDegraded"}),
+        "GPU 4",
+        4,
+        # A generation drop counts under load only (idle GPUs drop it to save power).
+        setup=(("utilization", {"gpu": 4, "pct": 90}),),
+    ),
+    Case("pcie_replays", {"gpu": 7, "count": 100_000}, "GpuPcieDegraded", frozenset({"PcieReplayRate"}), "GPU 7", 7),
+    Case(
+        "ib_rate",
+        {"device": "mlx5_3", "port": 1, "rate_gbps": 200.0},
+        "InfinibandDegraded",
+        frozenset({"IbRateDegraded"}),
+        "mlx5_3 port 1",
+        None,
+    ),
+    Case(
+        "ib_link_downed",
+        {"device": "mlx5_5", "port": 1},
+        "InfinibandDegraded",
+        frozenset({"IbLinkDowned"}),
+        "mlx5_5 port 1",
+        None,
+    ),
+    Case("mount_hung", {"path": "/mnt/shared"}, "StorageDegraded", frozenset({"MountHung"}), "/mnt/shared", None),
 ]
 
 
@@ -126,6 +165,8 @@ def test_injected_fault_shows_in_condition_capacity_and_gpunode(
     kind, ctype, gpu = case.kind, case.condition, case.gpu
     ready_before = _condition(control_plane, gpu_node, "Ready")
     agent = sim_agent(gpu_node)
+    for setup_kind, params in case.setup:
+        agent.sim.inject(setup_kind, **params)
     _wait_healthy(control_plane, gpu_node)
 
     agent.sim.inject(kind, **case.params)
