@@ -344,6 +344,33 @@ def _event_counts(k8s: client.ApiClient, node: str) -> dict[tuple[str, str], int
     return {(str(e.type), str(e.reason)): int(e.count or 1) for e in events.items}
 
 
+def test_a_fault_lasting_many_polls_is_one_warning_event_and_its_clearing_one_normal(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    agent = sim_agent(gpu_node)
+    _wait_healthy(control_plane, gpu_node)
+
+    def published_after(polls: int) -> Callable[[], bool]:
+        return lambda: agent.daemon.published_seq >= polls and agent.daemon.events.pending() == 0
+
+    agent.sim.inject("pcie_width", gpu=5, width=8)
+    _wait_condition(control_plane, gpu_node, "GpuPcieDegraded", "GpuPcieDegraded True")
+    many = agent.monitor.polls + 10
+    wait_for(published_after(many), timeout=30, interval=0.1, description=f"{many} reports published")
+    assert _event_counts(k8s, gpu_node) == {("Warning", "PcieWidthDegraded"): 1}
+
+    agent.sim.inject("gpu_reset", gpu=5)  # the link trains back to x16: the fault clears
+    wait_for(
+        lambda: _condition(control_plane, gpu_node, "GpuPcieDegraded").get("status") == "False",
+        timeout=20,
+        interval=0.2,
+        description="GpuPcieDegraded False once the link is back",
+    )
+    many = agent.monitor.polls + 10
+    wait_for(published_after(many), timeout=30, interval=0.1, description=f"{many} reports published")
+    assert _event_counts(k8s, gpu_node) == {("Warning", "PcieWidthDegraded"): 1, ("Normal", "PcieHealthy"): 1}
+
+
 def test_quarantine_taint_is_read_from_the_heartbeat_and_exported(
     control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
 ) -> None:
