@@ -105,11 +105,31 @@ class EventHub:
         self.duplicates = 0
 
     def set_inventory(self, gpus: Iterable[GpuSample]) -> None:
+        """Learn which UUID is which PCI bus id (every poll, from NVML)."""
         with self._lock:
             for g in gpus:
                 if g.uuid and g.pci_bus_id:
-                    self._bus_by_uuid[g.uuid] = g.pci_bus_id
+                    if self._bus_by_uuid.get(g.uuid) != g.pci_bus_id:
+                        self._bus_by_uuid[g.uuid] = g.pci_bus_id
+                        self._rekey(g.uuid, g.pci_bus_id)
                     self._gpu_by_bus[g.pci_bus_id] = g
+
+    def _rekey(self, uuid: str, bus: str) -> None:
+        """Move what was keyed by ``uuid`` onto ``bus``, the key of every GPU
+        the inventory names. An NVML event that arrived before the first poll
+        had only its UUID to go by: left there, its count would be a second
+        ``gpuwarden_xid_events_total`` series for one GPU, and its report could
+        never match its kernel-log twin, which always has the bus id. Caller
+        holds the lock."""
+        for ck in [ck for ck in self._counts if ck[0] == uuid]:
+            n = self._counts.pop(ck)
+            moved = (bus, ck[1])
+            self._counts[moved] = self._counts.get(moved, 0) + n
+        for key in [key for key in self._unmatched if key[0] == uuid]:
+            target = self._unmatched.setdefault((bus, key[1], key[2]), {})
+            for source, reports in self._unmatched.pop(key).items():
+                merged = sorted([*target.get(source, ()), *reports], key=lambda r: r.time)
+                target[source] = deque(merged)
 
     def push(self, event: GpuEvent) -> None:
         with self._lock:

@@ -425,6 +425,14 @@ class NvmlBackend(GpuBackend):
                 uuid = _text(nv.nvmlDeviceGetUUID(data.device))
             except nv.NVMLError as exc:
                 log.debug("nvml_event_device_unknown", error=str(exc))
+        if not bus:
+            # An event before the first sample: the bus id is what the kernel
+            # log names the GPU by, so without it the two reports of one XID
+            # could not be matched.
+            try:
+                bus = normalize_bus_id(_text(nv.nvmlDeviceGetPciInfo(data.device).busId))
+            except nv.NVMLError as exc:
+                log.debug("nvml_event_bus_unknown", error=str(exc))
         xid = int(data.eventData) if kind is GpuEventKind.XID else None
         return GpuEvent(
             kind=kind,

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from agent.config import AgentConfig
 from agent.contract import HEALTHY_REASONS, ConditionType, Reason
 from agent.logconfig import get_logger
-from agent.model import Entity, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
+from agent.model import Entity, EntityKind, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
 from agent.rules.base import Finding, Rule, RuleContext
 from agent.rules.gpu_count import GpuCountRule
 from agent.rules.infiniband import InfinibandRule
@@ -35,7 +35,7 @@ from agent.rules.nvlink import NvlinkRule
 from agent.rules.pcie import PcieRule
 from agent.rules.storage import StorageRule
 from agent.rules.xid import XidRule
-from agent.samples import GpuSample, NodeSample
+from agent.samples import GpuSample, NodeSample, normalize_bus_id
 
 log = get_logger(__name__)
 
@@ -69,6 +69,12 @@ def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
     if a is None or b is None:
         return a or b
     return min(a, b)
+
+
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
 
 
 def is_latched(fault: Fault) -> bool:
@@ -139,18 +145,41 @@ class HealthRules:
 
         A signal that is still present raises the fault again at the next
         poll, which is what re-validation wants to see. GPU events up to
-        ``when`` (default now) are history from then on.
+        ``when`` (default now) are history from then on. A GPU may be named
+        by either of its keys, ``gpu/<uuid>`` or ``gpu/<pci bus id>`` (see
+        :meth:`_rekey_by_bus`): both clear the same GPU.
         """
-        self._cleared_at[entity_key] = when or datetime.now(UTC)
-        gone = tuple([a.fault for k, a in self._active.items() if k[2] == entity_key])
+        keys = self._gpu_aliases(entity_key)
+        cleared = when or datetime.now(UTC)
+        for key in keys:
+            self._cleared_at[key] = cleared
+        gone = tuple([a.fault for k, a in self._active.items() if k[2] in keys])
         for fault in gone:
             del self._active[fault.key]
             self._pending_events.append(self._cleared_event(fault, datetime.now(UTC), why="cleared after repair"))
-        for k in [k for k in self._pending if k[2] == entity_key]:
+        for k in [k for k in self._pending if k[2] in keys]:
             del self._pending[k]
         if gone:
             log.info("faults_cleared", entity=entity_key, count=len(gone))
         return gone
+
+    def _gpu_aliases(self, entity_key: str) -> set[str]:
+        """``entity_key`` and, for a GPU, its other key: by UUID and by PCI bus
+        id, as far as any poll since start has mapped the two."""
+        keys = {entity_key}
+        kind, sep, ident = entity_key.partition("/")
+        if kind != EntityKind.GPU.value or not sep or not ident:
+            return keys
+        gpu = self._by_uuid.get(ident) or self._by_bus.get(normalize_bus_id(ident))
+        if gpu is None:
+            if not ident.startswith("GPU-"):  # a bus id in another spelling
+                keys.add(Entity(EntityKind.GPU, pci_bus_id=normalize_bus_id(ident)).key)
+            return keys
+        if gpu.uuid:
+            keys.add(Entity(EntityKind.GPU, uuid=gpu.uuid).key)
+        if gpu.pci_bus_id:
+            keys.add(Entity(EntityKind.GPU, pci_bus_id=gpu.pci_bus_id).key)
+        return keys
 
     # ------------------------------------------------------------ evaluate
 
@@ -162,6 +191,44 @@ class HealthRules:
                 self._by_uuid[gpu.uuid] = gpu
             if gpu.pci_bus_id:
                 self._by_bus[gpu.pci_bus_id] = gpu
+
+    def _rekey_by_bus(self) -> None:
+        """Move faults on a GPU known only by its PCI bus id onto its UUID.
+
+        A kernel-log XID or "fallen off the bus" seen while NVML is down, or
+        before the first poll named the GPUs, can only be keyed by bus id; the
+        same GPU's later faults are keyed by UUID. Left split, the bus-keyed
+        fault would never attach to the GPU's status (the GPU would show
+        healthy and keep its memory in capacity) and a clear by UUID would
+        miss it. Once the inventory maps the bus id, the fault moves (merged
+        with the UUID-keyed one if there is one, keeping the earlier since);
+        one from before the GPU's last repair is history and is dropped, which
+        the XID rule could not tell while it knew the bus id only.
+        """
+        moves = {Entity(EntityKind.GPU, pci_bus_id=bus).key: g for bus, g in self._by_bus.items() if g.uuid}
+        for key in [k for k in self._active if k[2] in moves]:
+            old = self._active.pop(key).fault
+            gpu = moves[key[2]]
+            entity = Entity.gpu(gpu.index, gpu.uuid, gpu.pci_bus_id)
+            fault = replace(old, entity=entity, message=old.message.replace(old.entity.describe(), entity.describe()))
+            cleared = _latest(self._cleared_at.get(key[2]), self._cleared_at.get(entity.key))
+            if cleared is not None and fault.since <= cleared:
+                log.info("fault_dropped_as_history", reason=fault.reason, entity=entity.key, pci_bus_id=gpu.pci_bus_id)
+                continue
+            existing = self._active.get(fault.key)
+            if existing is None:
+                self._active[fault.key] = _Active(fault)
+            else:
+                existing.fault = replace(
+                    existing.fault,
+                    since=min(existing.fault.since, fault.since),
+                    latched=existing.fault.latched or fault.latched,
+                )
+            log.info("fault_rekeyed", reason=fault.reason, old=key[2], new=entity.key)
+        for key in [k for k in self._pending if k[2] in moves]:
+            count = self._pending.pop(key)
+            new = (key[0], key[1], Entity(EntityKind.GPU, uuid=moves[key[2]].uuid).key)
+            self._pending[new] = max(count, self._pending.get(new, 0))
 
     @staticmethod
     def _cleared_event(fault: Fault, when: datetime, why: str) -> HealthEvent:
@@ -175,6 +242,7 @@ class HealthRules:
 
     def evaluate(self, sample: NodeSample) -> HealthReport:
         self._remember_gpus(sample)
+        self._rekey_by_bus()
         ctx = RuleContext(
             config=self.config,
             now=sample.time,

@@ -28,6 +28,7 @@ from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
+from tests.agent.samples_factory import gpu
 from tests.agent.sysfs_tree import two_hcas
 
 
@@ -169,6 +170,25 @@ def test_the_kernel_log_twin_completes_an_xid_154_nvml_reported_first() -> None:
     hub.push(kmsg)
     hub.push(nvml)
     assert [(e.source, e.recovery_action) for e in hub.drain()] == [(EventSource.KMSG, 2)]
+
+
+def test_one_gpu_keeps_one_key_in_the_hub_across_the_first_inventory() -> None:
+    """An NVML event before the first poll knows its GPU by UUID only; the
+    kernel log and every later report know it by bus id. One GPU is one XID
+    count series, and the early report still matches its kernel-log twin."""
+    hub = EventHub(dedup_window_s=10, wake=lambda: None)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    g = gpu(3)
+    hub.push(GpuEvent(GpuEventKind.XID, EventSource.NVML, t0, uuid=g.uuid, xid=13))
+    assert [(c.pci_bus_id, c.uuid, c.count) for c in hub.counts()] == [(None, g.uuid, 1)]
+    hub.set_inventory([g])
+    hub.push(GpuEvent(GpuEventKind.XID, EventSource.KMSG, t0 + timedelta(seconds=1), pci_bus_id=g.pci_bus_id, xid=13))
+    assert hub.duplicates == 1
+    hub.push(GpuEvent(GpuEventKind.XID, EventSource.NVML, t0 + timedelta(seconds=60), uuid=g.uuid, xid=13))
+    hub.push(GpuEvent(GpuEventKind.XID, EventSource.KMSG, t0 + timedelta(seconds=90), pci_bus_id=g.pci_bus_id, xid=13))
+    assert [(c.pci_bus_id, c.uuid, c.gpu_index, c.xid, c.count) for c in hub.counts()] == [
+        (g.pci_bus_id, g.uuid, 3, 13, 3)
+    ]
 
 
 def test_a_one_source_storm_keeps_only_a_window_of_unmatched_reports() -> None:

@@ -237,6 +237,16 @@ def test_xid_154_reads_the_recovery_action_nvml_reports(backend_for: Any) -> Non
     assert ev is not None and ev.recovery_action is None and nv.calls == calls + 1  # the wait itself
 
 
+def test_an_event_before_the_first_sample_still_names_the_bus_id(backend_for: Any) -> None:
+    """The kernel log names GPUs by bus id: NVML's report must carry it too,
+    or the two reports of one XID could not be matched."""
+    nv = h100_node(2)
+    backend = backend_for(nv)
+    nv.emit_xid(1, 79)
+    ev = backend.wait_event(1.0)
+    assert ev is not None and (ev.uuid, ev.pci_bus_id) == (nv.gpus[1].uuid, "00000000:2A:00.0")
+
+
 def test_close_waits_for_the_event_thread_before_freeing_the_set() -> None:
     """The poll thread closes NVML (it broke) while the event thread is
     blocked in nvmlEventSetWait: freeing the set under it would crash the

@@ -410,6 +410,71 @@ def test_xid_on_a_gpu_nvml_never_showed_is_still_named() -> None:
     assert fault.entity.pci_bus_id == "00000000:C1:00.0" and "00000000:C1:00.0" in fault.message
 
 
+NVML_DOWN = "NVML could not initialise: Driver Not Loaded"
+
+
+@pytest.mark.parametrize("clear_by", ["uuid", "bus id"])
+@pytest.mark.parametrize(
+    ("kind", "condition", "reason"),
+    [(GpuEventKind.XID, C.GPU_XID_ERROR, "Xid79"), (GpuEventKind.FALLEN_OFF_BUS, C.GPU_MISSING, Reason.GPU_LOST)],
+)
+def test_a_gpu_first_known_by_its_bus_id_keeps_one_fault_key(
+    kind: GpuEventKind, condition: C, reason: str, clear_by: str
+) -> None:
+    """A kernel-log event while NVML is down names the GPU by bus id only;
+    once NVML names it, its fault is the GPU's, under its UUID."""
+    rules = HealthRules(config_from_dict(None), "n")
+    seen = GpuEvent(kind, EventSource.KMSG, T0, pci_bus_id=G1.pci_bus_id, xid=79 if kind is GpuEventKind.XID else None)
+    (early,) = rules.evaluate(NodeSample(time=T0, events=(seen,), gpu_source_error=NVML_DOWN)).faults
+    assert early.entity.key == f"gpu/{G1.pci_bus_id}"
+
+    report = rules.evaluate(node(t=at(10)))
+    (fault,) = report.faults
+    assert fault.key == (condition.value, reason, GPU1) and fault.since == T0 and fault.latched
+    assert fault.entity.describe() in fault.message and G1.uuid in fault.message
+    (status,) = [g for g in report.gpus if g.uuid == G1.uuid]
+    assert not status.healthy and status.faults == (fault,)
+    assert report.healthy_gpu_memory_mib == G0.memory_total_mib
+
+    # A later report of the same fault, by UUID, is the same fault.
+    again = replace(seen, source=EventSource.NVML, uuid=G1.uuid, time=at(20))
+    (same,) = rules.evaluate(node(t=at(20), events=(again,))).faults
+    assert same.key == fault.key and same.since == T0
+
+    key = GPU1 if clear_by == "uuid" else f"gpu/{G1.pci_bus_id}"
+    assert [f.key for f in rules.clear(key, when=at(30))] == [fault.key]
+    assert rules.evaluate(node(t=at(40))).faults == ()
+    # The kernel log replayed (agent restart): history from before the repair.
+    assert rules.evaluate(node(t=at(50), events=(seen,))).faults == ()
+
+
+def test_a_bus_keyed_fault_from_before_the_last_repair_is_dropped_once_the_gpu_is_named() -> None:
+    """A restarted agent replays the kernel log while NVML is down: it cannot
+    tell the XID is from before the repair recorded under the GPU's UUID until
+    NVML names the GPU; then the fault is history."""
+    rules = HealthRules(config_from_dict(None), "n")
+    rules.restore([], cleared_at={GPU1: at(0)})
+    old = GpuEvent(GpuEventKind.XID, EventSource.KMSG, at(-600), pci_bus_id=G1.pci_bus_id, xid=79)
+    assert rules.evaluate(NodeSample(time=at(5), events=(old,), gpu_source_error=NVML_DOWN)).faults
+    report = rules.evaluate(node(t=at(10)))
+    assert report.faults == () and all(g.healthy for g in report.gpus)
+
+
+def test_a_restored_bus_keyed_fault_moves_onto_its_gpu() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    (fault,) = rules.evaluate(
+        NodeSample(
+            time=T0,
+            events=(GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id=G0.pci_bus_id, xid=48),),
+            gpu_source_error=NVML_DOWN,
+        )
+    ).faults
+    fresh = HealthRules(config_from_dict(None), "n")
+    fresh.restore([replace(fault, latched=False)])
+    (moved,) = fresh.evaluate(node(t=at(60))).faults
+    assert moved.entity.key == GPU0 and moved.latched and moved.since == T0
+
+
 # --------------------------------------------------------------------------
 # Latching, hysteresis, since-times, restore and clear
 # --------------------------------------------------------------------------
