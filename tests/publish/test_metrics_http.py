@@ -27,7 +27,9 @@ from agent.samples import (
 )
 from tests.publish.reports import T0, gpu_entity, report, xid_fault
 
-RULES = Path(__file__).resolve().parents[2] / "manifests" / "monitoring" / "gpuwarden-rules.yaml"
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "manifests" / "monitoring" / "gpuwarden-rules.yaml"
+README = REPO / "README.md"
 
 
 def _sample() -> NodeSample:
@@ -178,3 +180,23 @@ def test_metrics_before_the_first_poll_are_valid_and_small(
     names = {name for name, _ in _samples(text)}
     assert "gpuwarden_agent_info" in names
     assert "gpuwarden_node_condition" not in names
+
+
+def _readme_metrics_table() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """The rows of the README's metrics table: name, type, labels, meaning."""
+    lines = README.read_text().splitlines()
+    start = lines.index("| metric | type | labels | meaning |")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        name, kind, labels, meaning = (cell.strip() for cell in line.strip("|").split("|"))
+        label_names = () if labels == "—" else tuple(x.strip().strip("`") for x in labels.split(","))
+        rows.append((name.strip("`"), kind, label_names, meaning.replace("`", "")))
+    return rows
+
+
+def test_the_readme_documents_exactly_the_exported_metric_families() -> None:
+    documented = _readme_metrics_table()
+    assert len({row[0] for row in documented}) == len(documented), "a metric is listed twice"
+    assert documented == [(d.name, d.kind, d.labels, d.help) for d in FAMILIES]
