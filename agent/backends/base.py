@@ -63,7 +63,15 @@ class GpuBackend(ABC):
 
 
 class KmsgSource(ABC):
-    """Raw kernel-log records, from the start of the ring buffer onwards."""
+    """Raw kernel-log records, from the start of the ring buffer onwards.
+
+    ``live_stamps`` is True when records are stamped with the running
+    kernel's clock as they are logged (``/dev/kmsg``, the sim), so a record
+    read as it appears tells that clock's current value; False for a capture
+    replayed from a file.
+    """
+
+    live_stamps: bool = False
 
     @abstractmethod
     def read(self, timeout_s: float) -> list[str]:

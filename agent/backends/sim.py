@@ -588,6 +588,8 @@ class SimGpuBackend(GpuBackend):
 
 
 class SimKmsgSource(KmsgSource):
+    live_stamps = True  # stamped with CLOCK_MONOTONIC as they are logged, like a VM's kernel
+
     def __init__(self, node: SimNode) -> None:
         self.node = node
         self._cursor = 0

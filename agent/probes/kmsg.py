@@ -4,7 +4,8 @@ The NVIDIA driver prints every XID to the kernel log, including the ones NVML
 never delivers to a process that was not running yet. Reading ``/dev/kmsg``
 from the start of the ring buffer lets a restarted agent still see the XIDs
 since boot (their record time is kept, so a fault's since-time is the real
-one). Lines are parsed into :class:`~agent.samples.GpuEvent` with the GPU's
+one; :class:`KernelLogClock` says how a record's stamp becomes wall time).
+Lines are parsed into :class:`~agent.samples.GpuEvent` with the GPU's
 normalised PCI bus id; the monitor de-duplicates them against NVML's events.
 
 Wording differs across driver generations; every form below is recognised::
@@ -24,13 +25,13 @@ Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import re
 import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from agent.backends.base import KmsgSource
@@ -67,37 +68,122 @@ def parse_recovery_action(text: str) -> int | None:
     return int(m.group("hex"), 16) if m.group("hex") is not None else int(m.group("dec"))
 
 
-@functools.cache
-def boot_time() -> float:
-    """Wall-clock epoch seconds at boot: kmsg timestamps are monotonic µs.
+def reference_clock_s() -> float:
+    """``CLOCK_MONOTONIC`` in seconds: the clock the kernel log's stamps are read against."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
-    Computed once per process so that the same record always converts to
-    the same time (two readings of the two clocks differ by microseconds).
+
+@dataclass(frozen=True, slots=True)
+class ClockAnchor:
+    """Wall time and the kernel log's clock, read at one moment.
+
+    A record stamped ``stamp_s`` seconds on the kernel log's clock happened
+    ``kernel_s - stamp_s`` seconds before ``wall_s``. Dating a record by its
+    age from now, rather than as boot time plus its stamp, keeps it right
+    however far the kernel log's clock has drifted from wall time since boot.
     """
-    return time.time() - time.monotonic()
+
+    wall_s: float
+    kernel_s: float
+
+    def wall_time(self, stamp_s: float | None) -> datetime:
+        """When a record stamped ``stamp_s`` happened; ``wall_s`` for a record
+        without a stamp. Never later than ``wall_s``: nothing is logged in the
+        future, so a stamp ahead of the clock (its drift not yet learned) is
+        dated now."""
+        if stamp_s is None:
+            return datetime.fromtimestamp(self.wall_s, tz=UTC)
+        return datetime.fromtimestamp(self.wall_s - max(0.0, self.kernel_s - stamp_s), tz=UTC)
 
 
-def parse_record(record: str, boot_epoch: float) -> GpuEvent | None:
-    """Parse one kernel-log record; ``None`` when it is not a GPU event.
+class KernelLogClock:
+    """Tells the kernel log's clock now, to date its records by (:meth:`anchor`).
 
-    ``boot_epoch`` converts the record's monotonic timestamp into wall time.
+    printk stamps each record with ``local_clock()``, the scheduler clock, in
+    seconds since boot like ``CLOCK_MONOTONIC`` but not the same clock. It is
+    not NTP-disciplined, so "boot time + stamp" drifts from wall time by tens
+    of seconds over months of uptime, and NVML's and the kernel log's reports
+    of one XID stop falling within the de-duplication window.
+
+    The current value of the kernel log's clock is read as ``CLOCK_MONOTONIC``
+    plus a learned skew. Where the scheduler clock is not stable (many VMs)
+    the kernel holds it within a tick of ``CLOCK_MONOTONIC``: on a test VM the
+    two agreed within a millisecond after 12 minutes of uptime while
+    ``CLOCK_MONOTONIC_RAW`` was already 0.11 s off, so the skew is 0. With a
+    stable TSC (bare metal) the scheduler clock runs at the raw hardware rate
+    and parts from ``CLOCK_MONOTONIC`` by the NTP correction, which is the
+    skew: :meth:`observe_live` learns it from a record read as it is logged,
+    whose stamp is the kernel log's clock at that moment. Until a record has
+    been seen live, the age of a record is off by that drift at most, and
+    :meth:`ClockAnchor.wall_time` never dates one in the future.
+
+    The offset between wall time and the kernel log's clock is kept until it
+    moves by more than ``tolerance_s``, which wall-clock steps and the drift
+    corrected here both exceed: one record read twice in a process (an agent
+    restarted in-process, the backlog re-read) then gets one time, so a
+    since-time does not move by the microseconds between two clock readings.
     """
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        reference: Callable[[], float] = reference_clock_s,
+        tolerance_s: float = 0.05,
+    ) -> None:
+        self._wall = wall
+        self._reference = reference
+        self._tolerance = tolerance_s
+        self._lock = threading.Lock()
+        self._skew = 0.0  # kernel log's clock minus the reference clock
+        self._offset: float | None = None  # wall time minus the kernel log's clock
+
+    def anchor(self) -> ClockAnchor:
+        """Wall time and the kernel log's clock, now."""
+        with self._lock:
+            wall = self._wall()
+            offset = wall - (self._reference() + self._skew)
+            if self._offset is None or abs(offset - self._offset) > self._tolerance:
+                self._offset = offset
+            return ClockAnchor(wall_s=wall, kernel_s=wall - self._offset)
+
+    def observe_live(self, stamp_s: float) -> None:
+        """A record stamped ``stamp_s`` was read the moment it was logged:
+        the kernel log's clock reads ``stamp_s`` now (less the wake-up
+        latency, microseconds against the drift being corrected)."""
+        with self._lock:
+            self._skew = stamp_s - self._reference()
+
+
+# One kernel per process: every probe dates records against the same clock.
+KERNEL_LOG_CLOCK = KernelLogClock()
+
+
+def record_stamp(record: str) -> tuple[float | None, str]:
+    """A record's kernel-clock stamp in seconds (``None`` for a journal line,
+    which has none) and its text."""
     text = record.split("\n", 1)[0]
-    if "NVRM" not in text:  # cheap reject: nearly every record
-        return None
-    usec: int | None = None
     head, sep, body = text.partition(";")
     if sep and head.count(",") >= 2 and head.split(",", 1)[0].isdigit():
         fields = head.split(",")
-        if fields[2].isdigit():
-            usec = int(fields[2])
-        text = body
-    else:
-        m = _DMESG_TS_RE.match(text)
-        if m:
-            usec = int(m.group("sec")) * 1_000_000 + int(m.group("frac").ljust(6, "0")[:6])
-            text = text[m.end() :]
-    when = datetime.fromtimestamp(boot_epoch + usec / 1e6 if usec is not None else time.time(), tz=UTC)
+        return (int(fields[2]) / 1e6 if fields[2].isdigit() else None), body
+    m = _DMESG_TS_RE.match(text)
+    if m:
+        usec = int(m.group("sec")) * 1_000_000 + int(m.group("frac").ljust(6, "0")[:6])
+        return usec / 1e6, text[m.end() :]
+    return None, text
+
+
+def parse_record(record: str, anchor: ClockAnchor) -> GpuEvent | None:
+    """Parse one kernel-log record; ``None`` when it is not a GPU event.
+
+    ``anchor`` dates the record by its stamp (see :class:`KernelLogClock`).
+    """
+    if "NVRM" not in record:  # cheap reject: nearly every record
+        return None
+    stamp, text = record_stamp(record)
+    if "NVRM" not in text:
+        return None
+    when = anchor.wall_time(stamp)
 
     m = _XID_RE.search(text)
     if m:
@@ -137,6 +223,9 @@ class DevKmsgSource(KmsgSource):
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._is_char = not os.path.isfile(path)
+        # /dev/kmsg stamps records with this kernel's clock; a capture replayed
+        # from a file has another boot's stamps.
+        self.live_stamps = self._is_char
         self._partial = b""
         self._closed = threading.Event()
 
@@ -220,10 +309,12 @@ class KmsgProbe:
     events to ``sink`` as they arrive, so an XID in the kernel log reaches
     the rules within a second rather than at the next poll."""
 
-    def __init__(self, source: KmsgSource, sink: Callable[[GpuEvent], None], boot_epoch: float | None = None) -> None:
+    def __init__(
+        self, source: KmsgSource, sink: Callable[[GpuEvent], None], clock: KernelLogClock | None = None
+    ) -> None:
         self._source = source
         self._sink = sink
-        self._boot = boot_time() if boot_epoch is None else boot_epoch
+        self._clock = KERNEL_LOG_CLOCK if clock is None else clock
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.records_read = 0
@@ -239,14 +330,22 @@ class KmsgProbe:
                 return n
             if not records:
                 return n
-            n += self._handle(records)
+            n += self._handle(records, live=False)
 
-    def _handle(self, records: list[str]) -> int:
+    def _handle(self, records: list[str], live: bool) -> int:
+        """Parse and hand on ``records``; ``live`` when they were read as they
+        were logged (after the backlog, from a source whose stamps are this
+        kernel's clock), so the newest one's stamp is the clock's value now."""
+        if live:
+            stamp, _ = record_stamp(records[-1])
+            if stamp is not None:
+                self._clock.observe_live(stamp)
+        anchor = self._clock.anchor()
         found = 0
         for rec in records:
             self.records_read += 1
             try:
-                ev = parse_record(rec, self._boot)
+                ev = parse_record(rec, anchor)
             except ValueError as exc:
                 log.warning("kmsg_record_unparsable", record=rec[:200], error=str(exc))
                 continue
@@ -266,7 +365,7 @@ class KmsgProbe:
             try:
                 records = self._source.read(0.2)
                 if records:
-                    self._handle(records)
+                    self._handle(records, live=self._source.live_stamps)
             except OSError as exc:
                 log.error("kmsg_read_failed", error=exc.strerror or str(exc))
                 self._stop.wait(5.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,11 +12,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.probes.kmsg import DevKmsgSource, KmsgProbe, open_kmsg, parse_record
+from agent.backends.base import KmsgSource
+from agent.probes.kmsg import (
+    ClockAnchor,
+    DevKmsgSource,
+    KernelLogClock,
+    KmsgProbe,
+    open_kmsg,
+    parse_record,
+    reference_clock_s,
+)
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
 BOOT = 1_700_000_000.0
+UPTIME = 100_000.0
+# Read at an uptime of UPTIME s on a node booted at BOOT, with no drift: a
+# record stamped t s after boot is dated BOOT + t.
+ANCHOR = ClockAnchor(wall_s=BOOT + UPTIME, kernel_s=UPTIME)
+
+
+def fixed_clock(wall: float = BOOT + UPTIME, reference: float = UPTIME) -> KernelLogClock:
+    return KernelLogClock(wall=lambda: wall, reference=lambda: reference)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +93,7 @@ BOOT = 1_700_000_000.0
     ],
 )
 def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
-    ev = parse_record(record, BOOT)
+    ev = parse_record(record, ANCHOR)
     assert ev is not None
     assert (ev.kind, ev.source, ev.pci_bus_id, ev.xid, ev.message) == (
         GpuEventKind.XID,
@@ -119,15 +137,103 @@ def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
     ],
 )
 def test_xid_154_lines_carry_the_recovery_action(record: str, action: int | None) -> None:
-    ev = parse_record(record, BOOT)
+    ev = parse_record(record, ANCHOR)
     assert ev is not None and ev.xid == 154 and ev.recovery_action == action
 
 
-def test_record_time_is_boot_plus_monotonic_timestamp() -> None:
-    ev = parse_record("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", BOOT)
+def test_record_time_is_its_age_before_the_anchor() -> None:
+    ev = parse_record("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", ANCHOR)
     assert ev is not None and ev.time == datetime.fromtimestamp(BOOT + 5, tz=UTC)
-    ev = parse_record("[   12.500000] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=a, MMU Fault", BOOT)
+    ev = parse_record("[   12.500000] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=a, MMU Fault", ANCHOR)
     assert ev is not None and ev.time == datetime.fromtimestamp(BOOT + 12.5, tz=UTC)
+
+
+def test_a_record_is_dated_by_its_age_before_the_anchor() -> None:
+    """Five months up, with wall time 40 s ahead of boot time plus the kernel
+    log's clock: a record stamped 30 s before the anchor is dated 30 s ago."""
+    uptime = 150 * 86400.0
+    wall = BOOT + uptime + 40  # wall time ran 40 s ahead of the printk clock since boot
+    record = f"4,1,{int((uptime - 30) * 1e6)},-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=a, DBE"
+    ev = parse_record(record, fixed_clock(wall=wall, reference=uptime).anchor())
+    assert ev is not None and ev.time == datetime.fromtimestamp(wall - 30, tz=UTC)
+    # A journal line has no stamp: it is dated when read.
+    ev = parse_record(
+        "Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:18:00): 94, x", fixed_clock(wall=wall).anchor()
+    )
+    assert ev is not None and ev.time == datetime.fromtimestamp(wall, tz=UTC)
+
+
+def test_the_clock_follows_a_wall_clock_step_but_not_reading_jitter() -> None:
+    now = {"wall": BOOT + UPTIME, "ref": UPTIME}
+    clock = KernelLogClock(wall=lambda: now["wall"], reference=lambda: now["ref"], tolerance_s=0.05)
+    record = "4,1,90000000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+    first = parse_record(record, clock.anchor())
+    now["wall"] += 10.00001  # ten seconds on, the two clocks read a few microseconds apart
+    now["ref"] += 10.0
+    again = parse_record(record, clock.anchor())
+    assert first is not None and again is not None and again.time == first.time
+    now["wall"] += 3600  # NTP stepped the wall clock
+    stepped = parse_record(record, clock.anchor())
+    assert stepped is not None and (stepped.time - first.time).total_seconds() == pytest.approx(3600, abs=1e-3)
+
+
+def test_a_stamp_ahead_of_the_clock_is_dated_now_never_in_the_future() -> None:
+    anchor = ClockAnchor(wall_s=BOOT + UPTIME, kernel_s=UPTIME)
+    assert anchor.wall_time(UPTIME + 40) == datetime.fromtimestamp(BOOT + UPTIME, tz=UTC)
+
+
+class ScriptedKmsg(KmsgSource):
+    """Hands out scripted batches of records, then nothing."""
+
+    def __init__(self, batches: list[list[str]], live_stamps: bool) -> None:
+        self.batches = batches
+        self.live_stamps = live_stamps
+        self.closed = threading.Event()
+
+    def read(self, timeout_s: float) -> list[str]:
+        if timeout_s > 0 and self.batches:
+            return self.batches.pop(0)
+        self.closed.wait(timeout_s)
+        return []
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_records_read_as_they_are_logged_teach_the_clock_its_skew(live: bool) -> None:
+    """A stable-TSC host: the printk clock runs 40 s ahead of CLOCK_MONOTONIC.
+    The newest record of a batch read live was stamped just now, so an XID
+    logged 30 s before it is dated 30 s ago. A replayed capture teaches nothing."""
+    wall, reference = BOOT + UPTIME, UPTIME
+    kernel_now = reference + 40
+    batch = [
+        f"4,10,{int((kernel_now - 30) * 1e6)},-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        f"6,11,{int(kernel_now * 1e6)},-;usb 1-1: new high-speed USB device number 3",
+    ]
+    got = threading.Event()
+    events: list[GpuEvent] = []
+
+    def sink(ev: GpuEvent) -> None:
+        events.append(ev)
+        got.set()
+
+    probe = KmsgProbe(ScriptedKmsg([batch], live_stamps=live), sink, clock=fixed_clock(wall, reference))
+    probe.start()
+    try:
+        assert got.wait(10)
+    finally:
+        probe.stop()
+    (ev,) = events
+    # Without the skew the XID's stamp is 10 s ahead of CLOCK_MONOTONIC: dated now.
+    assert ev.time == datetime.fromtimestamp(wall - 30 if live else wall, tz=UTC)
+
+
+def test_the_reference_clock_is_clock_monotonic() -> None:
+    """The clock printk's stamps track where the scheduler clock is unstable;
+    the sim's kernel log is stamped with it too."""
+    before = time.clock_gettime(time.CLOCK_MONOTONIC)
+    assert before <= reference_clock_s() <= time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +249,7 @@ def test_record_time_is_boot_plus_monotonic_timestamp() -> None:
     ],
 )
 def test_fallen_off_the_bus_lines(record: str, bus: str) -> None:
-    ev = parse_record(record, BOOT)
+    ev = parse_record(record, ANCHOR)
     assert ev is not None and ev.kind is GpuEventKind.FALLEN_OFF_BUS and ev.pci_bus_id == bus
 
 
@@ -159,7 +265,7 @@ def test_fallen_off_the_bus_lines(record: str, bus: str) -> None:
     ],
 )
 def test_other_records_are_not_events(record: str) -> None:
-    assert parse_record(record, BOOT) is None
+    assert parse_record(record, ANCHOR) is None
 
 
 def test_a_captured_log_replays_through_the_reader(tmp_path: Path) -> None:
@@ -167,7 +273,7 @@ def test_a_captured_log_replays_through_the_reader(tmp_path: Path) -> None:
     log.write_text(FIXTURE.read_text())
     source = DevKmsgSource(str(log))
     events: list[GpuEvent] = []
-    probe = KmsgProbe(source, events.append, boot_epoch=BOOT)
+    probe = KmsgProbe(source, events.append, clock=fixed_clock())
     try:
         assert probe.drain() == 11
     finally:
@@ -201,7 +307,7 @@ def test_reader_thread_sees_lines_appended_later(tmp_path: Path) -> None:
         events.append(ev)
         got.set()
 
-    probe = KmsgProbe(DevKmsgSource(str(log)), sink, boot_epoch=BOOT)
+    probe = KmsgProbe(DevKmsgSource(str(log)), sink, clock=fixed_clock())
     try:
         probe.drain()
         probe.start()
@@ -228,7 +334,7 @@ def test_read_errors_during_drain_are_logged_not_raised(tmp_path: Path) -> None:
 
     path = tmp_path / "kmsg"
     path.write_text("")
-    probe = KmsgProbe(BrokenSource(str(path)), lambda ev: None, boot_epoch=BOOT)
+    probe = KmsgProbe(BrokenSource(str(path)), lambda ev: None, clock=fixed_clock())
     assert probe.drain() == 0
 
 
@@ -249,7 +355,7 @@ def test_dev_kmsg_reads_the_real_ring_buffer() -> None:
 @given(text=st.text(max_size=300))
 def test_any_record_parses_or_is_ignored(text: str) -> None:
     for record in (text, f"4,1,1,-;NVRM: {text}", f"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): {text}"):
-        ev = parse_record(record, BOOT)
+        ev = parse_record(record, ANCHOR)
         assert ev is None or ev.pci_bus_id is not None
 
 

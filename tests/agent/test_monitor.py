@@ -22,7 +22,7 @@ from agent.model import HealthReport
 from agent.monitor import EventHub, Monitor
 from agent.probes.gpu import GpuProbe
 from agent.probes.infiniband import SysfsIbSource
-from agent.probes.kmsg import parse_record
+from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.probes.storage import StatvfsMountSource
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
@@ -140,7 +140,7 @@ def test_the_kernel_log_twin_completes_an_xid_154_nvml_reported_first() -> None:
     kmsg = parse_record(
         "4,161,5000000,-;NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) "
         "to 0x2 (Node Reboot Required)",
-        t0.timestamp() - 4.5,
+        ClockAnchor(t0.timestamp() + 0.5, 5.0),
     )
     assert kmsg is not None and kmsg.recovery_action == 2
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from agent.config import config_from_dict
 from agent.contract import Action, ConditionType, Reason
 from agent.model import EventType
-from agent.probes.kmsg import parse_record
+from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
 from agent.rules.memory import MemoryRule
@@ -325,7 +325,7 @@ def test_follow_on_and_application_nvlink_xids_are_events_only(number: int, acti
 
 def _kmsg_154(text: str) -> GpuEvent:
     """An XID 154 on GPU 1, as the kernel log prints it."""
-    ev = parse_record(f"4,161,5000000,-;NVRM: Xid (PCI:0000:2a:00): 154, {text}", T0.timestamp() - 5)
+    ev = parse_record(f"4,161,5000000,-;NVRM: Xid (PCI:0000:2a:00): 154, {text}", ClockAnchor(T0.timestamp(), 5.0))
     assert ev is not None and ev.pci_bus_id == G1.pci_bus_id
     return ev
 

@@ -8,7 +8,7 @@ import pytest
 
 from agent.backends.sim import SimNode, list_scenarios, load_scenario, scenario_from_dict
 from agent.config import ConfigError
-from agent.probes.kmsg import parse_record
+from agent.probes.kmsg import KERNEL_LOG_CLOCK, parse_record
 
 
 class Clock:
@@ -55,7 +55,7 @@ def test_xid_injection_reaches_nvml_events_and_the_kernel_log() -> None:
     ev = node.wait_event(1.0)
     assert ev is not None and ev.xid == 79 and ev.pci_bus_id == node.sample_gpus()[2].pci_bus_id
     records, _ = node.read_kmsg(0, 0)
-    parsed = [e for e in (parse_record(r, 0.0) for r in records) if e is not None]
+    parsed = [e for e in (parse_record(r, KERNEL_LOG_CLOCK.anchor()) for r in records) if e is not None]
     assert [(e.xid, e.pci_bus_id) for e in parsed] == [(79, ev.pci_bus_id)]
 
 
@@ -67,7 +67,7 @@ def test_an_injected_xid_154_names_its_recovery_action_in_both_sources() -> None
     ev = node.wait_event(1.0)
     assert ev is not None and (ev.xid, ev.recovery_action) == (154, 2)
     records, _ = node.read_kmsg(0, 0)
-    parsed = [e for e in (parse_record(r, 0.0) for r in records) if e is not None]
+    parsed = [e for e in (parse_record(r, KERNEL_LOG_CLOCK.anchor()) for r in records) if e is not None]
     assert [(e.xid, e.recovery_action) for e in parsed] == [(154, 2)]
 
 
