@@ -24,6 +24,7 @@ Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -217,9 +218,18 @@ class DevKmsgSource(KmsgSource):
     overwritten before we read them: we log it and carry on with the next.
     A regular file (tests, replaying a capture) is read line by line and then
     waits for more lines, like ``tail -f``.
+
+    :meth:`close` may come from another thread while the reader waits in
+    ``select`` or reads. Closing the descriptor under it would be a bug worse
+    than a crash: the number is free at once, the next ``open`` anywhere in
+    the agent reuses it, and the reader would read that file. So ``select``
+    also watches a self-pipe that ``close`` writes to; ``close`` then waits
+    (up to ``close_wait_s``) for every reader to leave :meth:`read`, and the
+    descriptors are closed by whichever of them finishes last, never while a
+    reader is inside.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, close_wait_s: float = 5.0) -> None:
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._is_char = not os.path.isfile(path)
@@ -227,25 +237,48 @@ class DevKmsgSource(KmsgSource):
         # from a file has another boot's stamps.
         self.live_stamps = self._is_char
         self._partial = b""
-        self._closed = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._close_wait_s = close_wait_s
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._closing = False
+        self._closed = threading.Event()  # close() was called
+
+    @property
+    def released(self) -> bool:
+        """True once the descriptors are closed (after the last reader left)."""
+        with self._cond:
+            return self._fd is None
 
     def read(self, timeout_s: float) -> list[str]:
-        fd = self._fd
+        with self._cond:
+            fd = None if self._closing else self._fd
+            if fd is not None:
+                self._readers += 1
         if fd is None:
             self._closed.wait(timeout_s)
             return []
+        try:
+            return self._read(fd, timeout_s)
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._closing and self._readers == 0:
+                    self._release()
+                    self._cond.notify_all()
+
+    def _read(self, fd: int, timeout_s: float) -> list[str]:
         out = self._read_char(fd) if self._is_char else self._read_file(fd)
         if out or timeout_s <= 0:
             return out
         if self._is_char:
-            # Wake at least every 0.2 s so close() is noticed promptly.
             try:
-                ready, _, _ = select.select([fd], [], [], min(timeout_s, 0.2))
+                ready, _, _ = select.select([fd, self._wake_r], [], [], timeout_s)
             except (OSError, ValueError):
                 return []
-            return self._read_char(fd) if ready else []
+            return self._read_char(fd) if fd in ready and not self._closed.is_set() else []
         self._closed.wait(timeout_s)
-        return self._read_file(fd) if self._fd is not None else []
+        return [] if self._closed.is_set() else self._read_file(fd)
 
     def _read_char(self, fd: int) -> list[str]:
         out: list[str] = []
@@ -278,10 +311,28 @@ class DevKmsgSource(KmsgSource):
         return [ln.decode("utf-8", "replace") for ln in lines if ln and not ln.startswith(b" ")]
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        self._closed.set()
-        if fd is not None:
+        """Wake any reader, wait for it to leave :meth:`read`, then close."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._closed.set()
+            with contextlib.suppress(BlockingIOError):  # the pipe already holds a wake-up
+                os.write(self._wake_w, b"\0")
+            if self._readers == 0:
+                self._release()
+                return
+            if not self._cond.wait_for(lambda: self._readers == 0, timeout=self._close_wait_s):
+                # The last reader to leave closes them; never under it.
+                log.warning("kmsg_close_deferred", path=self.path, readers=self._readers)
+
+    def _release(self) -> None:
+        """Close the descriptors. Caller holds the lock, and no reader is inside."""
+        if self._fd is None:
+            return
+        for fd in (self._fd, self._wake_r, self._wake_w):
             os.close(fd)
+        self._fd = None
 
 
 def open_kmsg(path: str) -> KmsgSource | None:
