@@ -225,6 +225,13 @@ class AgentDaemon:
         self._last_report_at: float | None = None
         self._published_seq = 0
         self._threads: list[threading.Thread] = []
+        # Monotonic start of the publish iteration in progress (None: idle).
+        self._publishing_since: float | None = None
+        # Every request ends within the API timeout, answered or not, and
+        # between requests an iteration only computes: this long inside one
+        # iteration with no request finishing is a hang (a deadlock, a call
+        # outside the API client), not a slow API server.
+        self.publisher_stuck_after_s = max(60.0, 4 * (settings.api_timeout_s + settings.backoff_cap_s))
 
     # ---------------------------------------------------------------- life
 
@@ -290,20 +297,36 @@ class AgentDaemon:
 
     # ------------------------------------------------------------- probes
 
-    def liveness(self) -> tuple[bool, str]:
-        """Fails when the poll loop or the publisher thread is stuck or dead.
+    def liveness(self, now: float | None = None) -> tuple[bool, str]:
+        """Fails when the poll loop stalls, the publisher is stuck, or a thread died.
 
-        Not on API-server trouble: restarting the agent would not fix that.
+        The publisher counts as stuck when it has been inside one iteration
+        for :attr:`publisher_stuck_after_s` with no API request finishing:
+        only a restart gets it going again. Not on API-server trouble -- a
+        request to an absent server fails within the timeout and the thread
+        backs off between iterations -- since restarting would not fix that.
+        ``now`` is the monotonic time to judge at (default: now).
         """
+        now = time.monotonic() if now is None else now
+        problems: list[str] = []
         limit = max(60.0, 6 * self.monitor.config.poll_interval_s)
         last = self._last_report_at if self._last_report_at is not None else self._started_at
-        age = time.monotonic() - last
+        age = now - last
         if age > limit:
-            return False, f"no poll completed for {age:.0f}s (limit {limit:.0f}s)"
+            problems.append(f"no poll completed for {age:.0f}s (limit {limit:.0f}s)")
+        since = self._publishing_since
+        if since is not None and not self._stop.is_set():
+            finished = self.stats.last_finished
+            stuck = now - (since if finished is None else max(since, finished))
+            if stuck > self.publisher_stuck_after_s:
+                problems.append(
+                    f"publisher stuck for {stuck:.0f}s with no API request finishing "
+                    f"(limit {self.publisher_stuck_after_s:.0f}s)"
+                )
         dead = [t.name for t in self._threads if not t.is_alive()]
         if dead and not self._stop.is_set():
-            return False, f"thread stopped: {', '.join(dead)}"
-        return True, "ok"
+            problems.append(f"thread stopped: {', '.join(dead)}")
+        return (False, "; ".join(problems)) if problems else (True, "ok")
 
     def readiness(self) -> tuple[bool, str]:
         if self._last_report_at is None:
@@ -361,6 +384,7 @@ class AgentDaemon:
                 return
             if time.monotonic() < self._retry_at:
                 continue
+            self._publishing_since = time.monotonic()
             try:
                 self.publish_once()
             except ApiError as exc:
@@ -370,6 +394,8 @@ class AgentDaemon:
                 # traceback, back off, and try again with the next report.
                 log.exception("publish_failed_unexpectedly")
                 self._retry_at = time.monotonic() + self._backoff.next_delay()
+            finally:
+                self._publishing_since = None
 
     def _wait_s(self) -> float:
         now = time.monotonic()

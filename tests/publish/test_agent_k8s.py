@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -702,3 +703,34 @@ def _without_since(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_since(v) for v in value]
     return value
+
+
+def test_liveness_fails_while_the_publisher_hangs_and_recovers_with_it(
+    control_plane: ControlPlane, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    agent = sim_agent(gpu_node)
+    _wait_healthy(control_plane, gpu_node)
+    daemon = agent.daemon
+    assert daemon.liveness() == (True, "ok")
+
+    def judged_later() -> str:
+        """Liveness as it will be once the stuck limit has passed from now."""
+        return daemon.liveness(time.monotonic() + daemon.publisher_stuck_after_s + 30)[1]
+
+    # Another flush that never ends (its writer lock held) stands for any
+    # hang outside the API client: the publisher blocks in its next flush.
+    with daemon.events._writer:
+        agent.sim.inject("xid", gpu=0, xid=13)  # an Event, and a report to publish
+        wait_for(
+            lambda: "publisher stuck" in judged_later(),
+            timeout=10,
+            interval=0.1,
+            description="the publisher counted as stuck once the limit has passed",
+        )
+        assert daemon.liveness() == (True, "ok")  # not yet: the limit has not passed
+    wait_for(
+        lambda: daemon.events.pending() == 0 and "publisher" not in judged_later(),
+        timeout=10,
+        interval=0.1,
+        description="the publisher going again",
+    )
