@@ -7,7 +7,7 @@ flow, which sysfs port state alone does not for RoCE. Whether the netdev is
 administratively up (``IFF_UP``) is read too: an IPoIB interface nobody
 configured (RDMA-only fabrics) is DOWN by choice, not by fault. Both are read with
 pyroute2: one ``RTM_GETLINK`` dump per poll and one ethtool link-mode query
-per netdev.
+per netdev (through the ethtool ioctl, see :meth:`NetdevReader._speed`).
 
 Sockets are opened once and reused: a netlink socket per poll would cost more
 than the whole poll budget. With ``netns`` (tests; the DaemonSet runs in the
@@ -151,11 +151,22 @@ class NetdevReader:
         return out
 
     def _speed(self, name: str) -> int | None:
+        """The link speed ethtool reports, through its ioctl first.
+
+        pyroute2 speaks both ethtool interfaces; the answer is the same, but
+        its netlink one resolves the generic-netlink family again on every
+        query: about 1 ms of CPU per netdev, which for 8 netdevs was 40% of a
+        poll's 20 ms budget, against 0.05 ms for ``ETHTOOL_GLINKSETTINGS``.
+        Netlink remains the fallback for a driver the ioctl does not serve.
+        """
         try:
-            mode = self._ethtool.get_link_mode(name)
-        except Exception as exc:  # pyroute2 raises netlink, OS and its own errors alike
-            log.debug("ethtool_speed_unavailable", netdev=name, error=str(exc))
-            return None
+            mode = self._ethtool.get_link_mode(name, with_netlink=False)
+        except Exception as ioctl_exc:  # pyroute2 raises OS, ctypes and its own errors alike
+            try:
+                mode = self._ethtool.get_link_mode(name)
+            except Exception as exc:  # netlink, OS and pyroute2's own errors
+                log.debug("ethtool_speed_unavailable", netdev=name, error=str(exc), ioctl_error=str(ioctl_exc))
+                return None
         speed = mode.speed
         return int(speed) if isinstance(speed, int) and 0 < speed < 0xFFFF_FFFF else None
 
