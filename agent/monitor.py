@@ -385,9 +385,10 @@ class Monitor:
             return self._restore_epoch
 
     def clear(self, entity_key: str, when: datetime | None = None) -> tuple[Fault, ...]:
-        """Clear every fault on ``entity_key`` (an :attr:`Entity.key`) after
-        repair and re-validation, and wake :meth:`run` to publish it. Kernel-log
-        events up to ``when`` (default now) no longer raise faults."""
+        """Clear every fault on ``entity_key`` (an :attr:`Entity.key`; a GPU's
+        ``gpu/<uuid>`` or ``gpu/<pci bus id>`` alike) after repair and
+        re-validation, and wake :meth:`run` to publish it. Kernel-log events
+        up to ``when`` (default now) no longer raise faults."""
         with self._lock:
             gone = self.rules.clear(entity_key, when)
         self._wake.set()
