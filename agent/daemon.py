@@ -52,9 +52,9 @@ from agent.logconfig import get_logger
 from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent, HealthReport
 from agent.monitor import Monitor
 from agent.publish.capacity import CapacityPublisher
-from agent.publish.conditions import ConditionsPublisher, ConditionState
+from agent.publish.conditions import ConditionsPublisher, ConditionState, format_time, now_utc, parse_time
 from agent.publish.events import MAX_QUEUED, EventsPublisher
-from agent.publish.gpunode import GpuNodePublisher
+from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
 from agent.publish.http import HealthServer
 from agent.publish.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
 from agent.publish.metrics import MetricsPublisher
@@ -221,6 +221,7 @@ class AgentDaemon:
         self._held: list[FaultTransition] = []
         self._retry_at = 0.0
         self._node_uid: str | None = None
+        self._quarantined_since: datetime | None = None
         self._started_at = time.monotonic()
         self._last_report_at: float | None = None
         self._published_seq = 0
@@ -445,6 +446,10 @@ class AgentDaemon:
         node = self.api.get_node(name)
         if node is None:
             raise ApiError("get_node", 404, f"node {name!r} does not exist")
+        gpunode = self.api.get_gpunode(name)
+        # Read before the taint is looked at: a quarantine the previous run
+        # saw begin keeps its start time.
+        self._quarantined_since = quarantined_since_from_gpunode(gpunode)
         self._observe_node(node)
         found = self.conditions.restore(node)
         self.capacity.restore(node)
@@ -453,7 +458,7 @@ class AgentDaemon:
         # still lists under a condition the Node shows False was cleared
         # (repair and re-validation) just before a restart: it stays cleared.
         raised = {t for t, state in found.items() if state.problem}
-        faults = [f for f in self.gpunode.restore(self.api.get_gpunode(name)) if f.condition in raised]
+        faults = [f for f in self.gpunode.restore(gpunode) if f.condition in raised]
         faults += faults_from_conditions(found, covered={f.condition for f in faults})
         added = self.monitor.restore(faults)
         restored = RestoredFaults.of(faults)
@@ -491,7 +496,31 @@ class AgentDaemon:
             self.gpunode.set_node_uid(uid)
             self.events.set_node_uid(uid)
         self.capacity.observe(node)
-        self.metrics.set_quarantined(any(t.get("key") == TAINT_QUARANTINE for t in _taints(node)))
+        self._observe_quarantine(node)
+
+    def _observe_quarantine(self, node: JSON) -> None:
+        """Follow the quarantine taint, and since when the node carries it.
+
+        The start is the taint's ``timeAdded`` when its writer set one, else
+        the first time this agent (or, through the GPUNode, a previous run)
+        saw the taint. Exported as a timestamp so that the "quarantined too
+        long" alert compares it with ``time()`` and no scrape gap or agent
+        restart restarts its clock.
+        """
+        taint = next((t for t in _taints(node) if t.get("key") == TAINT_QUARANTINE), None)
+        since: datetime | None = None
+        if taint is not None:
+            since = parse_time(taint.get("timeAdded")) or self._quarantined_since or now_utc()
+        if since != self._quarantined_since:
+            log.info(
+                "quarantine_observed",
+                node=self.settings.node_name,
+                quarantined=taint is not None,
+                since=format_time(since) if since else None,
+            )
+        self._quarantined_since = since
+        self.gpunode.set_quarantined_since(since)
+        self.metrics.set_quarantined(taint is not None, since.timestamp() if since else None)
 
     @property
     def outages(self) -> int:

@@ -30,6 +30,10 @@ from agent.publish.kube import JSON, ApiError, KubeApi
 log = get_logger(__name__)
 
 API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+# Status key: when the agent first saw its Node quarantined, for a taint that
+# carries no timeAdded. Kept here because the agent may write nothing else
+# that outlives it (it cannot touch the Node's taints).
+QUARANTINED_SINCE = "quarantinedSince"
 
 
 def _mig_mode(enabled: bool | None) -> str:
@@ -234,6 +238,12 @@ def faults_from_gpunode(obj: JSON) -> list[Fault]:
     return out
 
 
+def quarantined_since_from_gpunode(obj: JSON | None) -> datetime | None:
+    """The quarantine start a previous run recorded in the GPUNode, if any."""
+    status = (obj or {}).get("status")
+    return parse_time(status.get(QUARANTINED_SINCE)) if isinstance(status, dict) else None
+
+
 def _owner_uids(obj: JSON) -> set[str]:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return {str(r.get("uid")) for r in refs if isinstance(r, dict) and r.get("kind") == "Node"}
@@ -251,6 +261,11 @@ class GpuNodePublisher:
         self._object: JSON | None = None
         self._desired: JSON | None = None
         self._published: JSON | None = None
+        self._quarantined_since: datetime | None = None
+
+    def set_quarantined_since(self, since: datetime | None) -> None:
+        """When the Node's quarantine began (None: not quarantined); written with the next status."""
+        self._quarantined_since = since
 
     def set_node_uid(self, uid: str | None) -> None:
         """The Node's uid, for the owner reference (a recreated node has a new one)."""
@@ -281,9 +296,15 @@ class GpuNodePublisher:
         if self._desired is None:
             return False
         sent = self._ensure_object()
-        if self._desired == self._published:
+        desired = {k: v for k, v in self._desired.items() if k != QUARANTINED_SINCE}
+        if self._quarantined_since is not None:
+            desired[QUARANTINED_SINCE] = format_time(self._quarantined_since)
+        if desired == self._published:
             return sent
-        patch = {"status": {**self._desired, "observedTime": format_time(self._clock())}}
+        status: JSON = {**desired, "observedTime": format_time(self._clock())}
+        # A merge patch leaves keys it does not name: remove what we dropped.
+        status.update({k: None for k in self._published or {} if k not in desired})
+        patch = {"status": status}
         try:
             self._object = self._api.patch_gpunode_status(self._node, patch)
         except ApiError as exc:
@@ -292,7 +313,7 @@ class GpuNodePublisher:
                 # the node was recreated): create it again on the next try.
                 self._object = None
             raise
-        self._published = self._desired
+        self._published = desired
         log.info(
             "gpunode_published",
             gpunode=self._node,

@@ -128,6 +128,13 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "1 while the node carries the gpuwarden.io/quarantined taint (as last read from the Node).",
         [],
     ),
+    _doc(
+        "node_quarantined_since_timestamp_seconds",
+        "gauge",
+        "Unix time the quarantine taint was added: its timeAdded, else when the agent first saw it "
+        "(kept in the GPUNode across agent restarts); absent while the node is not quarantined.",
+        [],
+    ),
     _doc("poll_duration_seconds", "histogram", "Time one poll of the hardware and the rules took.", []),
     _doc("last_poll_timestamp_seconds", "gauge", "Unix time of the latest completed poll.", []),
     _doc("api_requests_total", "counter", "Requests sent to the Kubernetes API, by operation.", ["operation"]),
@@ -165,6 +172,7 @@ class MetricsPublisher(Collector):
         self._report: HealthReport | None = None
         self._conditions: dict[ConditionType, ConditionState] = {}
         self._quarantined: bool | None = None
+        self._quarantined_since: float | None = None
         self._last_poll: float | None = None
         self.poll_duration = Histogram(
             f"{P}_poll_duration_seconds",
@@ -189,9 +197,15 @@ class MetricsPublisher(Collector):
     def observe_poll_duration(self, seconds: float) -> None:
         self.poll_duration.observe(seconds)
 
-    def set_quarantined(self, quarantined: bool) -> None:
+    def set_quarantined(self, quarantined: bool, since: float | None = None) -> None:
+        """Whether the Node carries the quarantine taint, and since when (Unix time).
+
+        The start time, not a duration and not ``for:`` in the alert, is what
+        a rule needs: a gap in scraping cannot restart it.
+        """
         with self._lock:
             self._quarantined = quarantined
+            self._quarantined_since = since if quarantined else None
 
     # -- scraping -----------------------------------------------------------
 
@@ -201,6 +215,7 @@ class MetricsPublisher(Collector):
             report = self._report
             conditions = dict(self._conditions)
             quarantined = self._quarantined
+            quarantined_since = self._quarantined_since
             last_poll = self._last_poll
         fam = {d.name: d for d in FAMILIES}
 
@@ -239,6 +254,10 @@ class MetricsPublisher(Collector):
             q = gauge("node_quarantined")
             q.add_metric([], _flag(quarantined))
             yield q
+        if quarantined_since is not None:
+            qs = gauge("node_quarantined_since_timestamp_seconds")
+            qs.add_metric([], quarantined_since)
+            yield qs
 
         if last_poll is not None:
             lp = gauge("last_poll_timestamp_seconds")

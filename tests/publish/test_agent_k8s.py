@@ -17,14 +17,17 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.sim import SimNode, load_scenario
 from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from agent.model import Entity
+from agent.publish.conditions import format_time
 from agent.publish.kube import ApiError
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from tests.kube import ControlPlane, KubectlError, create_gpu_node, wait_for
@@ -382,21 +385,75 @@ def test_a_fault_lasting_many_polls_is_one_warning_event_and_its_clearing_one_no
     assert _event_counts(k8s, gpu_node) == {("Warning", "PcieWidthDegraded"): 1, ("Normal", "PcieHealthy"): 1}
 
 
+def _gauge(port: int, name: str) -> float | None:
+    """The value of an unlabelled gauge on the agent's /metrics, None when absent."""
+    for family in text_string_to_metric_families(_scrape(port)):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return float(sample.value)
+    return None
+
+
 def test_quarantine_taint_is_read_from_the_heartbeat_and_exported(
     control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
 ) -> None:
-    agent = sim_agent(gpu_node, heartbeat_period_s=1.0, metrics_port=0, metrics_host="127.0.0.1")
+    settings: dict[str, Any] = {"heartbeat_period_s": 1.0, "metrics_port": 0, "metrics_host": "127.0.0.1"}
+    agent = sim_agent(gpu_node, **settings)
     _wait_healthy(control_plane, gpu_node)
     assert agent.daemon.server is not None
     port = agent.daemon.server.port
-    assert "gpuwarden_node_quarantined 0.0" in _scrape(port)
+    assert _gauge(port, "gpuwarden_node_quarantined") == 0
+    assert _gauge(port, "gpuwarden_node_quarantined_since_timestamp_seconds") is None
+    core = client.CoreV1Api(k8s)
     taint = {"key": TAINT_QUARANTINE, "value": "Xid79", "effect": "NoSchedule"}
-    client.CoreV1Api(k8s).patch_node(gpu_node, {"spec": {"taints": [taint]}})
+    core.patch_node(gpu_node, {"spec": {"taints": [taint]}})
     wait_for(
-        lambda: "gpuwarden_node_quarantined 1.0" in _scrape(port),
+        lambda: _gauge(port, "gpuwarden_node_quarantined") == 1,
         timeout=15,
         interval=0.2,
         description="the quarantine gauge follows the taint",
+    )
+    # No timeAdded on the taint: the start is when the agent first saw it,
+    # and it is kept in the GPUNode for the next run.
+    since = _gauge(port, "gpuwarden_node_quarantined_since_timestamp_seconds")
+    assert since is not None
+    first_seen = format_time(datetime.fromtimestamp(since, UTC))
+    wait_for(
+        lambda: _gpunode(control_plane, gpu_node)["status"].get("quarantinedSince") == first_seen,
+        timeout=15,
+        interval=0.2,
+        description="the GPUNode records when the quarantine began",
+    )
+    agent.stop()
+
+    restarted = sim_agent(gpu_node, **settings)
+    assert restarted.daemon.server is not None
+    port = restarted.daemon.server.port
+    # Restored before the first publish, so this is no race with a new sighting.
+    assert _gauge(port, "gpuwarden_node_quarantined_since_timestamp_seconds") == since
+
+    # A taint that says when it was added is believed.
+    added = "2026-01-02T03:04:05Z"
+    core.patch_node(gpu_node, {"spec": {"taints": [{**taint, "timeAdded": added}]}})
+    wait_for(
+        lambda: (
+            _gauge(port, "gpuwarden_node_quarantined_since_timestamp_seconds")
+            == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
+        ),
+        timeout=15,
+        interval=0.2,
+        description="the start follows the taint's timeAdded",
+    )
+    core.patch_node(gpu_node, {"spec": {"taints": None}})
+    wait_for(
+        lambda: (
+            _gauge(port, "gpuwarden_node_quarantined") == 0
+            and _gauge(port, "gpuwarden_node_quarantined_since_timestamp_seconds") is None
+            and "quarantinedSince" not in _gpunode(control_plane, gpu_node)["status"]
+        ),
+        timeout=15,
+        interval=0.2,
+        description="released: no start exported or recorded",
     )
 
 

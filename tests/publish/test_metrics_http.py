@@ -109,7 +109,7 @@ def test_metrics_render_raw_signals_and_verdicts(
     metrics.observe_sample(_sample())
     metrics.observe_report(report(xid_fault(1)))
     metrics.observe_poll_duration(0.02)
-    metrics.set_quarantined(True)
+    metrics.set_quarantined(True, since=T0.timestamp())
     code, text = _get(server, "/metrics")
     assert code == 200
     s = _samples(text)
@@ -134,6 +134,7 @@ def test_metrics_render_raw_signals_and_verdicts(
     assert _value(s, "gpuwarden_node_condition", condition="GpuMissing", reason="AllGpusPresent") == 0
     assert _value(s, "gpuwarden_gpu_healthy", **g1) == 0
     assert _value(s, "gpuwarden_node_quarantined") == 1
+    assert _value(s, "gpuwarden_node_quarantined_since_timestamp_seconds") == T0.timestamp()
     assert _value(s, "gpuwarden_poll_duration_seconds_count") == 1
     assert _value(s, "gpuwarden_api_requests_total", operation="patch_node_status") == 2
     assert _value(s, "gpuwarden_api_errors_total", operation="patch_node_status") == 1
@@ -145,7 +146,7 @@ def test_every_metric_the_alert_rules_use_is_exported_and_documented(
     metrics, server, _ = served
     metrics.observe_sample(_sample())
     metrics.observe_report(report())
-    metrics.set_quarantined(False)
+    metrics.set_quarantined(True, since=T0.timestamp())
     exported = {name for name, _ in _samples(_get(server, "/metrics")[1])}
     documented = {d.name for d in FAMILIES}
     rules = yaml.safe_load(RULES.read_text())
@@ -200,3 +201,15 @@ def test_the_readme_documents_exactly_the_exported_metric_families() -> None:
     documented = _readme_metrics_table()
     assert len({row[0] for row in documented}) == len(documented), "a metric is listed twice"
     assert documented == [(d.name, d.kind, d.labels, d.help) for d in FAMILIES]
+
+
+def test_the_quarantine_start_is_exported_only_while_quarantined(
+    served: tuple[MetricsPublisher, HealthServer, dict[str, tuple[bool, str]]],
+) -> None:
+    metrics, server, _ = served
+    metrics.set_quarantined(True, since=T0.timestamp())
+    metrics.set_quarantined(False, since=T0.timestamp())
+    s = _samples(_get(server, "/metrics")[1])
+    assert _value(s, "gpuwarden_node_quarantined") == 0
+    # Absent, not 0: time() - 0 would be a quarantine since 1970.
+    assert ("gpuwarden_node_quarantined_since_timestamp_seconds", frozenset()) not in s
