@@ -12,28 +12,14 @@ NVML itself is unavailable nothing is judged: "unknown" is not "zero GPUs".
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
-from pathlib import Path
 
+from agent.bootstate import BootState, current_boot_id
 from agent.config import AgentConfig
 from agent.contract import Action, ConditionType, Reason
-from agent.logconfig import get_logger
 from agent.model import Entity
 from agent.rules.base import Finding, RuleContext
 from agent.samples import NodeSample
-
-log = get_logger(__name__)
-
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def current_boot_id(path: str = BOOT_ID_PATH) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
 
 
 class GpuCountRule:
@@ -41,36 +27,18 @@ class GpuCountRule:
 
     def __init__(self, config: AgentConfig, boot_id: str | None = None) -> None:
         self._configured = config.gpu.expected_count
-        self._state_file = Path(config.gpu.state_file) if config.gpu.state_file else None
-        self._boot_id = current_boot_id() if boot_id is None else boot_id
+        boot = current_boot_id() if boot_id is None else boot_id
+        self._state = BootState(config.gpu.state_file, boot) if config.gpu.state_file else None
         self._max_seen = self._load()
         self._known: dict[str, str] = {}  # uuid -> description, for naming missing GPUs
 
     def _load(self) -> int:
-        if self._state_file is None:
-            return 0
-        try:
-            data = json.loads(self._state_file.read_text())
-        except FileNotFoundError:
-            return 0
-        except (OSError, ValueError) as exc:
-            log.warning("gpu_state_file_unreadable", path=str(self._state_file), error=str(exc))
-            return 0
-        if not isinstance(data, dict) or data.get("boot_id") != self._boot_id or not self._boot_id:
-            return 0  # another boot: the node may have been repaired since
-        count = data.get("max_gpus")
+        count = self._state.load().get("max_gpus") if self._state is not None else None
         return count if isinstance(count, int) and count >= 0 else 0
 
     def _save(self) -> None:
-        if self._state_file is None:
-            return
-        tmp = self._state_file.with_name(self._state_file.name + ".tmp")
-        try:
-            self._state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"boot_id": self._boot_id, "max_gpus": self._max_seen}))
-            os.replace(tmp, self._state_file)
-        except OSError as exc:
-            log.warning("gpu_state_file_unwritable", path=str(self._state_file), error=exc.strerror or str(exc))
+        if self._state is not None:
+            self._state.save({"max_gpus": self._max_seen})
 
     def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
         if sample.gpu_source_error is not None:
