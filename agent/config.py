@@ -13,6 +13,8 @@ Example with every key at its default::
 
     poll_interval_s: 10          # seconds between polls (XIDs are event-driven)
     kmsg_path: /dev/kmsg         # kernel log; missing or unreadable is logged, not fatal
+    kmsg_state_file: null        # file remembering how far the kernel log was read this boot, so a
+                                 # restarted agent does not announce the same XIDs again
     sysfs_root: /sys             # root of sysfs (tests point it at a fixture tree)
     hysteresis:
       raise_polls: 1             # polls a non-latched signal must be present before it is raised
@@ -131,6 +133,7 @@ class StorageConfig:
 class AgentConfig:
     poll_interval_s: float = 10.0
     kmsg_path: str = "/dev/kmsg"
+    kmsg_state_file: str | None = None
     sysfs_root: str = "/sys"
     hysteresis: HysteresisConfig = field(default_factory=HysteresisConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -243,6 +246,8 @@ def _validate(cfg: AgentConfig) -> None:
     positive("gpu.nvml_retry_max_s", cfg.gpu.nvml_retry_max_s)
     if cfg.gpu.state_file is not None and not cfg.gpu.state_file.startswith("/"):
         raise ConfigError(f"gpu.state_file: must be absolute, got {cfg.gpu.state_file!r}")
+    if cfg.kmsg_state_file is not None and not cfg.kmsg_state_file.startswith("/"):
+        raise ConfigError(f"kmsg_state_file: must be absolute, got {cfg.kmsg_state_file!r}")
     if cfg.gpu.expected_count is not None and cfg.gpu.expected_count < 0:
         raise ConfigError(f"gpu.expected_count: must not be negative, got {cfg.gpu.expected_count}")
     if cfg.gpu.retired_pages_limit < 1:

@@ -132,6 +132,12 @@ class EventHub:
                 target[source] = deque(merged)
 
     def push(self, event: GpuEvent) -> None:
+        if event.history:
+            # Read by the previous run: no live twin to match, counted then.
+            with self._lock:
+                self._queue.append(event)
+            self._wake()
+            return
         with self._lock:
             bus = event.pci_bus_id or (self._bus_by_uuid.get(event.uuid) if event.uuid else None)
             gpu_key = bus or event.uuid or "?"
@@ -251,7 +257,11 @@ class Monitor:
             retry_initial_s=config.gpu.nvml_retry_initial_s,
             retry_max_s=config.gpu.nvml_retry_max_s,
         )
-        self.kmsg_probe = KmsgProbe(hardware.kmsg, self.hub.push) if hardware.kmsg is not None else None
+        self.kmsg_probe = (
+            KmsgProbe(hardware.kmsg, self.hub.push, cursor_file=config.kmsg_state_file)
+            if hardware.kmsg is not None
+            else None
+        )
         self.rules = HealthRules(config, node)
         self._lock = threading.RLock()
         self._started = False
@@ -274,7 +284,12 @@ class Monitor:
             self._started = True
             if self.kmsg_probe is not None:
                 found = self.kmsg_probe.drain()
-                log.info("kmsg_backlog_read", gpu_events=found, records=self.kmsg_probe.records_read)
+                log.info(
+                    "kmsg_backlog_read",
+                    gpu_events=found,
+                    read_by_previous_run=self.kmsg_probe.history,
+                    records=self.kmsg_probe.records_read,
+                )
                 self.kmsg_probe.start()
             self.gpu_probe.start_events()
 

@@ -187,6 +187,12 @@ class GpuEvent:
     delivered, passed on only because it carries what the first report
     lacked (XID 154's recovery action): the rules update the fault from it but
     make no second Event, and it is not counted again.
+
+    ``history`` marks a kernel-log record that a previous run of the agent
+    already read in this boot (a restart replays the ring buffer from its
+    start): it still feeds the rules, so a latched fault is raised again from
+    it, but it makes no Event and is not counted, so a restart neither
+    re-announces last week's XIDs nor makes the XID counters jump.
     """
 
     kind: GpuEventKind
@@ -198,6 +204,12 @@ class GpuEvent:
     message: str = ""
     recovery_action: int | None = None
     supplement: bool = False
+    history: bool = False
+
+    @property
+    def announced(self) -> bool:
+        """Already told to people, by this run (a supplement) or the previous one (history)."""
+        return self.supplement or self.history
 
     def completed_by(self, twin: GpuEvent) -> GpuEvent | None:
         """This report with what ``twin`` (the other source's report of the

@@ -68,10 +68,13 @@ class KmsgSource(ABC):
     ``live_stamps`` is True when records are stamped with the running
     kernel's clock as they are logged (``/dev/kmsg``, the sim), so a record
     read as it appears tells that clock's current value; False for a capture
-    replayed from a file.
+    replayed from a file. ``boot_id`` names the boot the records belong to.
     """
 
     live_stamps: bool = False
+    # The boot id of the kernel whose log this is ("" for a replayed capture):
+    # a record's sequence number means something only within one boot.
+    boot_id: str = ""
 
     @abstractmethod
     def read(self, timeout_s: float) -> list[str]:

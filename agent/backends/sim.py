@@ -272,6 +272,9 @@ class SimNode:
         self._events: deque[GpuEvent] = deque()
         self._kmsg: list[str] = []
         self._seq = 0
+        # One SimNode is one boot of a node: its kernel log's sequence
+        # numbers hold across agents started on it, as on a real node.
+        self.boot_id = uuidlib.uuid4().hex
         self._gpus = [self._make_gpu(i) for i in range(scenario.gpus.count)]
         self._ports = self._make_ports()
         self._mounts: dict[str, str] = dict.fromkeys(scenario.mounts, "ok")
@@ -592,6 +595,7 @@ class SimKmsgSource(KmsgSource):
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
+        self.boot_id = node.boot_id
         self._cursor = 0
         self._closed = False
 

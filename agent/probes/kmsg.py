@@ -20,6 +20,14 @@ Wording differs across driver generations; every form below is recognised::
 Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 ``dmesg`` lines (``[  12.345678] text``) or journal/syslog lines
 (``... kernel: text``), so a captured log from any of them replays in tests.
+
+A restarted agent reads the whole ring buffer again. With a cursor file
+(``kmsg_state_file``) it remembers the sequence number of the last GPU record
+it read in this boot, and the records up to it come back marked ``history``:
+they still raise latched faults, but they are not announced or counted a
+second time. The cursor moves when a record is read, not when its Event is
+written, so an agent killed in between loses that Event, as it would lose
+any Event still queued in memory.
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from agent.backends.base import KmsgSource
+from agent.bootstate import BootState, current_boot_id
 from agent.logconfig import get_logger
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
 
@@ -174,6 +183,17 @@ def record_stamp(record: str) -> tuple[float | None, str]:
     return None, text
 
 
+def record_seq(record: str) -> int | None:
+    """A ``/dev/kmsg`` record's sequence number (``None`` for other formats)."""
+    head, sep, _ = record.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    if len(fields) < 3 or not fields[0].isdigit() or not fields[1].isdigit():
+        return None
+    return int(fields[1])
+
+
 def parse_record(record: str, anchor: ClockAnchor) -> GpuEvent | None:
     """Parse one kernel-log record; ``None`` when it is not a GPU event.
 
@@ -234,8 +254,9 @@ class DevKmsgSource(KmsgSource):
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._is_char = not os.path.isfile(path)
         # /dev/kmsg stamps records with this kernel's clock; a capture replayed
-        # from a file has another boot's stamps.
+        # from a file has another boot's stamps (and sequence numbers).
         self.live_stamps = self._is_char
+        self.boot_id = current_boot_id() if self._is_char else ""
         self._partial = b""
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._close_wait_s = close_wait_s
@@ -361,7 +382,11 @@ class KmsgProbe:
     the rules within a second rather than at the next poll."""
 
     def __init__(
-        self, source: KmsgSource, sink: Callable[[GpuEvent], None], clock: KernelLogClock | None = None
+        self,
+        source: KmsgSource,
+        sink: Callable[[GpuEvent], None],
+        clock: KernelLogClock | None = None,
+        cursor_file: str | None = None,
     ) -> None:
         self._source = source
         self._sink = sink
@@ -369,6 +394,14 @@ class KmsgProbe:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.records_read = 0
+        # Sequence numbers only mean something within one boot of one kernel:
+        # no cursor for a capture replayed from a file.
+        self._cursor = BootState(cursor_file, source.boot_id) if cursor_file and source.boot_id else None
+        seq = self._cursor.load().get("seq") if self._cursor is not None else None
+        # Records up to this one were read by the previous run (history).
+        self._read_before = seq if isinstance(seq, int) else -1
+        self._saved = self._read_before
+        self.history = 0
 
     def drain(self) -> int:
         """Read everything available now (the backlog since boot) synchronously."""
@@ -393,6 +426,7 @@ class KmsgProbe:
                 self._clock.observe_live(stamp)
         anchor = self._clock.anchor()
         found = 0
+        newest = self._saved
         for rec in records:
             self.records_read += 1
             try:
@@ -400,9 +434,18 @@ class KmsgProbe:
             except ValueError as exc:
                 log.warning("kmsg_record_unparsable", record=rec[:200], error=str(exc))
                 continue
-            if ev is not None:
-                found += 1
-                self._sink(ev)
+            if ev is None:
+                continue
+            found += 1
+            seq = record_seq(rec) if self._cursor is not None else None
+            if seq is not None:
+                if seq <= self._read_before:
+                    ev = replace(ev, history=True)
+                    self.history += 1
+                newest = max(newest, seq)
+            self._sink(ev)
+        if self._cursor is not None and newest > self._saved and self._cursor.save({"seq": newest}):
+            self._saved = newest
         return found
 
     def start(self) -> None:

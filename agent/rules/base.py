@@ -28,7 +28,10 @@ class Finding:
     ``latched`` findings stay raised once raised, until cleared explicitly.
     ``since`` is when the signal began when the rule knows better than "now"
     (an XID's kernel time). ``immediate`` skips the raise debounce (events
-    such as XIDs happen once; there is nothing to debounce).
+    such as XIDs happen once; there is nothing to debounce). ``history``
+    findings come from kernel-log records a previous run of the agent already
+    judged: they raise a fault the rules do not hold, but never rewrite one
+    they hold (restored from the Node, it says what was published then).
     """
 
     condition: ConditionType
@@ -39,6 +42,7 @@ class Finding:
     latched: bool = False
     since: datetime | None = None
     immediate: bool = False
+    history: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:

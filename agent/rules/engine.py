@@ -123,7 +123,8 @@ class HealthRules:
 
         Latched ones (by flag, condition or reason) stay until :meth:`clear`;
         others are treated as raised and clear with the usual hysteresis if
-        their signal is gone. ``cleared_at`` (entity key -> time of its last
+        their signal is gone. A fault the rules already hold keeps the earlier
+        of the two since-times. ``cleared_at`` (entity key -> time of its last
         repair, as persisted by the repair flow) keeps kernel-log events from
         before a repair from raising their faults again.
         """
@@ -132,7 +133,15 @@ class HealthRules:
                 self._cleared_at[key] = when
         added = 0
         for fault in faults:
-            if fault.key in self._active:
+            held = self._active.get(fault.key)
+            if held is not None:
+                # Judged again before the Node could be read (the API server
+                # was away at start): the fault began when the Node says.
+                held.fault = replace(
+                    held.fault,
+                    since=min(held.fault.since, fault.since),
+                    latched=held.fault.latched or is_latched(fault),
+                )
                 continue
             self._active[fault.key] = _Active(replace(fault, latched=is_latched(fault)))
             added += 1
@@ -267,10 +276,12 @@ class HealthRules:
                     earlier = findings.get(finding.key)
                     # Two events of one fault in one poll (XID 154 changing its
                     # recovery action twice): the later says what is wanted
-                    # now, the earlier when it began.
-                    findings[finding.key] = (
-                        finding if earlier is None else replace(finding, since=_earliest(earlier.since, finding.since))
-                    )
+                    # now -- unless it is an old report -- the earlier when it began.
+                    if earlier is None:
+                        findings[finding.key] = finding
+                    else:
+                        newer = earlier if finding.history and not earlier.history else finding
+                        findings[finding.key] = replace(newer, since=_earliest(earlier.since, finding.since))
             except Exception:
                 # A rule tripping over odd input (or a bug in it) must not cost
                 # the other rules, nor the report: an exception escaping here
@@ -285,6 +296,8 @@ class HealthRules:
             active = self._active.get(key)
             if active is not None:
                 active.absent_polls = 0
+                if f.history:
+                    continue  # an old report; what the fault says now stands
                 active.fault = replace(
                     active.fault,
                     message=f.message,

@@ -2,7 +2,9 @@
 
 Hardware XIDs raise ``GpuXidError`` (reason ``Xid<N>``), latched; every XID
 occurrence also becomes an Event, so application XIDs are visible without
-touching the node's conditions. An XID missing from the catalogue gives an
+touching the node's conditions; a report people were already told about (a
+twin completing an earlier one, or a kernel-log record the agent's previous
+run read) makes no second Event. An XID missing from the catalogue gives an
 Event (and the metric the publisher derives from the sample's XID counts)
 unless the config says unknown XIDs raise a condition. A "fallen off the bus"
 line with no XID number marks the GPU lost (``GpuMissing``/``GpuLost``).
@@ -64,6 +66,7 @@ class XidRule:
                     latched=True,
                     since=ev.time,
                     immediate=True,
+                    history=ev.history,
                 )
                 continue
             if ev.kind is not GpuEventKind.XID or ev.xid is None:
@@ -75,7 +78,7 @@ class XidRule:
             detail = f": {ev.message}" if ev.message else ""
             if info is None:
                 text = f"{entity.describe()}: XID {ev.xid}, not in the catalogue{detail} (seen via {ev.source})"
-                if not ev.supplement:
+                if not ev.announced:
                     ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
                 if self._unknown_condition:
                     yield Finding(
@@ -87,6 +90,7 @@ class XidRule:
                         latched=True,
                         since=ev.time,
                         immediate=True,
+                        history=ev.history,
                     )
                 continue
             action: Action | None = info.action
@@ -97,13 +101,13 @@ class XidRule:
                 detail = f"{detail}; {said}"
             what = f"{entity.describe()}: XID {ev.xid} ({info.kind}), {info.meaning}{detail}"
             if action is None:
-                if not ev.supplement:
+                if not ev.announced:
                     ctx.events.append(
                         HealthEvent(EventType.NORMAL, reason, f"{what}; no recovery needed", entity, ev.time)
                     )
                 continue
             text = f"{what}; recommended action {action}"
-            if not ev.supplement:  # the first report of this occurrence made the Event
+            if not ev.announced:  # the first report of this occurrence made the Event
                 ctx.events.append(HealthEvent(EventType.WARNING, reason, text, entity, ev.time))
             if info.kind is XidKind.HARDWARE:
                 yield Finding(
@@ -115,4 +119,5 @@ class XidRule:
                     latched=True,
                     since=ev.time,
                     immediate=True,
+                    history=ev.history,
                 )

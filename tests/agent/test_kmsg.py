@@ -414,6 +414,71 @@ def test_read_errors_during_drain_are_logged_not_raised(tmp_path: Path) -> None:
     assert probe.drain() == 0
 
 
+class RingBuffer(KmsgSource):
+    """One boot's kernel log, as each new opener of /dev/kmsg sees it: from the start."""
+
+    live_stamps = False
+
+    def __init__(self, records: list[str], boot_id: str = "boot-1") -> None:
+        self.records = records
+        self.boot_id = boot_id
+        self._done = False
+
+    def read(self, timeout_s: float) -> list[str]:
+        if self._done:
+            return []
+        self._done = True
+        return list(self.records)
+
+    def close(self) -> None:
+        self._done = True
+
+
+XID_79 = "3,{seq},90000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+XID_13 = "4,{seq},95000000,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception: ESR 0x404490=0x80000001"
+
+
+def _read(source: KmsgSource, cursor: Path) -> list[GpuEvent]:
+    got: list[GpuEvent] = []
+    KmsgProbe(source, got.append, clock=fixed_clock(), cursor_file=str(cursor)).drain()
+    return got
+
+
+def test_a_restart_in_the_same_boot_marks_what_the_previous_run_read_as_history(tmp_path: Path) -> None:
+    cursor = tmp_path / "run" / "kmsg-cursor.json"
+    log = ["6,1,0,-;Linux version 6.1.0", XID_79.format(seq=7), "6,8,91000000,-;usb 1-1: new device"]
+    first = _read(RingBuffer(log), cursor)
+    assert [(e.xid, e.history) for e in first] == [(79, False)]
+    # The next run reads the ring buffer again, with one new XID after it.
+    second = _read(RingBuffer([*log, XID_13.format(seq=9)]), cursor)
+    assert [(e.xid, e.history) for e in second] == [(79, True), (13, False)]
+    assert second[0].time == first[0].time  # a since-time does not move on restart
+    # And the one after that has read both before.
+    third = _read(RingBuffer([*log, XID_13.format(seq=9)]), cursor)
+    assert [e.history for e in third] == [True, True]
+
+
+def test_another_boot_or_a_capture_has_no_history(tmp_path: Path) -> None:
+    cursor = tmp_path / "kmsg-cursor.json"
+    _read(RingBuffer([XID_79.format(seq=7)]), cursor)
+    # After a reboot sequence numbers start again: nothing is history.
+    rebooted = _read(RingBuffer([XID_13.format(seq=3)], boot_id="boot-2"), cursor)
+    assert [e.history for e in rebooted] == [False]
+    # A capture replayed from a file has no boot id, so no cursor at all.
+    capture = _read(RingBuffer([XID_13.format(seq=3)], boot_id=""), tmp_path / "other.json")
+    assert [e.history for e in capture] == [False] and not (tmp_path / "other.json").exists()
+
+
+def test_an_unreadable_or_unwritable_cursor_costs_history_not_events(tmp_path: Path) -> None:
+    cursor = tmp_path / "kmsg-cursor.json"
+    cursor.write_text("{not json")
+    assert [e.history for e in _read(RingBuffer([XID_79.format(seq=7)]), cursor)] == [False]
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    got = _read(RingBuffer([XID_79.format(seq=7)]), blocked / "kmsg-cursor.json")
+    assert [e.history for e in got] == [False]
+
+
 def test_dev_kmsg_reads_the_real_ring_buffer() -> None:
     source = open_kmsg("/dev/kmsg")
     if source is None:

@@ -201,6 +201,44 @@ def test_a_one_source_storm_keeps_only_a_window_of_unmatched_reports() -> None:
     assert len(by_source[EventSource.NVML]) <= 1001
 
 
+def test_a_restarted_agent_raises_old_xids_again_but_announces_and_counts_them_once(tmp_path: Path) -> None:
+    """Two agents, one after the other, on one boot of one node: the second
+    replays the kernel log from its start. The latched fault comes back from
+    it; the Events and the XID counts are the first run's alone."""
+    node = SimNode(load_scenario("default"))  # XID 13 (an application's) at start
+    config = config_from_dict({"poll_interval_s": 3600, "kmsg_state_file": str(tmp_path / "kmsg-cursor.json")})
+    first = Monitor(config, node.hardware(), "node-a")
+    try:
+        first.step()
+        node.inject("xid", gpu=4, xid=79)
+        assert wait_for(lambda: first.hub.duplicates >= 2)  # both sources saw both XIDs
+        report, sample = first.step()
+        (fault,) = report.faults_for(ConditionType.GPU_XID_ERROR)
+        assert "Xid79" in {e.reason for e in report.events}
+        assert {(c.gpu_index, c.xid): c.count for c in sample.xid_counts} == {(1, 13): 1, (4, 79): 1}
+    finally:
+        first.close()
+    second = Monitor(config, node.hardware(), "node-a")
+    try:
+        report, sample = second.step()
+        (again,) = report.faults_for(ConditionType.GPU_XID_ERROR)
+        assert (again.reason, again.entity.gpu_index, again.latched) == ("Xid79", 4, True)
+        # Dated by the kernel log's record, the first run's fault by whichever
+        # source reported first: the same moment, to the clock readings' jitter.
+        assert abs((again.since - fault.since).total_seconds()) < 1
+        assert not [e for e in report.events if e.reason in {"Xid13", "Xid79"}]
+        assert sample.xid_counts == ()
+        assert second.kmsg_probe is not None and second.kmsg_probe.history == 2
+        # Something new after the restart is announced and counted as usual.
+        node.inject("xid", gpu=1, xid=13)
+        assert wait_for(lambda: second.hub.duplicates >= 1)
+        report, sample = second.step()
+        assert "Xid13" in {e.reason for e in report.events}
+        assert {(c.gpu_index, c.xid): c.count for c in sample.xid_counts} == {(1, 13): 1}
+    finally:
+        second.close()
+
+
 def test_a_failing_report_handler_does_not_stop_detection(sim: tuple[SimNode, Monitor]) -> None:
     node, monitor = sim
     stop = threading.Event()

@@ -460,6 +460,37 @@ def test_a_bus_keyed_fault_from_before_the_last_repair_is_dropped_once_the_gpu_i
     assert report.faults == () and all(g.healthy for g in report.gpus)
 
 
+def test_a_kernel_log_record_read_by_the_previous_run_raises_its_fault_quietly() -> None:
+    """History (see GpuEvent.history): the fault comes back from it when the
+    Node could not be read, but there is no Event for it, and it never
+    rewrites a fault restored from the Node."""
+    old = replace(xid(1, 79, t=at(-600), source=EventSource.KMSG), message="pid=7, GPU has fallen off the bus.")
+    history = replace(old, history=True)
+    rules = HealthRules(config_from_dict(None), "n")
+    report = rules.evaluate(node(t=T0, events=(history,)))
+    (fault,) = report.faults
+    assert (fault.reason, fault.latched, fault.since) == ("Xid79", True, at(-600))
+    assert report.events == ()
+
+    published = replace(fault, message="GPU 1: XID 79, as the previous run published it")
+    fresh = HealthRules(config_from_dict(None), "n")
+    fresh.restore([published])
+    (kept,) = fresh.evaluate(node(t=T0, events=(history,))).faults
+    assert kept.message == published.message and kept.since == published.since
+    # A live report of the same fault still updates it.
+    (live,) = fresh.evaluate(node(t=at(10), events=(replace(old, time=at(5)),))).faults
+    assert live.message != published.message and live.since == published.since
+
+
+def test_restoring_a_fault_already_judged_again_keeps_the_nodes_since_time() -> None:
+    rules = HealthRules(config_from_dict(None), "n")
+    (seen,) = rules.evaluate(node(t=at(600), gpus=(NARROW, G1))).faults  # before the Node could be read
+    published = replace(seen, since=T0)
+    assert rules.restore([published]) == 0
+    (fault,) = rules.evaluate(node(t=at(610), gpus=(NARROW, G1))).faults
+    assert fault.since == T0 and fault.key == seen.key
+
+
 def test_a_restored_bus_keyed_fault_moves_onto_its_gpu() -> None:
     rules = HealthRules(config_from_dict(None), "n")
     (fault,) = rules.evaluate(

@@ -68,9 +68,16 @@ def gpu_node(k8s: client.ApiClient, agent_manifests: None) -> Iterator[str]:
 class SimAgent:
     """A connected agent on the sim backend, as `gpuwarden agent --backend sim` runs it."""
 
-    def __init__(self, api: client.ApiClient, node_name: str, sim: SimNode, **settings: float | int | None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        sim: SimNode,
+        kmsg_state_file: str | None = None,
+        **settings: float | int | None,
+    ) -> None:
         self.sim = sim
-        config = config_from_dict({"poll_interval_s": TEST_POLL_INTERVAL_S})
+        config = config_from_dict({"poll_interval_s": TEST_POLL_INTERVAL_S, "kmsg_state_file": kmsg_state_file})
         self.monitor = Monitor(config, sim.hardware(), node_name)
         values: dict[str, float | int | None] = {
             "metrics_port": None,
@@ -102,8 +109,10 @@ def sim_agent(k8s: client.ApiClient) -> Iterator[Callable[..., SimAgent]]:
     """Starts sim agents for a test and stops every one of them afterwards."""
     started: list[SimAgent] = []
 
-    def start(node_name: str, sim: SimNode | None = None, **settings: float | int | None) -> SimAgent:
-        agent = SimAgent(k8s, node_name, sim or SimNode(load_scenario("healthy")), **settings)
+    def start(
+        node_name: str, sim: SimNode | None = None, kmsg_state_file: str | None = None, **settings: float | int | None
+    ) -> SimAgent:
+        agent = SimAgent(k8s, node_name, sim or SimNode(load_scenario("healthy")), kmsg_state_file, **settings)
         started.append(agent)
         return agent.start()
 
