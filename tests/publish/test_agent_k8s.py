@@ -322,27 +322,12 @@ def test_restarted_agent_keeps_latched_faults_and_nothing_flaps(
 ) -> None:
     # As the DaemonSet runs it: the kernel-log cursor in a per-boot file.
     cursor = str(tmp_path / "kmsg-cursor.json")
-    first = sim_agent(gpu_node, kmsg_state_file=cursor)
-    _wait_healthy(control_plane, gpu_node)
-    first.sim.inject("xid", gpu=2, xid=79)  # latched: only repair clears it
-    first.sim.inject("pcie_width", gpu=5, width=8)  # polled: still there after the restart
-    wait_for(
-        lambda: all(
-            _condition(control_plane, gpu_node, t).get("status") == "True" for t in ("GpuXidError", "GpuPcieDegraded")
-        ),
-        timeout=20,
-        interval=0.2,
-        description="both faults published",
-    )
-    wait_for(lambda: first.daemon.events.pending() == 0, timeout=10, description="events written")
-    before = _snapshot(control_plane, gpu_node)
-    events_before = _event_counts(k8s, gpu_node)
-    first.stop()
+    before, events_before, sim = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent, cursor)
 
     # The new process sees the same hardware in the same boot: the link is
     # still narrow, and the kernel log, read again from its start, still holds
     # the XID, which the previous run already announced.
-    second = sim_agent(gpu_node, first.sim, kmsg_state_file=cursor)
+    second = sim_agent(gpu_node, sim, kmsg_state_file=cursor)
     # Long enough for any non-latched fault to have cleared (clear_polls).
     polls = second.monitor.config.hysteresis.clear_polls + 2
     wait_for(
@@ -638,13 +623,18 @@ def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
 
 
 def _latched_xid_and_narrow_link(
-    control_plane: ControlPlane, k8s: client.ApiClient, node: str, sim_agent: Callable[..., SimAgent]
-) -> tuple[dict[str, Any], dict[tuple[str, str], int]]:
+    control_plane: ControlPlane,
+    k8s: client.ApiClient,
+    node: str,
+    sim_agent: Callable[..., SimAgent],
+    kmsg_state_file: str | None = None,
+) -> tuple[dict[str, Any], dict[tuple[str, str], int], SimNode]:
     """A first agent publishes a latched XID and a narrow PCIe link, then stops.
 
-    Returns the Node's snapshot and its Event counts as that agent left them.
+    Returns the Node's snapshot and its Event counts as that agent left them,
+    and its simulated node (whose kernel log still holds the XID).
     """
-    first = sim_agent(node)
+    first = sim_agent(node, kmsg_state_file=kmsg_state_file)
     _wait_healthy(control_plane, node)
     first.sim.inject("xid", gpu=2, xid=79)
     first.sim.inject("pcie_width", gpu=5, width=8)
@@ -666,7 +656,7 @@ def _latched_xid_and_narrow_link(
     )
     snapshot, events = _snapshot(control_plane, node), _event_counts(k8s, node)
     first.stop()
-    return snapshot, events
+    return snapshot, events, first.sim
 
 
 def _restarted_sim() -> SimNode:
@@ -686,7 +676,7 @@ def test_reports_judged_before_a_late_restore_are_never_published(
     has run. None of them may reach the Node: GpuXidError would go False and
     True again, and the link's Warning Event would be announced twice.
     """
-    before, events_before = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
+    before, events_before, _ = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
     second = SimAgent(k8s, gpu_node, _restarted_sim())  # driven by hand: no threads
     try:
         daemon, monitor = second.daemon, second.monitor
@@ -732,7 +722,7 @@ def test_reports_judged_before_a_late_restore_are_never_published(
 def test_an_agent_started_while_the_api_server_is_down_keeps_latched_faults(
     control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
 ) -> None:
-    before, events_before = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
+    before, events_before, _ = _latched_xid_and_narrow_link(control_plane, k8s, gpu_node, sim_agent)
     control_plane.stop_apiserver()
     try:
         second = sim_agent(gpu_node, _restarted_sim())
