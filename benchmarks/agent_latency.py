@@ -293,7 +293,7 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=180.0, help="steady-state window, seconds")
     parser.add_argument("--steady-agents", type=int, default=4, help="agents in the steady-state window")
     args = parser.parse_args()
-    configure_logging("console", "warning")
+    configure_logging("console", "error")
     logging.getLogger("urllib3").setLevel(logging.ERROR)
 
     started = time.monotonic()
