@@ -163,6 +163,11 @@ class GpuEventKind(StrEnum):
     RETIREMENT_FAILURE = "retirement_failure"
 
 
+XID_RECOVERY_ACTION = 154
+"""XID "GPU recovery action changed": the one XID that carries a value of its
+own, the recovery action the driver asks for (``GpuEvent.recovery_action``)."""
+
+
 class EventSource(StrEnum):
     NVML = "nvml"
     KMSG = "kmsg"

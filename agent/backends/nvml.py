@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from agent.backends.base import BackendUnavailableError, GpuBackend
 from agent.logconfig import get_logger
 from agent.samples import (
+    XID_RECOVERY_ACTION,
     EventSource,
     GpuEvent,
     GpuEventKind,
@@ -52,9 +53,6 @@ from agent.samples import (
 log = get_logger(__name__)
 
 T = TypeVar("T")
-
-# "GPU recovery action changed": the one XID whose event needs a field read.
-_XID_RECOVERY_ACTION = 154
 
 
 class _GpuLostError(Exception):
@@ -441,7 +439,7 @@ class NvmlBackend(GpuBackend):
             pci_bus_id=bus or None,
             uuid=uuid or None,
             xid=xid,
-            recovery_action=self._recovery_action(data.device) if xid == _XID_RECOVERY_ACTION else None,
+            recovery_action=self._recovery_action(data.device) if xid == XID_RECOVERY_ACTION else None,
         )
 
     def _recovery_action(self, device: Any) -> int | None:

@@ -66,6 +66,7 @@ from agent.config import ConfigError, from_mapping
 from agent.logconfig import get_logger
 from agent.probes.kmsg import parse_recovery_action
 from agent.samples import (
+    XID_RECOVERY_ACTION,
     EventSource,
     GpuEvent,
     GpuEventKind,
@@ -458,7 +459,7 @@ class SimNode:
     def _xid(self, g: _Gpu, xid: int, message: str) -> None:
         # As the NVML backend reads XID 154's recovery action from NVML, the
         # simulated NVML knows the one the injected driver text names.
-        self._event(g, GpuEventKind.XID, xid, parse_recovery_action(message) if xid == 154 else None)
+        self._event(g, GpuEventKind.XID, xid, parse_recovery_action(message) if xid == XID_RECOVERY_ACTION else None)
         self._kmsg_line(4, f"NVRM: Xid (PCI:{g.kernel_bus}): {xid}, pid='<unknown>', name=<unknown>, {message}")
 
     # ---------------------------------------------------------------- reads

@@ -24,8 +24,8 @@ from agent.config import AgentConfig
 from agent.contract import Action, ConditionType, Reason, xid_reason
 from agent.model import Entity, EntityKind, EventType, HealthEvent
 from agent.rules.base import Finding, RuleContext
-from agent.rules.xid_catalogue import XID_RECOVERY_ACTION, XidInfo, XidKind, lookup, recovery_action
-from agent.samples import GpuEvent, GpuEventKind, NodeSample
+from agent.rules.xid_catalogue import XidInfo, XidKind, lookup, recovery_action
+from agent.samples import XID_RECOVERY_ACTION, GpuEvent, GpuEventKind, NodeSample
 
 
 class XidRule:

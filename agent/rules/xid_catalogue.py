@@ -110,10 +110,6 @@ def lookup(xid: int, overrides: dict[int, XidInfo] | None = None) -> XidInfo | N
     return XID_CATALOGUE.get(xid)
 
 
-XID_RECOVERY_ACTION = 154
-"""The XID whose action comes from the driver's report, not from this table."""
-
-
 @dataclass(frozen=True, slots=True)
 class RecoveryAction:
     """One value of NVML's ``nvmlDeviceGpuRecoveryAction_t``, as XID 154 reports it.
