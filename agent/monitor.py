@@ -143,17 +143,17 @@ class EventHub:
             gpu_key = bus or event.uuid or "?"
             key = (gpu_key, event.kind.value, event.xid or 0)
             twin = self._match_twin(key, event)
-            if twin is not None:
-                self.duplicates += 1
-                if not self._complete(twin, event):
-                    return
-            elif len(self._unmatched) > self._PRUNE_AT:
-                self._prune(event.time)
             if twin is None:
+                if len(self._unmatched) > self._PRUNE_AT:
+                    self._prune(event.time)
                 if event.kind is GpuEventKind.XID and event.xid is not None:
                     ck = (gpu_key, event.xid)
                     self._counts[ck] = self._counts.get(ck, 0) + 1
                 self._queue.append(event)
+            else:
+                self.duplicates += 1
+                if not self._complete(twin, event):
+                    return
         # Single-bit ECC events come in storms and are routine; the rest matter.
         emit = log.debug if event.kind is GpuEventKind.ECC_SINGLE_BIT else log.info
         emit(

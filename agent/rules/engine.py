@@ -86,6 +86,16 @@ class _Active:
     fault: Fault
     absent_polls: int = 0
 
+    def absorb(self, other: Fault) -> None:
+        """Take in another record of this fault (one read back from the Node,
+        or one keyed by the GPU's bus id): it began at the earlier of the two
+        times, and is latched if either is."""
+        self.fault = replace(
+            self.fault,
+            since=min(self.fault.since, other.since),
+            latched=self.fault.latched or other.latched,
+        )
+
 
 class HealthRules:
     """Every rule, plus the state that makes faults latch and not flap."""
@@ -137,11 +147,7 @@ class HealthRules:
             if held is not None:
                 # Judged again before the Node could be read (the API server
                 # was away at start): the fault began when the Node says.
-                held.fault = replace(
-                    held.fault,
-                    since=min(held.fault.since, fault.since),
-                    latched=held.fault.latched or is_latched(fault),
-                )
+                held.absorb(replace(fault, latched=is_latched(fault)))
                 continue
             self._active[fault.key] = _Active(replace(fault, latched=is_latched(fault)))
             added += 1
@@ -228,11 +234,7 @@ class HealthRules:
             if existing is None:
                 self._active[fault.key] = _Active(fault)
             else:
-                existing.fault = replace(
-                    existing.fault,
-                    since=min(existing.fault.since, fault.since),
-                    latched=existing.fault.latched or fault.latched,
-                )
+                existing.absorb(fault)
             log.info("fault_rekeyed", reason=fault.reason, old=key[2], new=entity.key)
         for key in [k for k in self._pending if k[2] in moves]:
             count = self._pending.pop(key)
