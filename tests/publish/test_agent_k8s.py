@@ -607,8 +607,15 @@ def test_capacity_someone_else_changed_is_put_back_after_the_next_heartbeat(
     )
     outages = agent.daemon.outages
     zeroed = {"status": {field: {RESOURCE_GPU_MEMORY: "0"} for field in zeroed_maps}}
-    client.CoreV1Api(k8s).patch_node_status(gpu_node, zeroed, _content_type="application/strategic-merge-patch+json")
-    assert _capacity(control_plane, gpu_node) != (FULL, FULL)
+    changed = client.CoreV1Api(k8s).patch_node_status(
+        gpu_node, zeroed, _content_type="application/strategic-merge-patch+json"
+    )
+    # The patch's own answer: a read after it could already see the agent's
+    # repair (one heartbeat later, while kubectl is still starting).
+    assert (changed.status.capacity[RESOURCE_GPU_MEMORY], changed.status.allocatable[RESOURCE_GPU_MEMORY]) != (
+        FULL,
+        FULL,
+    )
     wait_for(
         lambda: _capacity(control_plane, gpu_node) == (FULL, FULL),
         timeout=15,
