@@ -247,9 +247,13 @@ def test_gpunode_is_owned_by_its_node_listed_and_collected_with_it(
     assert api.stats.total_requests() == sent
 
     client.CoreV1Api(k8s).delete_node(gpu_node)
+    # The garbage collector learns of a new resource (the GPUNode CRD, applied
+    # by this test run) at its discovery sync, every 30 s in
+    # kube-controller-manager; only then does it watch GPUNodes. A test that
+    # runs right after the CRD is applied can wait that long first.
     wait_for(
         lambda: api.get_gpunode(gpu_node) is None,
-        timeout=30,
+        timeout=90,
         interval=0.2,
         description="garbage collector deletes the GPUNode of a deleted Node",
     )
