@@ -16,6 +16,7 @@ WORKDIR /src
 # Only what the wheel is made of (see .dockerignore), so editing tests or
 # manifests does not invalidate this layer.
 COPY pyproject.toml README.md ./
+COPY gpuwarden ./gpuwarden
 COPY agent ./agent
 COPY scheduler ./scheduler
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .

@@ -30,8 +30,8 @@ tools:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 lint: venv
-	$(VENV)/bin/ruff check agent scheduler tests benchmarks
-	$(VENV)/bin/ruff format --check agent scheduler tests benchmarks
+	$(VENV)/bin/ruff check gpuwarden agent scheduler tests benchmarks
+	$(VENV)/bin/ruff format --check gpuwarden agent scheduler tests benchmarks
 	$(VENV)/bin/mypy
 
 test: venv controlplane tools lint

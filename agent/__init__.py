@@ -1,3 +1,1 @@
 """gpuwarden agent: per-node GPU and InfiniBand health, published to Kubernetes."""
-
-__version__ = "0.1.0"

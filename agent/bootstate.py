@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.logconfig import get_logger
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

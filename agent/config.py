@@ -58,7 +58,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from agent.contract import Action
+from gpuwarden.contract import Action
 
 
 class ConfigError(ValueError):

@@ -47,8 +47,6 @@ from typing import Any
 from kubernetes import client
 
 from agent.config import ConfigError
-from agent.contract import HEALTHY_REASONS, TAINT_QUARANTINE, Action, ConditionType
-from agent.logconfig import get_logger
 from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent, HealthReport
 from agent.monitor import Monitor
 from agent.publish.capacity import CapacityPublisher
@@ -56,10 +54,12 @@ from agent.publish.conditions import ConditionsPublisher, ConditionState, format
 from agent.publish.events import MAX_QUEUED, EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
 from agent.publish.http import HealthServer
-from agent.publish.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
 from agent.publish.metrics import MetricsPublisher
 from agent.publish.settings import DaemonSettings, settings_from_args
 from agent.samples import NodeSample
+from gpuwarden.contract import AGENT_COMPONENT, HEALTHY_REASONS, TAINT_QUARANTINE, Action, ConditionType
+from gpuwarden.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 
@@ -188,7 +188,9 @@ class AgentDaemon:
         self.monitor = monitor
         self.settings = settings
         self.stats = RequestStats()
-        self.api = KubeApi(api_client, timeout_s=settings.api_timeout_s, stats=self.stats)
+        self.api = KubeApi(
+            api_client, field_manager=AGENT_COMPONENT, timeout_s=settings.api_timeout_s, stats=self.stats
+        )
         node = settings.node_name
         self.metrics = MetricsPublisher(self.stats)
         self.conditions = ConditionsPublisher(

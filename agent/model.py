@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from agent.contract import Action, ConditionType, worst_action
+from gpuwarden.contract import Action, ConditionType, worst_action
 
 
 class EntityKind(StrEnum):

@@ -37,7 +37,6 @@ from agent.backends.base import NodeHardware
 from agent.backends.nvml import NvmlBackend
 from agent.backends.sim import SimNode, load_scenario
 from agent.config import AgentConfig
-from agent.logconfig import get_logger
 from agent.model import Fault, HealthReport
 from agent.probes.gpu import GpuProbe
 from agent.probes.infiniband import SysfsIbSource
@@ -55,6 +54,7 @@ from agent.samples import (
     NodeSample,
     XidCount,
 )
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

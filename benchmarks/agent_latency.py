@@ -45,9 +45,9 @@ from kubernetes import client  # noqa: E402
 from agent.backends.sim import SimNode, load_scenario  # noqa: E402
 from agent.config import config_from_dict  # noqa: E402
 from agent.daemon import AgentDaemon  # noqa: E402
-from agent.logconfig import configure_logging  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
 from agent.publish.settings import DaemonSettings  # noqa: E402
+from gpuwarden.logconfig import configure_logging  # noqa: E402
 from tests.kube import ControlPlane, create_gpu_node, unique_name  # noqa: E402
 
 # Hardware XIDs (the catalogue's "hardware" kind): each raises GpuXidError.

@@ -32,7 +32,7 @@ import tracemalloc
 from dataclasses import dataclass
 from typing import Any
 
-from agent.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
+from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
 from scheduler.engine import placement, victims
 from scheduler.engine.actions import allocate, consolidate
 from scheduler.engine.model import (

@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.cliutil import add_flag
-from agent.logconfig import get_logger
+from gpuwarden.flags import add_flag
+from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
 from scheduler.engine.model import UNLIMITED, Decisions, Queue
 from scheduler.engine.resources import MEMORY, MIB_PER_GIB, MILLI, RESOURCE_NAMES, RESOURCES

@@ -86,7 +86,7 @@ from typing import Any
 
 import yaml
 
-from agent.contract import DEFAULT_NODE_POOL, Action
+from gpuwarden.contract import DEFAULT_NODE_POOL, Action
 from scheduler.engine.model import (
     UNLIMITED,
     Gpu,

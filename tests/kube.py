@@ -49,7 +49,7 @@ from kubernetes import client
 from kubernetes.client import rest
 from urllib3 import HTTPHeaderDict
 
-from agent import contract
+from gpuwarden import contract
 
 T = TypeVar("T")
 

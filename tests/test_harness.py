@@ -21,7 +21,7 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
-from agent import contract
+from gpuwarden import contract
 from tests.kube import (
     RUN_DIR_PREFIX,
     TAINT_NOT_READY,

@@ -36,7 +36,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from agent.backends.base import BackendUnavailableError, GpuBackend
-from agent.logconfig import get_logger
 from agent.samples import (
     XID_RECOVERY_ACTION,
     EventSource,
@@ -49,6 +48,7 @@ from agent.samples import (
     RetiredPages,
     normalize_bus_id,
 )
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

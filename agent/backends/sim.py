@@ -63,7 +63,6 @@ import yaml
 
 from agent.backends.base import BackendUnavailableError, GpuBackend, IbSource, KmsgSource, MountSource, NodeHardware
 from agent.config import ConfigError, from_mapping
-from agent.logconfig import get_logger
 from agent.probes.kmsg import parse_recovery_action
 from agent.samples import (
     XID_RECOVERY_ACTION,
@@ -80,6 +79,7 @@ from agent.samples import (
     RetiredPages,
     normalize_bus_id,
 )
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

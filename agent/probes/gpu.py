@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from agent.backends.base import BackendUnavailableError, GpuBackend
-from agent.logconfig import get_logger
 from agent.samples import GpuEvent, GpuSample
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

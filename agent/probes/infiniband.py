@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 
 from agent.backends.base import IbSource
-from agent.logconfig import get_logger
 from agent.probes.netdev import NetdevReader
 from agent.samples import IbCounters, IbPortSample
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

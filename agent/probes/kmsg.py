@@ -45,8 +45,8 @@ from datetime import UTC, datetime
 
 from agent.backends.base import KmsgSource
 from agent.bootstate import BootState, current_boot_id
-from agent.logconfig import get_logger
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

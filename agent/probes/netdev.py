@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agent.logconfig import get_logger
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

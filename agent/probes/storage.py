@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from agent.backends.base import MountSource
 from agent.config import MountConfig
-from agent.logconfig import get_logger
 from agent.samples import MountSample
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Publishers: turn the agent's HealthReport into what people and the scheduler see.
 
 One publisher per module (NodeConditions, capacity, GPUNode, Events, metrics),
-plus :mod:`agent.publish.kube` for the API access they share and
+plus :mod:`gpuwarden.kube` for the API access they share and
 :mod:`agent.publish.http` for the /metrics, /healthz and /readyz endpoint.
 """

@@ -15,11 +15,11 @@ start or an API outage), never on a timer.
 
 from __future__ import annotations
 
-from agent.contract import RESOURCE_GPU_MEMORY, ConditionType
-from agent.logconfig import get_logger
 from agent.model import HealthReport
 from agent.publish.conditions import conditions_held_by_errors
-from agent.publish.kube import JSON, KubeApi
+from gpuwarden.contract import RESOURCE_GPU_MEMORY, ConditionType
+from gpuwarden.kube import JSON, KubeApi
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

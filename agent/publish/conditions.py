@@ -3,7 +3,7 @@
 The scheduler, ``kubectl describe node`` and every tool that already reads
 node conditions (node-problem-detector's consumers, cluster autoscalers)
 see GPU health here without knowing gpuwarden. The agent owns only the types
-in :class:`agent.contract.ConditionType` and writes them with a strategic-
+in :class:`gpuwarden.contract.ConditionType` and writes them with a strategic-
 merge patch of ``nodes/status`` keyed by type, so the kubelet's conditions
 and other tools' are never sent, let alone overwritten, even when they write
 at the same moment.
@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from agent.contract import HEALTHY_REASONS, ConditionType, Reason, worst_action
-from agent.logconfig import get_logger
 from agent.model import EntityKind, Fault, HealthReport
-from agent.publish.kube import JSON, KubeApi
+from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason, worst_action
+from gpuwarden.kube import JSON, KubeApi
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 
@@ -331,7 +331,7 @@ class ConditionsPublisher:
     def publish(self, report: HealthReport) -> bool:
         """Patch what changed (or everything on a heartbeat); True if a request was sent.
 
-        Raises :class:`agent.publish.kube.ApiError` on failure; the desired
+        Raises :class:`gpuwarden.kube.ApiError` on failure; the desired
         state is kept, so a retry sends it again.
         """
         now = self._clock()

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from threading import Lock
 
-from agent.contract import AGENT_COMPONENT
-from agent.logconfig import get_logger
 from agent.model import EntityKind, HealthEvent
 from agent.publish.conditions import format_time, now_utc
-from agent.publish.kube import JSON, ApiError, KubeApi
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from gpuwarden.contract import AGENT_COMPONENT
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from agent import contract
-from agent.contract import Action, ConditionType
-from agent.logconfig import get_logger
 from agent.model import Entity, EntityKind, Fault, GpuStatus, HealthReport, IbPortStatus
 from agent.publish.conditions import conditions_held_by_errors, format_time, now_utc, parse_time
-from agent.publish.kube import JSON, ApiError, KubeApi
+from gpuwarden import contract
+from gpuwarden.contract import Action, ConditionType
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from agent.logconfig import get_logger
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

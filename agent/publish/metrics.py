@@ -27,12 +27,12 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent import __version__
-from agent.contract import METRICS_PREFIX, ConditionType
 from agent.model import HealthReport
 from agent.publish.conditions import ConditionState, desired_conditions
-from agent.publish.kube import RequestStats
 from agent.samples import GpuSample, IbPortSample, NodeSample
+from gpuwarden import __version__
+from gpuwarden.contract import METRICS_PREFIX, ConditionType
+from gpuwarden.kube import RequestStats
 
 P = METRICS_PREFIX
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from agent.cliutil import add_flag
 from agent.config import ConfigError
+from gpuwarden.flags import add_flag
 
 # Node Events go where the kubelet puts its own: the default namespace. The
 # API server accepts core/v1 Events about a cluster-scoped object (a Node) in

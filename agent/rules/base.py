@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Protocol
 
 from agent.config import AgentConfig
-from agent.contract import Action, ConditionType
 from agent.model import Entity, HealthEvent
 from agent.samples import GpuSample, NodeSample
+from gpuwarden.contract import Action, ConditionType
 
 
 @dataclass(frozen=True, slots=True)

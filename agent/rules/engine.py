@@ -24,8 +24,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from agent.config import AgentConfig
-from agent.contract import HEALTHY_REASONS, ConditionType, Reason
-from agent.logconfig import get_logger
 from agent.model import Entity, EntityKind, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
 from agent.rules.base import Finding, Rule, RuleContext
 from agent.rules.gpu_count import GpuCountRule
@@ -36,6 +34,8 @@ from agent.rules.pcie import PcieRule
 from agent.rules.storage import StorageRule
 from agent.rules.xid import XidRule
 from agent.samples import GpuSample, NodeSample, normalize_bus_id
+from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
+from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 

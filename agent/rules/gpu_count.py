@@ -16,10 +16,10 @@ from collections.abc import Iterable
 
 from agent.bootstate import BootState, current_boot_id
 from agent.config import AgentConfig
-from agent.contract import Action, ConditionType, Reason
 from agent.model import Entity
 from agent.rules.base import Finding, RuleContext
 from agent.samples import NodeSample
+from gpuwarden.contract import Action, ConditionType, Reason
 
 
 class GpuCountRule:

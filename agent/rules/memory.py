@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.config import AgentConfig
-from agent.contract import Action, ConditionType, Reason
 from agent.rules.base import Finding, RuleContext
 from agent.samples import NodeSample
+from gpuwarden.contract import Action, ConditionType, Reason
 
 
 class MemoryRule:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.config import AgentConfig
-from agent.contract import Action, ConditionType, Reason
 from agent.rules.base import Finding, RateWindow, RuleContext, over_threshold
 from agent.samples import NodeSample
+from gpuwarden.contract import Action, ConditionType, Reason
 
 
 class PcieRule:

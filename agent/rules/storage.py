@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.config import AgentConfig
-from agent.contract import Action, ConditionType, Reason
 from agent.model import Entity
 from agent.rules.base import Finding, RuleContext
 from agent.samples import NodeSample
+from gpuwarden.contract import Action, ConditionType, Reason
 
 
 class StorageRule:

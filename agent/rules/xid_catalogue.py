@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from agent.contract import Action
+from gpuwarden.contract import Action
 
 
 class XidKind(StrEnum):

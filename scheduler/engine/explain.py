@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from agent.contract import UnschedulableReason
+from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.model import PendingReason
 from scheduler.engine.placement import fit_on_node, static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector

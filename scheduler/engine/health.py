@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.contract import Action, ConditionType, Reason
+from gpuwarden.contract import Action, ConditionType, Reason
 from scheduler.engine.model import Node
 
 _FATAL_TYPES = frozenset({ConditionType.GPU_XID_ERROR.value, ConditionType.GPU_MISSING.value})

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agent.contract import DEFAULT_NODE_POOL, Action, EvictionAction, UnschedulableReason
+from gpuwarden.contract import DEFAULT_NODE_POOL, Action, EvictionAction, UnschedulableReason
 
 # Jobs at or above this priority are non-preemptible unless they say
 # otherwise; KAI's "build" priority class (100) sits here too.

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from agent.contract import UnschedulableReason
+from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.model import UNLIMITED, PendingReason, PlacementStrategy, TaintEffect
 from scheduler.engine.resources import RESOURCE_NAMES, RESOURCES, format_amount
 from scheduler.engine.state import TIERS, Cluster, JobState, NodeState, PoolState, QueueState, TaskState

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.contract import (
+from gpuwarden.contract import (
     ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_FRACTION_NUM_DEVICES,
     ANNOTATION_GPU_MEMORY,

@@ -15,8 +15,8 @@ import gc
 import time
 from collections.abc import Callable
 
-from agent.contract import UnschedulableReason
-from agent.logconfig import get_logger
+from gpuwarden.contract import UnschedulableReason
+from gpuwarden.logconfig import get_logger
 from scheduler.engine import explain
 from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
 from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
 from scheduler.engine.resources import MILLI, GpuRequest

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.state import Cluster, NodeState, TaskState
 
 _ALLOCATE = 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from agent.contract import EvictionAction, UnschedulableReason
+from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.ordering import job_key, queue_key
 from scheduler.engine.placement import eligibility, find_place, fit_on_node, limit_problem
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState

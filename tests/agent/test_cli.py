@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from gpuwarden.cli import main
 
 VENV_BIN = Path(sys.executable).parent
 

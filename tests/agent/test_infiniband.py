@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from agent.config import config_from_dict
-from agent.contract import ConditionType, Reason
 from agent.probes.infiniband import SysfsIbSource, parse_rate_gbps
 from agent.rules.engine import HealthRules
 from agent.samples import NodeSample
+from gpuwarden.contract import ConditionType, Reason
 from tests.agent.sysfs_tree import PortSpec, two_hcas, write_port
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -17,7 +17,6 @@ from agent.backends.base import NodeHardware
 from agent.backends.nvml import NvmlBackend
 from agent.backends.sim import SimNode, load_scenario
 from agent.config import MountConfig, config_from_dict
-from agent.contract import Action, ConditionType, Reason
 from agent.model import HealthReport
 from agent.monitor import EventHub, Monitor
 from agent.probes.gpu import GpuProbe
@@ -26,6 +25,7 @@ from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.probes.storage import StatvfsMountSource
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
+from gpuwarden.contract import Action, ConditionType, Reason
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
 from tests.agent.samples_factory import gpu

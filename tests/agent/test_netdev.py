@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from agent.config import config_from_dict
-from agent.contract import Reason
 from agent.probes.infiniband import SysfsIbSource
 from agent.probes.netdev import NetdevReader
 from agent.rules.engine import HealthRules
 from agent.samples import NodeSample
+from gpuwarden.contract import Reason
 from tests.agent.sysfs_tree import PortSpec, write_port
 
 pytestmark = pytest.mark.netns

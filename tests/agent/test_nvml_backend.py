@@ -15,9 +15,9 @@ import pytest
 from agent.backends.base import BackendUnavailableError
 from agent.backends.nvml import NvmlBackend
 from agent.config import config_from_dict
-from agent.contract import Reason
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEventKind, NodeSample
+from gpuwarden.contract import Reason
 from tests.agent.fake_pynvml import FakeGpu, FakeNvml, h100_node
 from tests.agent.record_nvml import record
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.config import config_from_dict
-from agent.contract import Action, ConditionType, Reason
 from agent.model import EventType
 from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.rules.base import RateWindow
@@ -21,6 +20,7 @@ from agent.rules.memory import MemoryRule
 from agent.rules.storage import StorageRule
 from agent.rules.xid_catalogue import XID_CATALOGUE, XidKind
 from agent.samples import EventSource, GpuEvent, GpuEventKind, IbCounters, MountSample, NodeSample, RetiredPages
+from gpuwarden.contract import Action, ConditionType, Reason
 from tests.agent.samples_factory import T0, at, gpu, link, node, pcie, port, xid
 
 C = ConditionType

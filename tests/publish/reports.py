@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agent.contract import Action, ConditionType, Reason, xid_reason
 from agent.model import Entity, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
+from gpuwarden.contract import Action, ConditionType, Reason, xid_reason
 
 T0 = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 GPU_MIB = 81559

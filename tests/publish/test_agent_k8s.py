@@ -26,11 +26,11 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.sim import SimNode, load_scenario
-from agent.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from agent.model import Entity
 from agent.publish.conditions import format_time
-from agent.publish.kube import ApiError
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from gpuwarden.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
+from gpuwarden.kube import ApiError
 from tests.kube import ControlPlane, KubectlError, create_gpu_node, wait_for
 from tests.publish.conftest import SimAgent
 
@@ -484,7 +484,7 @@ def test_gpuwarden_agent_command_publishes_serves_probes_and_stops_on_sigterm(
     argv = [
         sys.executable,
         "-m",
-        "agent.cli",
+        "gpuwarden.cli",
         "--log-format",
         "json",
         "agent",

@@ -8,7 +8,6 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.contract import HEALTHY_REASONS, ConditionType, Reason
 from agent.publish.conditions import (
     MAX_FAULT_TEXT,
     MAX_LISTED_FAULTS,
@@ -18,6 +17,7 @@ from agent.publish.conditions import (
     conditions_held_by_errors,
     desired_conditions,
 )
+from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
 from tests.publish.reports import T0, ib_fault, remap_fault, report, xid_fault
 
 

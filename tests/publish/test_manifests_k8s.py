@@ -17,11 +17,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from agent import contract
 from agent.backends.sim import SimNode, load_scenario
 from agent.config import config_from_dict
-from agent.publish.kube import KubeApi
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
 from tests.kube import ControlPlane, simple_pod, wait_for
 from tests.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 
@@ -81,8 +81,8 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
 
 
 def _agent_flag_envs() -> set[str]:
-    from agent.cli import build_parser
-    from agent.cliutil import env_name
+    from gpuwarden.cli import build_parser
+    from gpuwarden.flags import env_name
 
     top = build_parser()
     sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
@@ -179,7 +179,7 @@ def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
         # scenario starts with faults, so conditions, capacity, the GPUNode
         # and Events are all written.
         agent = SimAgent(sa, gpu_node, SimNode(load_scenario("default"))).start()
-        admin = KubeApi(k8s)
+        admin = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
         try:
             wait_for(
                 lambda: (admin.get_gpunode(gpu_node) or {}).get("status", {}).get("gpuCount") == 8,

@@ -13,7 +13,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.publish.http import HealthServer
-from agent.publish.kube import RequestStats
 from agent.publish.metrics import FAMILIES, MetricsPublisher
 from agent.samples import (
     GpuSample,
@@ -25,6 +24,7 @@ from agent.samples import (
     RemappedRows,
     XidCount,
 )
+from gpuwarden.kube import RequestStats
 from tests.publish.reports import T0, gpu_entity, report, xid_fault
 
 REPO = Path(__file__).resolve().parents[2]

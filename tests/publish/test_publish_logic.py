@@ -9,14 +9,14 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.contract import Action, ConditionType, Reason
 from agent.daemon import faults_from_conditions
 from agent.model import Entity, EntityKind, Fault
 from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib, published_from_node
 from agent.publish.conditions import ConditionState, desired_conditions
 from agent.publish.events import EventsPublisher, aggregation_key, event_name
 from agent.publish.gpunode import faults_from_gpunode, gpunode_status
-from agent.publish.kube import ApiError, Backoff, OutageLog
+from gpuwarden.contract import Action, ConditionType, Reason
+from gpuwarden.kube import ApiError, Backoff, OutageLog
 from tests.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
 
 

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from agent import contract
-from agent.contract import RESOURCE_GPU_MEMORY, ConditionType
 from agent.model import EventType, HealthEvent
 from agent.publish.capacity import CapacityPublisher
 from agent.publish.conditions import ConditionsPublisher, format_time
 from agent.publish.events import EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher
-from agent.publish.kube import KubeApi
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from gpuwarden import contract
+from gpuwarden.contract import RESOURCE_GPU_MEMORY, ConditionType
+from gpuwarden.kube import KubeApi
 from tests.kube import ControlPlane, wait_for
 from tests.publish.reports import GPU_MIB, T0, app_xid_event, gpu_entity, ib_fault, remap_fault, report, xid_fault
 
@@ -38,7 +38,7 @@ class Clocks:
 
 
 def _node(api: client.ApiClient, name: str) -> dict[str, Any]:
-    node = KubeApi(api).get_node(name)
+    node = KubeApi(api, field_manager=contract.AGENT_COMPONENT).get_node(name)
     assert node is not None
     return node
 
@@ -57,7 +57,7 @@ def test_conditions_merge_by_type_and_leave_the_kubelets_alone(
     k8s: client.ApiClient, gpu_node: str, control_plane: ControlPlane
 ) -> None:
     before = _conditions(_node(k8s, gpu_node))
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     pub = _publisher(api, gpu_node, Clocks())
     pub.restore(_node(k8s, gpu_node))
     pub.publish(report(xid_fault(3), ib_fault("mlx5_1", 1)))
@@ -88,7 +88,7 @@ def test_conditions_merge_by_type_and_leave_the_kubelets_alone(
 def test_unchanged_polls_send_nothing_and_heartbeats_refresh_only_the_heartbeat(
     k8s: client.ApiClient, gpu_node: str
 ) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     clocks = Clocks()
     pub = _publisher(api, gpu_node, clocks)
     pub.restore(_node(k8s, gpu_node))
@@ -113,7 +113,7 @@ def test_unchanged_polls_send_nothing_and_heartbeats_refresh_only_the_heartbeat(
 
 
 def test_transition_time_moves_only_when_the_status_flips(k8s: client.ApiClient, gpu_node: str) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     clocks = Clocks()
     pub = _publisher(api, gpu_node, clocks)
     pub.restore(_node(k8s, gpu_node))
@@ -133,7 +133,7 @@ def test_transition_time_moves_only_when_the_status_flips(k8s: client.ApiClient,
 
 def test_concurrent_writers_never_lose_each_others_conditions(k8s: client.ApiClient, gpu_node: str) -> None:
     """The agent flips its conditions while another writer (a kubelet, NPD) writes its own."""
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     clocks = Clocks()
     pub = _publisher(api, gpu_node, clocks)
     pub.restore(_node(k8s, gpu_node))
@@ -182,7 +182,7 @@ def test_concurrent_writers_never_lose_each_others_conditions(k8s: client.ApiCli
 
 
 def test_capacity_is_healthy_gpu_memory_and_follows_health(k8s: client.ApiClient, gpu_node: str) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     pub = CapacityPublisher(api, gpu_node)
     pub.restore(_node(k8s, gpu_node))
     others = {k: v for k, v in _node(k8s, gpu_node)["status"]["capacity"].items()}
@@ -213,7 +213,7 @@ def test_capacity_is_healthy_gpu_memory_and_follows_health(k8s: client.ApiClient
 def test_gpunode_is_owned_by_its_node_listed_and_collected_with_it(
     k8s: client.ApiClient, gpu_node: str, control_plane: ControlPlane
 ) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     node = _node(k8s, gpu_node)
     pub = GpuNodePublisher(api, gpu_node)
     pub.set_node_uid(node["metadata"]["uid"])
@@ -260,7 +260,7 @@ def test_gpunode_is_owned_by_its_node_listed_and_collected_with_it(
 
 
 def test_gpunode_faults_read_back_as_the_faults_published(k8s: client.ApiClient, gpu_node: str) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     pub = GpuNodePublisher(api, gpu_node)
     pub.set_node_uid(_node(k8s, gpu_node)["metadata"]["uid"])
     published = (xid_fault(3), remap_fault(4, failure=True), ib_fault("mlx5_0", 1))
@@ -280,7 +280,7 @@ def _events_for(k8s: client.ApiClient, node: str) -> list[dict[str, Any]]:
 
 
 def test_events_are_written_per_transition_and_repeats_aggregate(k8s: client.ApiClient, gpu_node: str) -> None:
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     pub = EventsPublisher(api, gpu_node)
     pub.set_node_uid(_node(k8s, gpu_node)["metadata"]["uid"])
     app = app_xid_event(2, 13)
@@ -314,7 +314,7 @@ def test_an_event_the_api_server_rejects_is_logged_and_dropped_not_retried_forev
     k8s: client.ApiClient, gpu_node: str, namespace: str
 ) -> None:
     """Core Events about a Node are accepted only in "default"; elsewhere each is invalid (422)."""
-    api = KubeApi(k8s)
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
     misplaced = EventsPublisher(api, gpu_node, namespace=namespace)
     misplaced.enqueue([app_xid_event(0, 13), app_xid_event(1, 31)])
     assert misplaced.flush() == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_FRACTION_NUM_DEVICES, ANNOTATION_GPU_MEMORY
+from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_FRACTION_NUM_DEVICES, ANNOTATION_GPU_MEMORY
 from scheduler.engine.model import (
     UNLIMITED,
     Decisions,

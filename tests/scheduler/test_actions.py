@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.contract import Action, ConditionType, EvictionAction, Reason, xid_reason
+from gpuwarden.contract import Action, ConditionType, EvictionAction, Reason, xid_reason
 from scheduler.engine.model import NodeCondition, SchedulerConfig, Snapshot
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import binds_by_job, evicted, job, node, pending, pending_codes, queue, running

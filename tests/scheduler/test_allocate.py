@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.contract import LABEL_NODE_POOL, UnschedulableReason
+from gpuwarden.contract import LABEL_NODE_POOL, UnschedulableReason
 from scheduler.engine.model import (
     Gpu,
     Job,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from agent.contract import UnschedulableReason
+from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.model import Snapshot, Task
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import binds_by_job, fraction, gpu_mib, job, node, pending, queue, running

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from gpuwarden.cli import main
 
 
 def example(name: str) -> str:

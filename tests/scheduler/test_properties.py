@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.contract import (
+from gpuwarden.contract import (
     ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_FRACTION_NUM_DEVICES,
     ANNOTATION_GPU_MEMORY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.contract import (
+from gpuwarden.contract import (
     ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_FRACTION_NUM_DEVICES,
     ANNOTATION_GPU_MEMORY,

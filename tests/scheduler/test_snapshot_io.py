@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.contract import Action
+from gpuwarden.contract import Action
 from scheduler.engine.model import UNLIMITED, PlacementStrategy, TaintEffect, TaskStatus
 from scheduler.snapshot_io import SnapshotError, parse_fairshare, parse_snapshot
 

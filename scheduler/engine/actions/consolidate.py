@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.contract import EvictionAction, UnschedulableReason
+from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.placement import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
 from scheduler.engine.statement import Statement

@@ -10,7 +10,7 @@ could not make progress without the lost member.
 
 from __future__ import annotations
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.state import Cluster, JobState, TaskState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import (

@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement

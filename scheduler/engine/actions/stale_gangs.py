@@ -9,7 +9,7 @@ it is evicted so the job can start again whole.
 
 from __future__ import annotations
 
-from agent.contract import EvictionAction
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.state import Cluster
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable

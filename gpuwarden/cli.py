@@ -1,0 +1,67 @@
+"""The ``gpuwarden`` console script: one binary, one subcommand per process.
+
+Subcommands register themselves: each package that has one names its
+``register(subparsers)`` function under the ``gpuwarden.commands`` entry-point
+group in ``pyproject.toml``. The core therefore imports neither the agent nor
+the scheduler, and an image or a test that lacks one of them still gets a
+working command for the other. Those modules keep their heavy imports
+(kubernetes, pynvml) inside the functions that run, so parsing flags stays
+cheap for every subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from gpuwarden import __version__
+from gpuwarden.flags import add_flag
+from gpuwarden.logconfig import configure_logging
+
+COMMAND_GROUP = "gpuwarden.commands"
+
+Register = Callable[[Any], None]
+
+
+def registered_commands() -> list[tuple[str, Register]]:
+    """The subcommands installed, by name, in a stable order for ``--help``."""
+    found = sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)
+    return [(ep.name, ep.load()) for ep in found]
+
+
+def build_parser(commands: Sequence[tuple[str, Register]] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuwarden",
+        description="Keep GPU clusters on Kubernetes healthy and fully used.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    add_flag(
+        parser,
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="log output: JSON lines, human console text, or auto (console on a terminal, JSON otherwise)",
+    )
+    add_flag(parser, "--log-level", default="info", help="minimum level logged: debug, info, warning, error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for _name, register in commands if commands is not None else registered_commands():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        configure_logging(args.log_format, args.log_level)
+    except ValueError as exc:
+        parser.error(str(exc))
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The Kubernetes API wrapper both processes use.
+
+Client construction and patch content types (:mod:`.client`), the one error
+type (:mod:`.errors`), request counting (:mod:`.stats`), backoff and outage
+logging (:mod:`.retry`), and the calls themselves (:mod:`.api`).
+"""
+
+from gpuwarden.kube.api import KubeApi
+from gpuwarden.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, load_api_client
+from gpuwarden.kube.errors import ApiError
+from gpuwarden.kube.retry import Backoff, OutageLog
+from gpuwarden.kube.stats import RequestStats
+
+__all__ = [
+    "JSON",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "ApiError",
+    "Backoff",
+    "KubeApi",
+    "OutageLog",
+    "RequestStats",
+    "load_api_client",
+]

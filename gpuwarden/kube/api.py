@@ -1,0 +1,171 @@
+"""Kubernetes API access: every call goes through :class:`KubeApi`.
+
+There is one place that sets the patch content type (the client would
+otherwise send a JSON patch), one request timeout (a hung API server must not
+hang the process), one counter of requests and errors (the request budget and
+the ``gpuwarden_api_errors_total`` metric), one field manager (whose writes
+these are, in managedFields), and one translation of the client's exceptions
+into :class:`~gpuwarden.kube.errors.ApiError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden import contract
+from gpuwarden.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from gpuwarden.kube.errors import ApiError, status_message
+from gpuwarden.kube.stats import RequestStats
+
+
+class KubeApi:
+    """The endpoints gpuwarden uses, JSON in and JSON out.
+
+    404 on a read returns None (the object not existing is an answer, not an
+    error); every other failure raises :class:`ApiError` and is counted.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        field_manager: str,
+        timeout_s: float = 10.0,
+        stats: RequestStats | None = None,
+    ) -> None:
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+        self._timeout = timeout_s
+        self.field_manager = field_manager
+        self.stats = stats if stats is not None else RequestStats()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _call(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        return self._request(operation, fn, args, kwargs, absent_ok=False) or {}
+
+    def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
+        return self._request(operation, fn, args, kwargs, absent_ok=True)
+
+    def _request(
+        self,
+        operation: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        absent_ok: bool,
+    ) -> JSON | None:
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
+            try:
+                raw = response.data
+            finally:
+                # Back to the pool: one agent keeps one connection, not one per request.
+                response.release_conn()
+        except ApiException as exc:
+            if absent_ok and exc.status == 404:
+                self.stats.record(operation, ok=True)
+                return None
+            self.stats.record(operation, ok=False)
+            raise ApiError(operation, exc.status, status_message(exc)) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self.stats.record(operation, ok=False)
+            raise ApiError(operation, None, f"{type(exc).__name__}: {exc}") from exc
+        self.stats.record(operation, ok=True)
+        try:
+            decoded = json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(operation, None, f"response is not JSON: {exc}") from exc
+        if not isinstance(decoded, dict):
+            raise ApiError(operation, None, f"response is a {type(decoded).__name__}, not an object")
+        return decoded
+
+    # -- Node ---------------------------------------------------------------
+
+    def get_node(self, name: str) -> JSON | None:
+        return self._read("get_node", self._core.read_node, name)
+
+    def patch_node_status(self, name: str, patch: JSON) -> JSON:
+        """Strategic-merge patch of nodes/status: conditions merge by type."""
+        return self._call(
+            "patch_node_status",
+            self._core.patch_node_status,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    # -- GPUNode --------------------------------------------------------------
+
+    def get_gpunode(self, name: str) -> JSON | None:
+        return self._read(
+            "get_gpunode",
+            self._custom.get_cluster_custom_object,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            name,
+        )
+
+    def create_gpunode(self, body: JSON) -> JSON:
+        return self._call(
+            "create_gpunode",
+            self._custom.create_cluster_custom_object,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def patch_gpunode(self, name: str, patch: JSON) -> JSON:
+        return self._call(
+            "patch_gpunode",
+            self._custom.patch_cluster_custom_object,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=MERGE_PATCH,
+        )
+
+    def patch_gpunode_status(self, name: str, patch: JSON) -> JSON:
+        return self._call(
+            "patch_gpunode_status",
+            self._custom.patch_cluster_custom_object_status,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=MERGE_PATCH,
+        )
+
+    # -- Events -------------------------------------------------------------
+
+    def create_event(self, namespace: str, body: JSON) -> JSON:
+        return self._call("create_event", self._core.create_namespaced_event, namespace, body)
+
+    def get_event(self, namespace: str, name: str) -> JSON | None:
+        return self._read("get_event", self._core.read_namespaced_event, name, namespace)
+
+    def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
+        return self._call(
+            "patch_event",
+            self._core.patch_namespaced_event,
+            name,
+            namespace,
+            patch,
+            _content_type=MERGE_PATCH,
+        )

@@ -1,0 +1,35 @@
+"""Client construction and the patch content types, shared by every process.
+
+The processes work on plain JSON dicts rather than the client's generated
+models: what they send is a strategic-merge or merge patch that must contain
+exactly the fields they own, and what they read back is a handful of fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client, config
+
+JSON = dict[str, Any]
+
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def load_api_client(kubeconfig: str | None, *, context: str | None = None) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file, or the pod's service account when None.
+
+    urllib3's own retries are turned off: the publishers retry with backoff
+    and jitter themselves, and immediate retries only multiply the load on an
+    API server that is already failing.
+    """
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(  # type: ignore[no-untyped-call]  # the client ships no annotations here
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.retries = 0
+    return client.ApiClient(configuration)
