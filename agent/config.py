@@ -56,9 +56,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-import yaml
-
 from gpuwarden.contract import Action
+from gpuwarden.yamlfile import load_yaml
 
 
 class ConfigError(ValueError):
@@ -293,13 +292,4 @@ def load_config(path: str | Path | None) -> AgentConfig:
     """Read the config file; ``None`` gives the defaults."""
     if path is None:
         return config_from_dict(None)
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
-    return config_from_dict(data)
+    return config_from_dict(load_yaml(path, "config file", ConfigError))

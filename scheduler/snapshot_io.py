@@ -84,9 +84,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuwarden.contract import DEFAULT_NODE_POOL, Action
+from gpuwarden.yamlfile import load_yaml
 from scheduler.engine.model import (
     UNLIMITED,
     Gpu,
@@ -445,15 +444,8 @@ class _Reader:
             raise SnapshotError(f"{source}: {len(self.problems)} problem(s):\n  {lines}")
 
 
-def _load_document(path: Path) -> Mapping[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SnapshotError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SnapshotError(f"{path}: not valid YAML: {exc}") from exc
+def _load_document(path: Path, what: str) -> Mapping[str, Any]:
+    data = load_yaml(path, what, SnapshotError)
     if not isinstance(data, Mapping):
         raise SnapshotError(f"{path}: expected a mapping at the top of the document")
     return data
@@ -471,7 +463,7 @@ def parse_snapshot(data: Mapping[str, Any], source: str = "snapshot") -> Snapsho
 
 
 def load_snapshot(path: Path) -> Snapshot:
-    return parse_snapshot(_load_document(path), str(path))
+    return parse_snapshot(_load_document(path, "snapshot"), str(path))
 
 
 def parse_fairshare(data: Mapping[str, Any], source: str = "fair-share input") -> FairShareInput:
@@ -487,4 +479,4 @@ def parse_fairshare(data: Mapping[str, Any], source: str = "fair-share input") -
 
 
 def load_fairshare(path: Path) -> FairShareInput:
-    return parse_fairshare(_load_document(path), str(path))
+    return parse_fairshare(_load_document(path, "fair-share file"), str(path))

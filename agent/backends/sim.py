@@ -59,8 +59,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.backends.base import BackendUnavailableError, GpuBackend, IbSource, KmsgSource, MountSource, NodeHardware
 from agent.config import ConfigError, from_mapping
 from agent.probes.kmsg import parse_recovery_action
@@ -80,6 +78,7 @@ from agent.samples import (
     normalize_bus_id,
 )
 from gpuwarden.logconfig import get_logger
+from gpuwarden.yamlfile import load_yaml, parse_yaml
 
 log = get_logger(__name__)
 
@@ -169,22 +168,12 @@ def load_scenario(name_or_path: str) -> Scenario:
     """A shipped scenario by name (``default``) or a scenario file by path."""
     path = Path(name_or_path)
     if path.suffix in {".yaml", ".yml"} or "/" in name_or_path:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read scenario file {path}: {exc.strerror or exc}") from exc
-        source = str(path)
-    else:
-        res = resources.files("agent.scenarios").joinpath(f"{name_or_path}.yaml")
-        if not res.is_file():
-            raise ConfigError(f"no scenario named {name_or_path!r} (shipped: {', '.join(list_scenarios())})")
-        text = res.read_text()
-        source = f"scenario {name_or_path}"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
-    return scenario_from_dict(data, source)
+        return scenario_from_dict(load_yaml(path, "scenario file", ConfigError), str(path))
+    res = resources.files("agent.scenarios").joinpath(f"{name_or_path}.yaml")
+    if not res.is_file():
+        raise ConfigError(f"no scenario named {name_or_path!r} (shipped: {', '.join(list_scenarios())})")
+    source = f"scenario {name_or_path}"
+    return scenario_from_dict(parse_yaml(res.read_text(), source, ConfigError), source)
 
 
 # ---------------------------------------------------------------------------
