@@ -48,7 +48,7 @@ from agent.daemon import AgentDaemon  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
 from agent.publish.settings import DaemonSettings  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
-from tests.kube import ControlPlane, create_gpu_node, unique_name  # noqa: E402
+from tests.harness import ControlPlane, create_gpu_node, unique_name  # noqa: E402
 
 # Hardware XIDs (the catalogue's "hardware" kind): each raises GpuXidError.
 # Rotating GPU and XID keeps two injections from being one de-duplicated event.

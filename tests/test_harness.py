@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, config
 
 from gpuwarden import contract
-from tests.kube import (
+from tests.harness import (
     RUN_DIR_PREFIX,
     TAINT_NOT_READY,
     ControlPlane,
