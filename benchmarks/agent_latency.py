@@ -48,7 +48,7 @@ from agent.daemon import AgentDaemon  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
 from agent.publish.settings import DaemonSettings  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
-from tests.kube import ControlPlane, create_gpu_node, unique_name  # noqa: E402
+from tests.harness import ControlPlane, create_gpu_node, running_control_plane, unique_name, wait_for  # noqa: E402
 
 # Hardware XIDs (the catalogue's "hardware" kind): each raises GpuXidError.
 # Rotating GPU and XID keeps two injections from being one de-duplicated event.
@@ -162,14 +162,6 @@ def has_published(daemon: AgentDaemon) -> Callable[[], bool]:
     return lambda: daemon.published_seq > 0
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if len(ordered) == 1:
@@ -261,7 +253,7 @@ def measure_steady(plane: ControlPlane, api: client.ApiClient, agents: int, seco
             running.append(start_agent(api, name, interval))
         # Let every agent publish its first state and settle.
         for daemon, _monitor, _ in running:
-            wait_until(has_published(daemon), 30, "first publish")
+            wait_for(has_published(daemon), 30, description="first publish")
         time.sleep(max(5.0, 2 * interval))
         own_before = [d.stats.total_requests() for d, _, _ in running]
         server_before = apiserver_agent_requests(plane)
@@ -297,8 +289,7 @@ def main() -> int:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
 
     started = time.monotonic()
-    plane = ControlPlane.start()
-    try:
+    with running_control_plane() as plane:
         plane.kubectl("apply", "-f", str(REPO / "manifests" / "crd-gpunodes.yaml"))
         plane.kubectl("wait", "--for=condition=Established", "crd/gpunodes.gpuwarden.io", "--timeout=60s")
         print(f"control plane up in {time.monotonic() - started:.1f} s; poll interval {args.poll_interval} s")
@@ -312,7 +303,7 @@ def main() -> int:
             watch = NodeWatch(plane.api_client(), node)
             watch.start()
             try:
-                wait_until(has_published(daemon), 30, "first publish")
+                wait_for(has_published(daemon), 30, description="first publish")
                 xid = measure_xid(monitor, sim, watch, args.samples)
                 summary("XID -> condition (event-driven)", xid, 1.0)
                 polled = measure_polled(monitor, sim, watch, args.samples, args.poll_interval)
@@ -322,8 +313,6 @@ def main() -> int:
                 daemon.stop()
                 monitor.close()
                 client.CoreV1Api(api).delete_node(node)
-    finally:
-        plane.stop()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Session-wide fixtures: the real Kubernetes control plane (see tests/kube.py).
+"""Session-wide fixtures: the real Kubernetes control plane (see tests/harness/).
 
 The control plane starts once, on first use by a ``k8s``-marked test, and
 stops when the session ends, also after failures and Ctrl-C (fixture
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.kube import ControlPlane, ControlPlaneError, find_binaries, temporary_namespace
+from tests.harness import ControlPlane, ControlPlaneError, find_binaries, temporary_namespace
 
 
 @pytest.fixture(scope="session")

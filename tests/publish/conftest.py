@@ -20,7 +20,7 @@ from agent.daemon import AgentDaemon
 from agent.monitor import Monitor
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
 from gpuwarden import contract
-from tests.kube import ControlPlane, create_gpu_node, unique_name
+from tests.harness import ControlPlane, create_gpu_node, unique_name
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 AGENT_NAMESPACE = "gpuwarden"
