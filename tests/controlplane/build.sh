@@ -28,7 +28,7 @@
 #                            than the installed one.
 set -euo pipefail
 
-# The default releases, shared with tests/kube.py, which finds the binaries.
+# The default releases, shared with tests/harness/processes.py, which finds the binaries.
 # shellcheck source=tests/controlplane/versions.env
 source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
 K8S_VERSION="${GPUWARDEN_K8S_VERSION:-${K8S_VERSION}}"

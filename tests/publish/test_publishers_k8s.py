@@ -335,7 +335,7 @@ class _GatedApi(KubeApi):
     """
 
     def __init__(self, api_client: client.ApiClient) -> None:
-        super().__init__(api_client)
+        super().__init__(api_client, field_manager=contract.AGENT_COMPONENT)
         self.entered = threading.Event()
         self.gate = threading.Event()
 
