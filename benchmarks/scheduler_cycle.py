@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
-from scheduler.engine import placement, victims
+from scheduler.engine import gangs, victims
 from scheduler.engine.actions import allocate, consolidate
 from scheduler.engine.model import (
     UNLIMITED,
@@ -47,7 +47,8 @@ from scheduler.engine.model import (
     Task,
     TaskStatus,
 )
-from scheduler.engine.placement import fit_on_node, static_exclusion
+from scheduler.engine.predicates import static_exclusion
+from scheduler.engine.scoring import fit_on_node
 from scheduler.engine.session import build_cluster, run_session
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
@@ -272,8 +273,8 @@ class _NaivePlacement:
         return _ENGINE_PLACE_JOB(cluster, stmt, job, beyond_gang=beyond_gang)
 
 
-_ENGINE_PLACE_JOB = placement.place_job
-_ENGINE_FIND_PLACE = placement.find_place
+_ENGINE_PLACE_JOB = gangs.place_job
+_ENGINE_FIND_PLACE = gangs.find_place
 
 
 @dataclass
@@ -302,7 +303,7 @@ def baseline(snapshot: Snapshot, budget_s: float) -> BaselineResult:
     """
     total = sum(1 for j in build_cluster(snapshot).pending_jobs if j.queue is not None and j.error is None)
     naive = _NaivePlacement(deadline=time.perf_counter() + budget_s)
-    patched = [(placement, "find_place"), (victims, "find_place"), (consolidate, "find_place")]
+    patched = [(gangs, "find_place"), (victims, "find_place"), (consolidate, "find_place")]
     for module, name in patched:
         setattr(module, name, naive.find_place)
     setattr(allocate, "place_job", naive.place_job)  # noqa: B010 (swapping a module global)

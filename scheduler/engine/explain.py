@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.model import PendingReason
-from scheduler.engine.placement import fit_on_node, static_exclusion
+from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
+from scheduler.engine.scoring import fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
 
 

@@ -34,7 +34,7 @@ from scheduler.engine.model import (
     Task,
     TaskStatus,
 )
-from scheduler.engine.placement import shape_of
+from scheduler.engine.predicates import shape_of
 from scheduler.engine.resources import GpuRequest, parse_gpu_request
 from scheduler.engine.state import (
     TIER_DEGRADED,

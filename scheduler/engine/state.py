@@ -28,7 +28,7 @@ from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, 
 from scheduler.engine.resources import MILLI, GpuRequest
 
 if TYPE_CHECKING:
-    from scheduler.engine.placement import Eligibility
+    from scheduler.engine.predicates import Eligibility
     from scheduler.engine.victims import VictimIndex
 
 # Health tiers: healthy nodes are tried before degraded ones.

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
+from scheduler.engine.limits import limit_problem
 from scheduler.engine.ordering import job_key, queue_key
-from scheduler.engine.placement import eligibility, find_place, fit_on_node, limit_problem
+from scheduler.engine.predicates import eligibility
+from scheduler.engine.scoring import find_place, fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 

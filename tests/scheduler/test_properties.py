@@ -17,6 +17,7 @@ from gpuwarden.contract import (
     ConditionType,
     EvictionAction,
 )
+from scheduler.engine.gangs import place_job
 from scheduler.engine.model import (
     UNLIMITED,
     Decisions,
@@ -35,7 +36,6 @@ from scheduler.engine.model import (
     TaskStatus,
     Toleration,
 )
-from scheduler.engine.placement import place_job
 from scheduler.engine.session import build_cluster, run_session
 from scheduler.engine.statement import Statement
 

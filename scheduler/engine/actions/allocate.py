@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import heapq
 
+from scheduler.engine.gangs import place_job
 from scheduler.engine.ordering import job_key, queue_key
-from scheduler.engine.placement import place_job
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
-from scheduler.engine.placement import find_place
+from scheduler.engine.scoring import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import (
