@@ -35,6 +35,7 @@ from typing import Any
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
 from scheduler.engine import gangs, victims
 from scheduler.engine.actions import allocate, consolidate
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import (
     UNLIMITED,
     Gpu,
@@ -259,7 +260,7 @@ class _NaivePlacement:
     jobs_seen: int = 0
 
     def find_place(
-        self, cluster: Cluster, task: TaskState
+        self, cluster: Cluster, caches: SessionCaches, task: TaskState
     ) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
         if time.perf_counter() > self.deadline:
             raise _OutOfTimeError
@@ -268,9 +269,11 @@ class _NaivePlacement:
             return None
         return _naive_best(pool.nodes, task, pool.strategy is PlacementStrategy.SPREAD)
 
-    def place_job(self, cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: bool = True) -> Any:
+    def place_job(
+        self, cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+    ) -> Any:
         self.jobs_seen += 1
-        return _ENGINE_PLACE_JOB(cluster, stmt, job, beyond_gang=beyond_gang)
+        return _ENGINE_PLACE_JOB(cluster, caches, stmt, job, beyond_gang=beyond_gang)
 
 
 _ENGINE_PLACE_JOB = gangs.place_job

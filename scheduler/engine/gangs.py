@@ -9,6 +9,7 @@ on a statement that is rolled back if the gang falls short.
 from __future__ import annotations
 
 from gpuwarden.contract import UnschedulableReason
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.scoring import find_place
@@ -41,7 +42,9 @@ def _quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
     return False
 
 
-def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: bool = True) -> PendingReason | None:
+def place_job(
+    cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+) -> PendingReason | None:
     """Place the job's pending tasks: at least enough for its gang, or none.
 
     Tasks beyond ``min_member`` are placed while they fit (when
@@ -78,7 +81,7 @@ def place_job(cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: 
             break
         problem = limit_problem(queue, [task.milli, task.cpu, task.mem], job.preemptible)
         if problem is None:
-            found = find_place(cluster, task)
+            found = find_place(cluster, caches, task)
             if found is None:
                 job.unplaced = task
                 problem = _no_room()

@@ -11,8 +11,7 @@ candidate walk in :mod:`scheduler.engine.scoring`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from scheduler.engine.caches import Eligibility, PoolCaches, Shape
 from scheduler.engine.model import TaintEffect
 from scheduler.engine.state import NodeState, PoolState, TaskState
 
@@ -42,28 +41,15 @@ def static_exclusion(node: NodeState, task: TaskState) -> str | None:
 FEW_NODES_SHARE = 8
 
 
-@dataclass(slots=True)
-class Eligibility:
-    """Static verdict per node of a pool (by ``pidx``) for one pod shape.
-
-    ``few`` lists the eligible nodes when they are a small part of the pool
-    (a node selector naming one rack, one host): placement then scores just
-    those instead of skipping past every other node of the pool.
-    """
-
-    ok: list[bool]
-    few: list[NodeState] | None
-
-
-def _label_matches(pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
+def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
     """Nodes (``pidx``) carrying every label of ``selector``, from a per-pool label index."""
-    index = pool.label_index
+    index = cache.label_index
     if index is None:
         index = {}
         for node in pool.nodes:
             for item in node.spec.labels.items():
                 index.setdefault(item, []).append(node.pidx)
-        pool.label_index = index
+        cache.label_index = index
     matches: set[int] | None = None
     for item in selector:
         found = set(index.get(item, ()))
@@ -71,28 +57,28 @@ def _label_matches(pool: PoolState, selector: tuple[tuple[str, str], ...]) -> se
     return matches if matches is not None else set(range(len(pool.nodes)))
 
 
-def eligibility(pool: PoolState, task: TaskState) -> Eligibility:
-    """Static verdict for ``task``'s shape on every node of the pool, cached per shape."""
+def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibility:
+    """Static verdict for ``task``'s shape on every node of the pool, cached per shape in ``cache``."""
     spec = task.spec
     selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
-    key: tuple[object, ...] = (selector, spec.tolerations, task.gpu.is_slice)
-    cached = pool.eligibility.get(key)
+    key: Shape = (selector, spec.tolerations, task.gpu.is_slice)
+    cached = cache.eligibility.get(key)
     if cached is None:
         nodes = pool.nodes
         if selector:
             ok = [False] * len(nodes)
-            for pidx in _label_matches(pool, selector):
+            for pidx in _label_matches(cache, pool, selector):
                 ok[pidx] = static_exclusion(nodes[pidx], task) is None
         else:
             ok = [static_exclusion(node, task) is None for node in nodes]
         count = sum(ok)
         few = [n for n in nodes if ok[n.pidx]] if count * FEW_NODES_SHARE <= len(nodes) else None
         cached = Eligibility(ok, few)
-        pool.eligibility[key] = cached
+        cache.eligibility[key] = cached
     return cached
 
 
-def shape_of(task: TaskState) -> tuple[object, ...]:
+def shape_of(task: TaskState) -> Shape:
     """What makes two pods interchangeable for placement (same predicates, same request)."""
     spec = task.spec
     gpu = task.gpu

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import PlacementStrategy
 from scheduler.engine.predicates import eligibility, shape_of
 from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskState
@@ -87,17 +88,20 @@ def fit_on_node(node: NodeState, task: TaskState) -> tuple[tuple[int, ...], tupl
     return _whole_positions(node, task.gpu.whole), ()
 
 
-def find_place(cluster: Cluster, task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
+def find_place(
+    cluster: Cluster, caches: SessionCaches, task: TaskState
+) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
     """The best node and GPU positions for ``task`` now, or None."""
     pool = task.job.pool
     if pool is None:
         return None
-    cache = pool.fail_cache
+    pool_caches = caches.pool(pool)
+    cache = pool_caches.fail
     if not task.shape:
         task.shape = shape_of(task)
     if cache.get(task.shape) == cluster.release_version:
         return None
-    elig = eligibility(pool, task)
+    elig = eligibility(pool_caches, pool, task)
     if elig.few is not None:
         best = _best_of(elig.few, task)
         if best is None:

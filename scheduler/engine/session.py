@@ -19,6 +19,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine import explain
 from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
 from scheduler.engine.model import (
@@ -50,7 +51,7 @@ from scheduler.engine.state import (
 
 log = get_logger(__name__)
 
-Action = Callable[[Cluster], None]
+Action = Callable[[Cluster, SessionCaches], None]
 
 # The fixed order of a session (issue: health eviction first, stale gangs last).
 ACTIONS: tuple[tuple[str, Action], ...] = (
@@ -78,13 +79,14 @@ def run_session(snapshot: Snapshot, timings: dict[str, float] | None = None) -> 
     try:
         start = clock()
         cluster = build_cluster(snapshot)
+        caches = SessionCaches()
         phases = [("build", clock() - start)]
         for name, action in ACTIONS:
             start = clock()
-            action(cluster)
+            action(cluster, caches)
             phases.append((name, clock() - start))
         start = clock()
-        result = decisions(cluster)
+        result = decisions(cluster, caches)
         phases.append(("decisions", clock() - start))
         if timings is not None:
             timings.update(phases)
@@ -433,7 +435,7 @@ def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int,
 # --------------------------------------------------------------------------
 
 
-def decisions(cluster: Cluster) -> Decisions:
+def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
     seen: set[int] = set()
     touched: list[TaskState] = []
     for task in cluster.touched:
@@ -483,7 +485,7 @@ def decisions(cluster: Cluster) -> Decisions:
                 JobStatus(
                     job=job.key,
                     queue=job.spec.queue,
-                    reasons=tuple(explain.reasons(cluster, job)),
+                    reasons=tuple(explain.reasons(caches, job)),
                 )
             )
     shares = [

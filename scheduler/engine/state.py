@@ -20,16 +20,11 @@ scan every node for every pod:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
 from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
 from scheduler.engine.resources import MILLI, GpuRequest
-
-if TYPE_CHECKING:
-    from scheduler.engine.predicates import Eligibility
-    from scheduler.engine.victims import VictimIndex
 
 # Health tiers: healthy nodes are tried before degraded ones.
 TIER_HEALTHY = 0
@@ -88,9 +83,6 @@ class PoolState:
     free_whole_total: int = 0
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
-    fail_cache: dict[tuple[object, ...], int] = field(default_factory=dict)
-    eligibility: dict[tuple[object, ...], Eligibility] = field(default_factory=dict)  # by pod shape
-    label_index: dict[tuple[str, str], list[int]] | None = None  # (key, value) -> pidx, built on first use
 
 
 @dataclass(slots=True, eq=False)
@@ -180,7 +172,12 @@ class JobState:
 
 @dataclass(slots=True, eq=False)
 class Cluster:
-    """All working state of one session, plus the counters actions consult."""
+    """All working state of one session, plus the counters actions consult.
+
+    What placement, the victim search and the explanations cache about this
+    state lives in :class:`scheduler.engine.caches.SessionCaches`, owned by
+    the session, so this module depends on none of them.
+    """
 
     pools: dict[str, PoolState]
     nodes: dict[str, NodeState]
@@ -197,10 +194,6 @@ class Cluster:
     indexed: bool = False
     # Jobs with at least one pod that has never run (allocate's work list).
     pending_jobs: list[JobState] = field(default_factory=list)
-    # The victims' index, built on first use.
-    victims: VictimIndex | None = None
-    # Pending-reason analyses by pod shape, filled once the actions are done.
-    explain_cache: dict[tuple[object, ...], object] = field(default_factory=dict)
 
     # ------------------------------------------------------------------
     # The two primitives

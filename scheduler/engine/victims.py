@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
+from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.ordering import job_key, queue_key
 from scheduler.engine.predicates import eligibility
@@ -47,41 +48,29 @@ def victim_order(job: JobState) -> tuple[int, float, str]:
     return (job.spec.priority, -job.spec.created, job.key)
 
 
-@dataclass(slots=True)
-class VictimIndex:
-    """Running preemptible jobs, in victim order, per leaf queue and per pool.
-
-    Built once per session (the order depends only on the snapshot); jobs
-    evicted meanwhile stay listed and are skipped because none of their
-    tasks is evictable any more.
-    """
-
-    by_queue: dict[str, list[JobState]]
-    by_pool: dict[str, list[JobState]]
-
-    @classmethod
-    def build(cls, cluster: Cluster) -> VictimIndex:
-        ranked = sorted(
-            (
-                j
-                for j in cluster.jobs
-                if j.preemptible and j.queue is not None and j.pool is not None and any(evictable(t) for t in j.tasks)
-            ),
-            key=victim_order,
-        )
-        by_queue: dict[str, list[JobState]] = {}
-        by_pool: dict[str, list[JobState]] = {}
-        for job in ranked:
-            assert job.queue is not None and job.pool is not None
-            by_queue.setdefault(job.queue.name, []).append(job)
-            by_pool.setdefault(job.pool.name, []).append(job)
-        return cls(by_queue, by_pool)
+def build_victim_index(cluster: Cluster) -> VictimIndex:
+    ranked = sorted(
+        (
+            j
+            for j in cluster.jobs
+            if j.preemptible and j.queue is not None and j.pool is not None and any(evictable(t) for t in j.tasks)
+        ),
+        key=victim_order,
+    )
+    by_queue: dict[str, list[JobState]] = {}
+    by_pool: dict[str, list[JobState]] = {}
+    for job in ranked:
+        assert job.queue is not None and job.pool is not None
+        by_queue.setdefault(job.queue.name, []).append(job)
+        by_pool.setdefault(job.pool.name, []).append(job)
+    return VictimIndex(by_queue, by_pool)
 
 
-def victim_index(cluster: Cluster) -> VictimIndex:
-    if cluster.victims is None:
-        cluster.victims = VictimIndex.build(cluster)
-    return cluster.victims
+def victim_index(cluster: Cluster, caches: SessionCaches) -> VictimIndex:
+    """The session's victim index, built on first use."""
+    if caches.victims is None:
+        caches.victims = build_victim_index(cluster)
+    return caches.victims
 
 
 @dataclass(slots=True)
@@ -272,6 +261,7 @@ def _evict_under_limit(
 
 def make_room(
     cluster: Cluster,
+    caches: SessionCaches,
     stmt: Statement,
     job: JobState,
     *,
@@ -334,12 +324,12 @@ def make_room(
         ):
             stmt.rollback(mark)
             return False
-        found = find_place(cluster, task)
+        found = find_place(cluster, caches, task)
         if found is not None:
             stmt.allocate(task, *found)
             continue
         placed = False
-        for node in _nodes_to_try(task, victims(), candidate, eligibility(pool, task).ok):
+        for node in _nodes_to_try(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok):
             node_mark = stmt.mark()
             if _clear_node(
                 stmt,

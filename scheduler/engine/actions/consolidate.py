@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.scoring import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
 from scheduler.engine.statement import Statement
@@ -54,10 +55,10 @@ class _Movable:
         return verdict
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     memo = FailureMemo()
     tried = 0
-    index = victim_index(cluster)
+    index = victim_index(cluster, caches)
     movable = _Movable()
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
@@ -76,6 +77,7 @@ def run(cluster: Cluster) -> None:
         stmt = Statement(cluster)
         if make_room(
             cluster,
+            caches,
             stmt,
             job,
             victims=in_pool.__iter__,
@@ -83,7 +85,7 @@ def run(cluster: Cluster) -> None:
             admissible=movable,
             action=EvictionAction.CONSOLIDATE,
             reason=f"moved to make room for {job.key}",
-        ) and _relocate(cluster, stmt):
+        ) and _relocate(cluster, caches, stmt):
             stmt.commit()
             job.reasons = []
             job.notes = []
@@ -92,11 +94,11 @@ def run(cluster: Cluster) -> None:
             memo.remember(cluster, key)
 
 
-def _relocate(cluster: Cluster, stmt: Statement) -> bool:
+def _relocate(cluster: Cluster, caches: SessionCaches, stmt: Statement) -> bool:
     """Place every pod evicted in ``stmt`` again; False if any finds no room."""
     moved = [e.task for e in stmt.log if e.task.was_running and e.task.eviction is not None and e.task.node is None]
     for task in moved:
-        found = find_place(cluster, task)
+        found = find_place(cluster, caches, task)
         if found is None:
             return False
         stmt.allocate(task, *found)

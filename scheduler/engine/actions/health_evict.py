@@ -11,12 +11,13 @@ could not make progress without the lost member.
 from __future__ import annotations
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.state import Cluster, JobState, TaskState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     stmt = Statement(cluster)
     hit: dict[int, tuple[TaskState, str]] = {}
     jobs: dict[int, JobState] = {}

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import (
@@ -48,10 +49,10 @@ def _always(_victim: JobState) -> bool:
     return True
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     memo = FailureMemo()
     tried = 0
-    index = victim_index(cluster)
+    index = victim_index(cluster, caches)
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
@@ -69,6 +70,7 @@ def run(cluster: Cluster) -> None:
         stmt = Statement(cluster)
         if make_room(
             cluster,
+            caches,
             stmt,
             job,
             victims=lower.victims,

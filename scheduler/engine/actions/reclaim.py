@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
@@ -127,10 +128,10 @@ class _FromQueues:
         return heapq.merge(*self.lists, key=victim_order)
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     memo = FailureMemo()
     tried = 0
-    index = victim_index(cluster)
+    index = victim_index(cluster, caches)
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
@@ -168,6 +169,7 @@ def run(cluster: Cluster) -> None:
         stmt = Statement(cluster)
         if make_room(
             cluster,
+            caches,
             stmt,
             job,
             victims=source.victims,
