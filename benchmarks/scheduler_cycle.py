@@ -35,6 +35,7 @@ from typing import Any
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
 from scheduler.engine import gangs, victims
 from scheduler.engine.actions import allocate, consolidate
+from scheduler.engine.build import build_cluster
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import (
     UNLIMITED,
@@ -50,7 +51,7 @@ from scheduler.engine.model import (
 )
 from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.scoring import fit_on_node
-from scheduler.engine.session import build_cluster, run_session
+from scheduler.engine.session import run_session
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 

@@ -17,6 +17,7 @@ from gpuwarden.contract import (
     ConditionType,
     EvictionAction,
 )
+from scheduler.engine.build import build_cluster
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.gangs import place_job
 from scheduler.engine.model import (
@@ -37,7 +38,7 @@ from scheduler.engine.model import (
     TaskStatus,
     Toleration,
 )
-from scheduler.engine.session import build_cluster, run_session
+from scheduler.engine.session import run_session
 from scheduler.engine.statement import Statement
 
 GPU_MEM = 40000
