@@ -19,13 +19,15 @@ from scheduler.engine.decisions import decisions
 from scheduler.engine.model import Decisions, Snapshot
 from scheduler.engine.state import Cluster
 
-Action = Callable[[Cluster, SessionCaches], None]
+# One step of the session over its working state and caches. Named apart
+# from gpuwarden.contract.Action, which is a remediation for a node.
+SessionAction = Callable[[Cluster, SessionCaches], None]
 
 # The fixed order of a session. Health eviction goes first, so the capacity
 # it frees and the pods it sends back to pending are seen by every later
 # action; stale gangs go last, so a gang is only judged short after this
 # session's allocation had its chance to complete it.
-ACTIONS: tuple[tuple[str, Action], ...] = (
+ACTIONS: tuple[tuple[str, SessionAction], ...] = (
     ("health_evict", health_evict.run),
     ("allocate", allocate.run),
     ("consolidate", consolidate.run),
