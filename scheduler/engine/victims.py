@@ -1,5 +1,8 @@
-"""Making room for a pending job by evicting others: shared by consolidate,
-reclaim and preempt, which differ only in who may be a victim.
+"""The victim search: making room for one pending job by evicting others.
+
+Used by consolidate, reclaim and preempt through the shared loop in
+:mod:`scheduler.engine.eviction_plan`; they differ only in who may be a
+victim.
 
 The plan is built node by node, the way a person would clear space: for
 each task of the beneficiary's gang that does not fit anywhere as things
@@ -12,21 +15,17 @@ task cannot be placed the whole plan is rolled back.
 Nodes are discovered through the victims, cheapest victim first, so the
 search looks where the cheapest room is and never walks nodes that host no
 candidate. Cost is bounded: per task at most ``MAX_NODES_SCANNED`` nodes are
-examined and ``MAX_NODES_TRIED`` of them tried; an action gives up on a
-beneficiary shape once a plan for it failed and nothing was committed since
-(``FailureMemo``); and each action looks at ``MAX_BENEFICIARIES`` jobs per
-session at most.
+examined and ``MAX_NODES_TRIED`` of them tried (the shared loop bounds how
+many jobs an action plans for).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.limits import limit_problem
-from scheduler.engine.ordering import job_key, queue_key
 from scheduler.engine.predicates import eligibility
 from scheduler.engine.scoring import find_place, fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
@@ -34,7 +33,6 @@ from scheduler.engine.statement import Statement
 
 MAX_NODES_TRIED = 8
 MAX_NODES_SCANNED = 256
-MAX_BENEFICIARIES = 32
 
 Predicate = Callable[[JobState], bool]
 
@@ -71,45 +69,6 @@ def victim_index(cluster: Cluster, caches: SessionCaches) -> VictimIndex:
     if caches.victims is None:
         caches.victims = build_victim_index(cluster)
     return caches.victims
-
-
-@dataclass(slots=True)
-class FailureMemo:
-    """Plans that failed, remembered until something is committed."""
-
-    failed: dict[tuple[object, ...], int] = field(default_factory=dict)
-
-    def known_failure(self, cluster: Cluster, key: tuple[object, ...]) -> bool:
-        return self.failed.get(key) == cluster.commit_version
-
-    def remember(self, cluster: Cluster, key: tuple[object, ...]) -> None:
-        self.failed[key] = cluster.commit_version
-
-
-def memo_key(job: JobState) -> tuple[object, ...]:
-    pending = job.pending_tasks()
-    return (
-        job.queue.name if job.queue else "",
-        job.spec.priority,
-        job.preemptible,
-        job.spec.min_member - job.held,
-        tuple(t.shape for t in pending),
-    )
-
-
-def beneficiaries(cluster: Cluster) -> list[JobState]:
-    """Jobs whose gang is still short, in allocate's order (queue, then job).
-
-    An action looks at the first ``MAX_BENEFICIARIES`` it can act on; the
-    rest keep their allocate reason and are looked at again next cycle,
-    which bounds the cost of a session with thousands of pending jobs.
-    """
-    keyed = []
-    for job in cluster.pending_jobs:
-        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang():
-            keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
-    keyed.sort(key=lambda k: (k[0], k[1]))
-    return [k[2] for k in keyed]
 
 
 def evict_job(stmt: Statement, victim: JobState, action: EvictionAction, reason: str, beneficiary: str) -> None:

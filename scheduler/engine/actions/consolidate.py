@@ -14,18 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
-from scheduler.engine.caches import SessionCaches
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
 from scheduler.engine.scoring import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
 from scheduler.engine.statement import Statement
-from scheduler.engine.victims import (
-    MAX_BENEFICIARIES,
-    FailureMemo,
-    beneficiaries,
-    make_room,
-    memo_key,
-    victim_index,
-)
 
 
 def _fits_in_total(pool: PoolState, job: JobState) -> bool:
@@ -56,42 +49,25 @@ class _Movable:
 
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
-    memo = FailureMemo()
-    tried = 0
-    index = victim_index(cluster, caches)
     movable = _Movable()
-    for job in beneficiaries(cluster):
-        if tried >= MAX_BENEFICIARIES:
-            break
+
+    def plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
         if job.reasons and job.reasons[0].code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
-            continue
+            return None
         pool = job.pool
         assert pool is not None
         if not _fits_in_total(pool, job):
-            continue
-        key = memo_key(job)
-        if memo.known_failure(cluster, key):
-            continue
-        tried += 1
-        in_pool = index.by_pool.get(pool.name, [])
-        stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            caches,
-            stmt,
-            job,
-            victims=in_pool.__iter__,
+            return None
+        return EvictionPlan(
+            victims=index.by_pool.get(pool.name, []).__iter__,
             is_candidate=movable,
             admissible=movable,
             action=EvictionAction.CONSOLIDATE,
             reason=f"moved to make room for {job.key}",
-        ) and _relocate(cluster, caches, stmt):
-            stmt.commit()
-            job.reasons = []
-            job.notes = []
-        else:
-            stmt.rollback()
-            memo.remember(cluster, key)
+            finish=_relocate,
+        )
+
+    run_evictions(cluster, caches, plan)
 
 
 def _relocate(cluster: Cluster, caches: SessionCaches, stmt: Statement) -> bool:
