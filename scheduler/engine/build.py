@@ -16,7 +16,7 @@ from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_sh
 from scheduler.engine.health import judge
 from scheduler.engine.model import Job, PendingReason, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
-from scheduler.engine.resources import GpuRequest, parse_gpu_request
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
 from scheduler.engine.state import (
     TIER_DEGRADED,
     TIER_HEALTHY,
@@ -89,9 +89,9 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
             pool.max_gpus = max(pool.max_gpus, len(gpu_mem))
         if node.accepts:
             cap = pool.capacity
-            cap[0] += 1000 * node.free_whole
-            cap[1] += spec.cpu_milli
-            cap[2] += spec.memory_mib
+            cap[GPU] += MILLI * node.free_whole
+            cap[CPU] += spec.cpu_milli
+            cap[MEMORY] += spec.memory_mib
     return pools, nodes
 
 
@@ -216,9 +216,9 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
                 held_mem += mem
         if queue is not None:
             want = demand.setdefault(queue.name, [0, 0, 0])
-            want[0] += want_gpu
-            want[1] += want_cpu
-            want[2] += want_mem
+            want[GPU] += want_gpu
+            want[CPU] += want_cpu
+            want[MEMORY] += want_mem
             if held_gpu or held_cpu or held_mem:
                 Cluster.charge(queue, job.preemptible, held_gpu, held_cpu, held_mem)
         if has_pending:

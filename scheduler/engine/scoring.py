@@ -19,12 +19,18 @@ from scheduler.engine.model import PlacementStrategy
 from scheduler.engine.predicates import eligibility, shape_of
 from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskState
 
+# Fields of a GPU that can take a slice, as _slice_positions ranks them
+# (plain tuples: sorting them is the hot path for slices).
+_FREE = 0  # free MiB on the GPU
+_POSITION = 1
+_NEED = 2  # MiB the slice takes there
+
 
 def _slice_positions(
     node: NodeState, task: TaskState, strategy: PlacementStrategy
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     gpu = task.gpu
-    fits: list[tuple[int, int, int]] = []
+    fits: list[tuple[int, int, int]] = []  # (_FREE, _POSITION, _NEED)
     for p in range(len(node.gpu_ok)):
         if not node.gpu_ok[p] or node.gpu_whole[p]:
             continue
@@ -34,11 +40,11 @@ def _slice_positions(
     if len(fits) < gpu.devices:
         return None
     if strategy is PlacementStrategy.SPREAD:
-        fits.sort(key=lambda f: (-f[0], f[1]))
+        fits.sort(key=lambda f: (-f[_FREE], f[_POSITION]))
     else:
         fits.sort()
-    chosen = sorted(fits[: gpu.devices], key=lambda f: f[1])
-    return tuple(f[1] for f in chosen), tuple(f[2] for f in chosen)
+    chosen = sorted(fits[: gpu.devices], key=lambda f: f[_POSITION])
+    return tuple(f[_POSITION] for f in chosen), tuple(f[_NEED] for f in chosen)
 
 
 def _whole_positions(node: NodeState, count: int) -> tuple[int, ...]:
@@ -117,7 +123,8 @@ def find_place(
         if gpu.is_slice:
             found = _slice_positions(node, task, strategy)
             if found is not None:
-                return node, found[0], found[1]
+                positions, slices = found
+                return node, positions, slices
         else:
             return node, _whole_positions(node, gpu.whole), ()
     cache[task.shape] = cluster.release_version
@@ -127,12 +134,15 @@ def find_place(
 def _best_of(nodes: list[NodeState], task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
     """Score a short list of nodes the way the buckets order a pool."""
     spread = task.job.pool is not None and task.job.pool.strategy is PlacementStrategy.SPREAD
-    best: tuple[tuple[int, int, int], NodeState, tuple[int, ...], tuple[int, ...]] | None = None
+    best: tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None = None
+    best_score: tuple[int, int, int] | None = None
     for node in nodes:
         found = fit_on_node(node, task)
         if found is None:
             continue
         score = (node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
-        if best is None or score < best[0]:
-            best = (score, node, found[0], found[1])
-    return None if best is None else (best[1], best[2], best[3])
+        if best_score is None or score < best_score:
+            positions, slices = found
+            best_score = score
+            best = (node, positions, slices)
+    return best

@@ -27,6 +27,7 @@ from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
+from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
 from scheduler.engine.scoring import find_place, fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
@@ -203,13 +204,13 @@ def _evict_under_limit(
         held = [0, 0, 0]
         for t in victim.tasks:
             if evictable(t):
-                held[0] += t.milli
-                held[1] += t.cpu
-                held[2] += t.mem
+                held[GPU] += t.milli
+                held[CPU] += t.cpu
+                held[MEMORY] += t.mem
         if held != [0, 0, 0]:
             usable.append(victim)
-            freed = [freed[r] + held[r] for r in range(3)]
-    if limit_problem(queue, [request[r] - freed[r] for r in range(3)], job.preemptible) is not None:
+            freed = [freed[r] + held[r] for r in RESOURCES]
+    if limit_problem(queue, [request[r] - freed[r] for r in RESOURCES], job.preemptible) is not None:
         return False
     for victim in usable:
         evict_job(stmt, victim, action, reason, job.key)

@@ -47,7 +47,8 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
             if not evictable(task):
                 continue
             if id(task) in hit:
-                stmt.evict(task, EvictionAction.HEALTH_EVICTION, hit[id(task)][1], None)
+                _, why = hit[id(task)]
+                stmt.evict(task, EvictionAction.HEALTH_EVICTION, why, None)
             elif job.spec.min_member > 1:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, f"gang member lost to a fault ({first})", None)
     stmt.commit()

@@ -48,9 +48,9 @@ def _held(job: JobState) -> list[int]:
     held = [0, 0, 0]
     for t in job.tasks:
         if evictable(t):
-            held[0] += t.milli
-            held[1] += t.cpu
-            held[2] += t.mem
+            held[GPU] += t.milli
+            held[CPU] += t.cpu
+            held[MEMORY] += t.mem
     return held
 
 

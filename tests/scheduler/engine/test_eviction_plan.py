@@ -62,7 +62,7 @@ def test_a_plan_that_makes_room_is_committed_and_clears_the_jobs_reasons() -> No
     low = _by_name(cluster, "low").tasks[0]
     assert a.tasks[0].node is cluster.nodes["n0"]
     assert low.node is None and low.eviction is not None
-    assert low.eviction[0] is EvictionAction.PREEMPT and low.eviction[2] == a.key
+    assert low.eviction.action is EvictionAction.PREEMPT and low.eviction.beneficiary == a.key
     assert cluster.commit_version == 1
     assert a.reasons == [] and a.notes == []
 
