@@ -1,6 +1,6 @@
 """Time one full scheduling session on large random snapshots.
 
-Scenarios (issue targets in brackets):
+Scenarios (targets in brackets):
 
 (a) 1,000 nodes x 8 GPUs, 10,000 pending pods of mixed shapes (single
     pods of 1-8 GPUs, gangs of 8-64 pods, GPU slices), 100 queues in three
