@@ -1,6 +1,6 @@
 """Time one full scheduling session on large random snapshots.
 
-Scenarios (issue targets in brackets):
+Scenarios (targets in brackets):
 
 (a) 1,000 nodes x 8 GPUs, 10,000 pending pods of mixed shapes (single
     pods of 1-8 GPUs, gangs of 8-64 pods, GPU slices), 100 queues in three
@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
-from scheduler.engine import placement, victims
+from scheduler.engine import gangs, victims
 from scheduler.engine.actions import allocate, consolidate
+from scheduler.engine.build import build_cluster
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import (
     UNLIMITED,
     Gpu,
@@ -47,8 +49,9 @@ from scheduler.engine.model import (
     Task,
     TaskStatus,
 )
-from scheduler.engine.placement import fit_on_node, static_exclusion
-from scheduler.engine.session import build_cluster, run_session
+from scheduler.engine.predicates import static_exclusion
+from scheduler.engine.scoring import fit_on_node
+from scheduler.engine.session import run_session
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -258,7 +261,7 @@ class _NaivePlacement:
     jobs_seen: int = 0
 
     def find_place(
-        self, cluster: Cluster, task: TaskState
+        self, cluster: Cluster, caches: SessionCaches, task: TaskState
     ) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
         if time.perf_counter() > self.deadline:
             raise _OutOfTimeError
@@ -267,13 +270,15 @@ class _NaivePlacement:
             return None
         return _naive_best(pool.nodes, task, pool.strategy is PlacementStrategy.SPREAD)
 
-    def place_job(self, cluster: Cluster, stmt: Statement, job: JobState, *, beyond_gang: bool = True) -> Any:
+    def place_job(
+        self, cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+    ) -> Any:
         self.jobs_seen += 1
-        return _ENGINE_PLACE_JOB(cluster, stmt, job, beyond_gang=beyond_gang)
+        return _ENGINE_PLACE_JOB(cluster, caches, stmt, job, beyond_gang=beyond_gang)
 
 
-_ENGINE_PLACE_JOB = placement.place_job
-_ENGINE_FIND_PLACE = placement.find_place
+_ENGINE_PLACE_JOB = gangs.place_job
+_ENGINE_FIND_PLACE = gangs.find_place
 
 
 @dataclass
@@ -302,7 +307,7 @@ def baseline(snapshot: Snapshot, budget_s: float) -> BaselineResult:
     """
     total = sum(1 for j in build_cluster(snapshot).pending_jobs if j.queue is not None and j.error is None)
     naive = _NaivePlacement(deadline=time.perf_counter() + budget_s)
-    patched = [(placement, "find_place"), (victims, "find_place"), (consolidate, "find_place")]
+    patched = [(gangs, "find_place"), (victims, "find_place"), (consolidate, "find_place")]
     for module, name in patched:
         setattr(module, name, naive.find_place)
     setattr(allocate, "place_job", naive.place_job)  # noqa: B010 (swapping a module global)

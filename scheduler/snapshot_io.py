@@ -292,9 +292,9 @@ class _Reader:
             parent=str(parent) if parent is not None else None,
             priority=self.integer(data, "priority", where, 0),
             node_pool=self.string(data, "pool", where, DEFAULT_NODE_POOL),
-            gpu=resources[0],
-            cpu=resources[1],
-            memory=resources[2],
+            gpu=resources[GPU],
+            cpu=resources[CPU],
+            memory=resources[MEMORY],
         )
 
     def node(self, data: Any, where: str) -> Node:

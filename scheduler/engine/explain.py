@@ -13,13 +13,14 @@ a thousand identical pending pods cost one analysis.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from gpuwarden.contract import UnschedulableReason
+from scheduler.engine.caches import NodeGroups, SessionCaches
 from scheduler.engine.model import PendingReason
-from scheduler.engine.placement import fit_on_node, static_exclusion
+from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
-from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
+from scheduler.engine.scoring import fit_on_node
+from scheduler.engine.state import JobState, NodeState, PoolState, TaskState
 
 
 def _summary(counts: Counter[str]) -> str:
@@ -64,35 +65,20 @@ def _describe_pod(task: TaskState) -> str:
     return ", ".join(parts) or "no resources"
 
 
-@dataclass(slots=True)
-class _NodeGroups:
-    """A pool's nodes as one shape's static predicates see them.
-
-    Eligible nodes are grouped by their free resources (identical nodes,
-    the common case in a big pool, collapse into one group), so each pod
-    shape is checked against a few dozen representatives, not every node.
-    """
-
-    total: int
-    excluded: Counter[str]
-    groups: list[tuple[NodeState, int]]  # (representative, how many alike)
-
-
 def _signature(node: NodeState) -> tuple[object, ...]:
     return (node.free_cpu, node.free_mem, node.free_whole, tuple(node.gpu_free), tuple(node.gpu_whole), node.mig)
 
 
-def _groups(cluster: Cluster, pool: PoolState, task: TaskState) -> _NodeGroups:
+def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGroups:
     spec = task.spec
     key = (
-        "groups",
         pool.name,
         tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
         spec.tolerations,
         task.gpu.is_slice,
     )
-    cached = cluster.explain_cache.get(key)
-    if isinstance(cached, _NodeGroups):
+    cached = caches.node_groups.get(key)
+    if cached is not None:
         return cached
     excluded: Counter[str] = Counter()
     first: dict[tuple[object, ...], NodeState] = {}
@@ -105,15 +91,15 @@ def _groups(cluster: Cluster, pool: PoolState, task: TaskState) -> _NodeGroups:
         sig = _signature(node)
         first.setdefault(sig, node)
         alike[sig] += 1
-    result = _NodeGroups(len(pool.nodes), excluded, [(first[sig], n) for sig, n in alike.items()])
-    cluster.explain_cache[key] = result
+    result = NodeGroups(len(pool.nodes), excluded, [(first[sig], n) for sig, n in alike.items()])
+    caches.node_groups[key] = result
     return result
 
 
-def _analyse(cluster: Cluster, pool: PoolState, task: TaskState, count: int) -> PendingReason:
+def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int) -> PendingReason:
     if not pool.nodes:
         return PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"node pool {pool.name} has no nodes")
-    view = _groups(cluster, pool, task)
+    view = _groups(caches, pool, task)
     excluded = view.excluded
     short: Counter[str] = Counter()
     eligible = 0
@@ -147,7 +133,7 @@ def _analyse(cluster: Cluster, pool: PoolState, task: TaskState, count: int) -> 
     return PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, text)
 
 
-def reasons(cluster: Cluster, job: JobState) -> list[PendingReason]:
+def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
     if job.error is not None:
         return [job.error]
     specific = [r for r in job.reasons if r.code is not UnschedulableReason.INSUFFICIENT_RESOURCES]
@@ -168,11 +154,11 @@ def reasons(cluster: Cluster, job: JobState) -> list[PendingReason]:
         ]
     task = job.unplaced or pending[0]
     count = max(1, job.spec.min_member - job.held)
-    cache = cluster.explain_cache
+    cache = caches.reasons
     key = (pool.name, task.shape, count)
     found = cache.get(key)
-    if not isinstance(found, PendingReason):
-        found = _analyse(cluster, pool, task, count)
+    if found is None:
+        found = _analyse(caches, pool, task, count)
         cache[key] = found
     if found.code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
         return [found]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from scheduler.engine.model import UNLIMITED, Queue
-from scheduler.engine.resources import RESOURCES, WHOLE_UNIT
+from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES, WHOLE_UNIT
 
 Vector = tuple[int, int, int]
 ZERO: Vector = (0, 0, 0)
@@ -281,14 +281,14 @@ def _absorbable(node: TreeQueue, demand: Mapping[str, Sequence[int]], out: dict[
 def _request(node: TreeQueue, demand: Mapping[str, Sequence[int]], out: dict[str, Vector]) -> Vector:
     if node.is_leaf:
         raw = demand.get(node.name, ZERO)
-        value: Vector = (raw[0], raw[1], raw[2])
+        value: Vector = (raw[GPU], raw[CPU], raw[MEMORY])
     else:
         sums = [0, 0, 0]
         for child in node.children:
             child_value = _request(child, demand, out)
             for r in RESOURCES:
                 sums[r] += child_value[r]
-        value = (sums[0], sums[1], sums[2])
+        value = (sums[GPU], sums[CPU], sums[MEMORY])
     out[node.name] = value
     return value
 
@@ -342,7 +342,7 @@ def _emit(
         limit=(spec.gpu.limit, spec.cpu.limit, spec.memory.limit),
         weight=(spec.gpu.over_quota_weight, spec.cpu.over_quota_weight, spec.memory.over_quota_weight),
         request=requests[node.name],
-        fair_share=(share[0], share[1], share[2]),
+        fair_share=(share[GPU], share[CPU], share[MEMORY]),
     )
     for child in node.children:
         _emit(child, pool, shares, requests, rows)

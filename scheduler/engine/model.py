@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuwarden.contract import DEFAULT_NODE_POOL, Action, EvictionAction, UnschedulableReason
+from scheduler.engine.resources import CPU, GPU, MEMORY
 
 # Jobs at or above this priority are non-preemptible unless they say
 # otherwise; KAI's "build" priority class (100) sits here too.
@@ -250,7 +251,7 @@ class Resources:
 
     @classmethod
     def of(cls, values: list[int] | tuple[int, ...]) -> Resources:
-        return cls(values[0], values[1], values[2])
+        return cls(values[GPU], values[CPU], values[MEMORY])
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ capacity) comes first, then the name. Within a queue, jobs go by priority
 
 from __future__ import annotations
 
+from scheduler.engine.resources import RESOURCES
 from scheduler.engine.state import JobState, QueueState
 
 
@@ -20,7 +21,7 @@ def queue_key(queue: QueueState, capacity: list[int]) -> tuple[tuple[int, float,
 def _level_key(q: QueueState, capacity: list[int]) -> tuple[int, float, str]:
     below = 0 if q.share_ratio() < 1.0 else 1
     drs = 0.0
-    for r in range(3):
+    for r in RESOURCES:
         cap = capacity[r]
         if cap > 0:
             drs = max(drs, q.alloc[r] / cap)

@@ -20,16 +20,21 @@ scan every node for every pod:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
 from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
-from scheduler.engine.resources import MILLI, GpuRequest
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, GpuRequest
 
-if TYPE_CHECKING:
-    from scheduler.engine.placement import Eligibility
-    from scheduler.engine.victims import VictimIndex
+
+class EvictionRecord(NamedTuple):
+    """Why a pod is evicted: the action, its reason, and the job it makes room for."""
+
+    action: EvictionAction
+    reason: str
+    beneficiary: str | None
+
 
 # Health tiers: healthy nodes are tried before degraded ones.
 TIER_HEALTHY = 0
@@ -88,9 +93,6 @@ class PoolState:
     free_whole_total: int = 0
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
-    fail_cache: dict[tuple[object, ...], int] = field(default_factory=dict)
-    eligibility: dict[tuple[object, ...], Eligibility] = field(default_factory=dict)  # by pod shape
-    label_index: dict[tuple[str, str], list[int]] | None = None  # (key, value) -> pidx, built on first use
 
 
 @dataclass(slots=True, eq=False)
@@ -119,7 +121,7 @@ class QueueState:
         share: it deserves none of that resource right now.
         """
         worst = 0.0
-        for r in range(3):
+        for r in RESOURCES:
             a = self.alloc[r]
             if a <= 0 and self.request[r] <= 0:
                 continue
@@ -143,7 +145,7 @@ class TaskState:
     node: NodeState | None = None
     gpu_pos: tuple[int, ...] = ()
     slices: tuple[int, ...] = ()  # MiB per position, for slice holders
-    eviction: tuple[EvictionAction, str, str | None] | None = None
+    eviction: EvictionRecord | None = None
     shape: tuple[object, ...] = ()
 
     @property
@@ -180,7 +182,12 @@ class JobState:
 
 @dataclass(slots=True, eq=False)
 class Cluster:
-    """All working state of one session, plus the counters actions consult."""
+    """All working state of one session, plus the counters actions consult.
+
+    What placement, the victim search and the explanations cache about this
+    state lives in :class:`scheduler.engine.caches.SessionCaches`, owned by
+    the session, so this module depends on none of them.
+    """
 
     pools: dict[str, PoolState]
     nodes: dict[str, NodeState]
@@ -197,10 +204,6 @@ class Cluster:
     indexed: bool = False
     # Jobs with at least one pod that has never run (allocate's work list).
     pending_jobs: list[JobState] = field(default_factory=list)
-    # The victims' index, built on first use.
-    victims: VictimIndex | None = None
-    # Pending-reason analyses by pod shape, filled once the actions are done.
-    explain_cache: dict[tuple[object, ...], object] = field(default_factory=dict)
 
     # ------------------------------------------------------------------
     # The two primitives
@@ -245,14 +248,14 @@ class Cluster:
         """Add an amount to a queue and its ancestors (negative to remove)."""
         for q in queue.path:
             a = q.alloc
-            a[0] += gpu
-            a[1] += cpu
-            a[2] += mem
+            a[GPU] += gpu
+            a[CPU] += cpu
+            a[MEMORY] += mem
             if not preemptible:
                 n = q.np_alloc
-                n[0] += gpu
-                n[1] += cpu
-                n[2] += mem
+                n[GPU] += gpu
+                n[CPU] += cpu
+                n[MEMORY] += mem
 
     def release(self, task: TaskState) -> None:
         """Undo :meth:`take`: ``task`` no longer holds anything."""
@@ -337,9 +340,9 @@ class Cluster:
     def job_request(self, tasks: list[TaskState]) -> list[int]:
         total = [0, 0, 0]
         for t in tasks:
-            total[0] += t.milli
-            total[1] += t.cpu
-            total[2] += t.mem
+            total[GPU] += t.milli
+            total[CPU] += t.cpu
+            total[MEMORY] += t.mem
         return total
 
 

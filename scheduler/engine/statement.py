@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
-from scheduler.engine.state import Cluster, NodeState, TaskState
+from scheduler.engine.state import Cluster, EvictionRecord, NodeState, TaskState
 
 _ALLOCATE = 0
 _EVICT = 1
@@ -30,7 +30,7 @@ class _Entry:
     node: NodeState | None = None
     positions: tuple[int, ...] = ()
     slices: tuple[int, ...] = ()
-    eviction: tuple[EvictionAction, str, str | None] | None = None
+    eviction: EvictionRecord | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -47,7 +47,7 @@ class Statement:
         assert node is not None
         entry = _Entry(_EVICT, task, node, task.gpu_pos, task.slices, task.eviction)
         self.cluster.release(task)
-        task.eviction = (action, reason, beneficiary)
+        task.eviction = EvictionRecord(action, reason, beneficiary)
         self.log.append(entry)
 
     def mark(self) -> int:

@@ -1,5 +1,8 @@
-"""Making room for a pending job by evicting others: shared by consolidate,
-reclaim and preempt, which differ only in who may be a victim.
+"""The victim search: making room for one pending job by evicting others.
+
+Used by consolidate, reclaim and preempt through the shared loop in
+:mod:`scheduler.engine.eviction_plan`; they differ only in who may be a
+victim.
 
 The plan is built node by node, the way a person would clear space: for
 each task of the beneficiary's gang that does not fit anywhere as things
@@ -12,26 +15,25 @@ task cannot be placed the whole plan is rolled back.
 Nodes are discovered through the victims, cheapest victim first, so the
 search looks where the cheapest room is and never walks nodes that host no
 candidate. Cost is bounded: per task at most ``MAX_NODES_SCANNED`` nodes are
-examined and ``MAX_NODES_TRIED`` of them tried; an action gives up on a
-beneficiary shape once a plan for it failed and nothing was committed since
-(``FailureMemo``); and each action looks at ``MAX_BENEFICIARIES`` jobs per
-session at most.
+examined and ``MAX_NODES_TRIED`` of them tried (the shared loop bounds how
+many jobs an action plans for).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
-from scheduler.engine.ordering import job_key, queue_key
-from scheduler.engine.placement import eligibility, find_place, fit_on_node, limit_problem
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.limits import limit_problem
+from scheduler.engine.predicates import eligibility
+from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
+from scheduler.engine.scoring import find_place, fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
 MAX_NODES_TRIED = 8
 MAX_NODES_SCANNED = 256
-MAX_BENEFICIARIES = 32
 
 Predicate = Callable[[JobState], bool]
 
@@ -45,80 +47,29 @@ def victim_order(job: JobState) -> tuple[int, float, str]:
     return (job.spec.priority, -job.spec.created, job.key)
 
 
-@dataclass(slots=True)
-class VictimIndex:
-    """Running preemptible jobs, in victim order, per leaf queue and per pool.
-
-    Built once per session (the order depends only on the snapshot); jobs
-    evicted meanwhile stay listed and are skipped because none of their
-    tasks is evictable any more.
-    """
-
-    by_queue: dict[str, list[JobState]]
-    by_pool: dict[str, list[JobState]]
-
-    @classmethod
-    def build(cls, cluster: Cluster) -> VictimIndex:
-        ranked = sorted(
-            (
-                j
-                for j in cluster.jobs
-                if j.preemptible and j.queue is not None and j.pool is not None and any(evictable(t) for t in j.tasks)
-            ),
-            key=victim_order,
-        )
-        by_queue: dict[str, list[JobState]] = {}
-        by_pool: dict[str, list[JobState]] = {}
-        for job in ranked:
-            assert job.queue is not None and job.pool is not None
-            by_queue.setdefault(job.queue.name, []).append(job)
-            by_pool.setdefault(job.pool.name, []).append(job)
-        return cls(by_queue, by_pool)
-
-
-def victim_index(cluster: Cluster) -> VictimIndex:
-    if cluster.victims is None:
-        cluster.victims = VictimIndex.build(cluster)
-    return cluster.victims
-
-
-@dataclass(slots=True)
-class FailureMemo:
-    """Plans that failed, remembered until something is committed."""
-
-    failed: dict[tuple[object, ...], int] = field(default_factory=dict)
-
-    def known_failure(self, cluster: Cluster, key: tuple[object, ...]) -> bool:
-        return self.failed.get(key) == cluster.commit_version
-
-    def remember(self, cluster: Cluster, key: tuple[object, ...]) -> None:
-        self.failed[key] = cluster.commit_version
-
-
-def memo_key(job: JobState) -> tuple[object, ...]:
-    pending = job.pending_tasks()
-    return (
-        job.queue.name if job.queue else "",
-        job.spec.priority,
-        job.preemptible,
-        job.spec.min_member - job.held,
-        tuple(t.shape for t in pending),
+def build_victim_index(cluster: Cluster) -> VictimIndex:
+    ranked = sorted(
+        (
+            j
+            for j in cluster.jobs
+            if j.preemptible and j.queue is not None and j.pool is not None and any(evictable(t) for t in j.tasks)
+        ),
+        key=victim_order,
     )
+    by_queue: dict[str, list[JobState]] = {}
+    by_pool: dict[str, list[JobState]] = {}
+    for job in ranked:
+        assert job.queue is not None and job.pool is not None
+        by_queue.setdefault(job.queue.name, []).append(job)
+        by_pool.setdefault(job.pool.name, []).append(job)
+    return VictimIndex(by_queue, by_pool)
 
 
-def beneficiaries(cluster: Cluster) -> list[JobState]:
-    """Jobs whose gang is still short, in allocate's order (queue, then job).
-
-    An action looks at the first ``MAX_BENEFICIARIES`` it can act on; the
-    rest keep their allocate reason and are looked at again next cycle,
-    which bounds the cost of a session with thousands of pending jobs.
-    """
-    keyed = []
-    for job in cluster.pending_jobs:
-        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang():
-            keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
-    keyed.sort(key=lambda k: (k[0], k[1]))
-    return [k[2] for k in keyed]
+def victim_index(cluster: Cluster, caches: SessionCaches) -> VictimIndex:
+    """The session's victim index, built on first use."""
+    if caches.victims is None:
+        caches.victims = build_victim_index(cluster)
+    return caches.victims
 
 
 def evict_job(stmt: Statement, victim: JobState, action: EvictionAction, reason: str, beneficiary: str) -> None:
@@ -253,13 +204,13 @@ def _evict_under_limit(
         held = [0, 0, 0]
         for t in victim.tasks:
             if evictable(t):
-                held[0] += t.milli
-                held[1] += t.cpu
-                held[2] += t.mem
+                held[GPU] += t.milli
+                held[CPU] += t.cpu
+                held[MEMORY] += t.mem
         if held != [0, 0, 0]:
             usable.append(victim)
-            freed = [freed[r] + held[r] for r in range(3)]
-    if limit_problem(queue, [request[r] - freed[r] for r in range(3)], job.preemptible) is not None:
+            freed = [freed[r] + held[r] for r in RESOURCES]
+    if limit_problem(queue, [request[r] - freed[r] for r in RESOURCES], job.preemptible) is not None:
         return False
     for victim in usable:
         evict_job(stmt, victim, action, reason, job.key)
@@ -270,6 +221,7 @@ def _evict_under_limit(
 
 def make_room(
     cluster: Cluster,
+    caches: SessionCaches,
     stmt: Statement,
     job: JobState,
     *,
@@ -332,12 +284,12 @@ def make_room(
         ):
             stmt.rollback(mark)
             return False
-        found = find_place(cluster, task)
+        found = find_place(cluster, caches, task)
         if found is not None:
             stmt.allocate(task, *found)
             continue
         placed = False
-        for node in _nodes_to_try(task, victims(), candidate, eligibility(pool, task).ok):
+        for node in _nodes_to_try(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok):
             node_mark = stmt.mark()
             if _clear_node(
                 stmt,

@@ -1,1 +1,1 @@
-"""The session's actions, one per module, each a ``run(cluster)`` over one session."""
+"""The session's actions, one per module, each a ``run(cluster, caches)`` over one session."""

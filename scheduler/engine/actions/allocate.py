@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import heapq
 
+from scheduler.engine.caches import SessionCaches
+from scheduler.engine.gangs import place_job
 from scheduler.engine.ordering import job_key, queue_key
-from scheduler.engine.placement import place_job
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 
 _Key = tuple[tuple[int, float, str], ...]
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     for pool_name in sorted(cluster.pools):
         capacity = cluster.pools[pool_name].capacity
         waiting: dict[str, list[JobState]] = {}
@@ -43,7 +44,7 @@ def run(cluster: Cluster) -> None:
             jobs = waiting[name]
             job = jobs.pop()
             stmt = Statement(cluster)
-            problem = place_job(cluster, stmt, job)
+            problem = place_job(cluster, caches, stmt, job)
             if problem is None:
                 stmt.commit()
                 job.reasons = []

@@ -14,17 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
-from scheduler.engine.placement import find_place
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
+from scheduler.engine.scoring import find_place
 from scheduler.engine.state import Cluster, JobState, PoolState
 from scheduler.engine.statement import Statement
-from scheduler.engine.victims import (
-    MAX_BENEFICIARIES,
-    FailureMemo,
-    beneficiaries,
-    make_room,
-    memo_key,
-    victim_index,
-)
 
 
 def _fits_in_total(pool: PoolState, job: JobState) -> bool:
@@ -54,49 +48,33 @@ class _Movable:
         return verdict
 
 
-def run(cluster: Cluster) -> None:
-    memo = FailureMemo()
-    tried = 0
-    index = victim_index(cluster)
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     movable = _Movable()
-    for job in beneficiaries(cluster):
-        if tried >= MAX_BENEFICIARIES:
-            break
+
+    def plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
         if job.reasons and job.reasons[0].code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
-            continue
+            return None
         pool = job.pool
         assert pool is not None
         if not _fits_in_total(pool, job):
-            continue
-        key = memo_key(job)
-        if memo.known_failure(cluster, key):
-            continue
-        tried += 1
-        in_pool = index.by_pool.get(pool.name, [])
-        stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            stmt,
-            job,
-            victims=in_pool.__iter__,
+            return None
+        return EvictionPlan(
+            victims=index.by_pool.get(pool.name, []).__iter__,
             is_candidate=movable,
             admissible=movable,
             action=EvictionAction.CONSOLIDATE,
             reason=f"moved to make room for {job.key}",
-        ) and _relocate(cluster, stmt):
-            stmt.commit()
-            job.reasons = []
-            job.notes = []
-        else:
-            stmt.rollback()
-            memo.remember(cluster, key)
+            finish=_relocate,
+        )
+
+    run_evictions(cluster, caches, plan)
 
 
-def _relocate(cluster: Cluster, stmt: Statement) -> bool:
+def _relocate(cluster: Cluster, caches: SessionCaches, stmt: Statement) -> bool:
     """Place every pod evicted in ``stmt`` again; False if any finds no room."""
     moved = [e.task for e in stmt.log if e.task.was_running and e.task.eviction is not None and e.task.node is None]
     for task in moved:
-        found = find_place(cluster, task)
+        found = find_place(cluster, caches, task)
         if found is None:
             return False
         stmt.allocate(task, *found)

@@ -11,12 +11,13 @@ could not make progress without the lost member.
 from __future__ import annotations
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.state import Cluster, JobState, TaskState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     stmt = Statement(cluster)
     hit: dict[int, tuple[TaskState, str]] = {}
     jobs: dict[int, JobState] = {}
@@ -46,7 +47,8 @@ def run(cluster: Cluster) -> None:
             if not evictable(task):
                 continue
             if id(task) in hit:
-                stmt.evict(task, EvictionAction.HEALTH_EVICTION, hit[id(task)][1], None)
+                _, why = hit[id(task)]
+                stmt.evict(task, EvictionAction.HEALTH_EVICTION, why, None)
             elif job.spec.min_member > 1:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, f"gang member lost to a fault ({first})", None)
     stmt.commit()

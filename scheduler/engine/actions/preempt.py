@@ -14,17 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
 from scheduler.engine.state import Cluster, JobState, QueueState
-from scheduler.engine.statement import Statement
-from scheduler.engine.victims import (
-    MAX_BENEFICIARIES,
-    FailureMemo,
-    beneficiaries,
-    evictable,
-    make_room,
-    memo_key,
-    victim_index,
-)
+from scheduler.engine.victims import evictable
 
 
 @dataclass(slots=True)
@@ -48,40 +41,22 @@ def _always(_victim: JobState) -> bool:
     return True
 
 
-def run(cluster: Cluster) -> None:
-    memo = FailureMemo()
-    tried = 0
-    index = victim_index(cluster)
-    for job in beneficiaries(cluster):
-        if tried >= MAX_BENEFICIARIES:
-            break
-        queue = job.queue
-        assert queue is not None
-        lower = _LowerInQueue(queue, job.spec.priority, index.by_queue.get(queue.name, []))
-        if not any(any(evictable(t) for t in v.tasks) for v in lower.victims()):
-            continue
-        key = memo_key(job)
-        note = f"cannot preempt: evicting lower-priority work in queue {queue.name} would not make room"
-        if memo.known_failure(cluster, key):
-            job.notes.append(note)
-            continue
-        tried += 1
-        stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            stmt,
-            job,
-            victims=lower.victims,
-            is_candidate=lower,
-            admissible=_always,
-            action=EvictionAction.PREEMPT,
-            reason=f"preempted by higher-priority {job.key} (priority {job.spec.priority})",
-            within_limits=True,
-        ):
-            stmt.commit()
-            job.reasons = []
-            job.notes = []
-        else:
-            stmt.rollback()
-            memo.remember(cluster, key)
-            job.notes.append(note)
+def run(cluster: Cluster, caches: SessionCaches) -> None:
+    run_evictions(cluster, caches, _plan)
+
+
+def _plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
+    queue = job.queue
+    assert queue is not None
+    lower = _LowerInQueue(queue, job.spec.priority, index.by_queue.get(queue.name, []))
+    if not any(any(evictable(t) for t in v.tasks) for v in lower.victims()):
+        return None
+    return EvictionPlan(
+        victims=lower.victims,
+        is_candidate=lower,
+        admissible=_always,
+        action=EvictionAction.PREEMPT,
+        reason=f"preempted by higher-priority {job.key} (priority {job.spec.priority})",
+        within_limits=True,
+        failure_note=f"cannot preempt: evicting lower-priority work in queue {queue.name} would not make room",
+    )

@@ -21,19 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount
 from scheduler.engine.state import Cluster, JobState, QueueState
-from scheduler.engine.statement import Statement
-from scheduler.engine.victims import (
-    MAX_BENEFICIARIES,
-    FailureMemo,
-    beneficiaries,
-    evictable,
-    make_room,
-    memo_key,
-    victim_index,
-    victim_order,
-)
+from scheduler.engine.victims import evictable, victim_order
 
 _NO_FAIR_VICTIMS = (
     "cannot reclaim: no preemptible work on usable nodes can be taken without pushing its queue below its fair share"
@@ -56,9 +48,9 @@ def _held(job: JobState) -> list[int]:
     held = [0, 0, 0]
     for t in job.tasks:
         if evictable(t):
-            held[0] += t.milli
-            held[1] += t.cpu
-            held[2] += t.mem
+            held[GPU] += t.milli
+            held[CPU] += t.cpu
+            held[MEMORY] += t.mem
     return held
 
 
@@ -127,59 +119,42 @@ class _FromQueues:
         return heapq.merge(*self.lists, key=victim_order)
 
 
-def run(cluster: Cluster) -> None:
-    memo = FailureMemo()
-    tried = 0
-    index = victim_index(cluster)
-    for job in beneficiaries(cluster):
-        if tried >= MAX_BENEFICIARIES:
-            break
-        queue = job.queue
-        assert queue is not None
-        need = _gang_request(job)
-        contested = _contested(need)
-        if not contested:
-            continue
-        over = next((r for r in contested if queue.alloc[r] + need[r] > queue.share[r]), None)
-        if over is not None:
-            job.notes.append(
-                f"cannot reclaim: queue {queue.name} holds {format_amount(over, queue.alloc[over])} of a "
-                f"{format_amount(over, queue.share[over])} fair share and this needs "
-                f"{format_amount(over, need[over])} more; only idle capacity can serve it"
-            )
-            continue
-        names = [
-            name
-            for name, ranked in sorted(index.by_queue.items())
-            if name != queue.name
-            and ranked[0].pool is job.pool
-            and ranked[0].queue is not None
-            and _above_share(ranked[0].queue, contested)
-        ]
-        if not names:
-            job.notes.append("cannot reclaim: no other queue holds preemptible work above its fair share")
-            continue
-        key = memo_key(job)
-        if memo.known_failure(cluster, key):
-            job.notes.append(_no_fair_victims(queue, need, contested))
-            continue
-        tried += 1
-        source = _FromQueues(frozenset(names), [index.by_queue[n] for n in names])
-        stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            stmt,
-            job,
-            victims=source.victims,
-            is_candidate=source,
-            admissible=_Fairness(queue, need, contested).allows,
-            action=EvictionAction.RECLAIM,
-            reason=f"queue {queue.name} reclaims its fair share for {job.key}",
-        ):
-            stmt.commit()
-            job.reasons = []
-            job.notes = []
-        else:
-            stmt.rollback()
-            memo.remember(cluster, key)
-            job.notes.append(_no_fair_victims(queue, need, contested))
+def run(cluster: Cluster, caches: SessionCaches) -> None:
+    run_evictions(cluster, caches, _plan)
+
+
+def _plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
+    queue = job.queue
+    assert queue is not None
+    need = _gang_request(job)
+    contested = _contested(need)
+    if not contested:
+        return None
+    over = next((r for r in contested if queue.alloc[r] + need[r] > queue.share[r]), None)
+    if over is not None:
+        job.notes.append(
+            f"cannot reclaim: queue {queue.name} holds {format_amount(over, queue.alloc[over])} of a "
+            f"{format_amount(over, queue.share[over])} fair share and this needs "
+            f"{format_amount(over, need[over])} more; only idle capacity can serve it"
+        )
+        return None
+    names = [
+        name
+        for name, ranked in sorted(index.by_queue.items())
+        if name != queue.name
+        and ranked[0].pool is job.pool
+        and ranked[0].queue is not None
+        and _above_share(ranked[0].queue, contested)
+    ]
+    if not names:
+        job.notes.append("cannot reclaim: no other queue holds preemptible work above its fair share")
+        return None
+    source = _FromQueues(frozenset(names), [index.by_queue[n] for n in names])
+    return EvictionPlan(
+        victims=source.victims,
+        is_candidate=source,
+        admissible=_Fairness(queue, need, contested).allows,
+        action=EvictionAction.RECLAIM,
+        reason=f"queue {queue.name} reclaims its fair share for {job.key}",
+        failure_note=_no_fair_victims(queue, need, contested),
+    )

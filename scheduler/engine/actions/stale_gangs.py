@@ -10,12 +10,13 @@ it is evicted so the job can start again whole.
 from __future__ import annotations
 
 from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.state import Cluster
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable
 
 
-def run(cluster: Cluster) -> None:
+def run(cluster: Cluster, caches: SessionCaches) -> None:
     stmt = Statement(cluster)
     for job in cluster.jobs:
         since = job.spec.below_min_member_since

@@ -17,6 +17,9 @@ from gpuwarden.contract import (
     ConditionType,
     EvictionAction,
 )
+from scheduler.engine.build import build_cluster
+from scheduler.engine.caches import SessionCaches
+from scheduler.engine.gangs import place_job
 from scheduler.engine.model import (
     UNLIMITED,
     Decisions,
@@ -35,8 +38,7 @@ from scheduler.engine.model import (
     TaskStatus,
     Toleration,
 )
-from scheduler.engine.placement import place_job
-from scheduler.engine.session import build_cluster, run_session
+from scheduler.engine.session import run_session
 from scheduler.engine.statement import Statement
 
 GPU_MEM = 40000
@@ -371,6 +373,7 @@ def test_rollback_leaves_state_untouched(snapshot: Snapshot) -> None:
         )
 
     before = fingerprint()
+    caches = SessionCaches()
     stmt = Statement(cluster)
     for job in cluster.jobs:
         for task in job.tasks:
@@ -378,7 +381,7 @@ def test_rollback_leaves_state_untouched(snapshot: Snapshot) -> None:
                 stmt.evict(task, EvictionAction.PREEMPT, "test", None)
     for job in cluster.jobs:
         if job.queue is not None:
-            place_job(cluster, stmt, job)
+            place_job(cluster, caches, stmt, job)
     stmt.rollback()
     assert fingerprint() == before
 
@@ -394,10 +397,11 @@ def test_rollback_restores_a_known_plan() -> None:
     )
     cluster = build_cluster(snapshot)
     node = cluster.nodes["n0"]
+    caches = SessionCaches()
     stmt = Statement(cluster)
     stmt.evict(cluster.jobs[1].tasks[0], EvictionAction.PREEMPT, "test", None)
     assert node.free_whole == 2
-    assert place_job(cluster, stmt, cluster.jobs[0]) is None
+    assert place_job(cluster, caches, stmt, cluster.jobs[0]) is None
     assert node.gpu_slices == [1, 0] and node.free_whole == 1
     stmt.rollback()
     assert node.gpu_whole == [1, 0] and node.gpu_slices == [0, 0] and node.free_whole == 1

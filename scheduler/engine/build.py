@@ -1,0 +1,361 @@
+"""Snapshot to working state: the first step of every session.
+
+Pools and nodes (with their health verdict and tier), the queue tree, jobs
+and their pods; running pods are seated on their nodes and charged to their
+queues, and fair share is computed from the capacity and the demand seen.
+Bad input never stops the build: a pod with a malformed GPU annotation, a
+job naming an unknown queue, a running pod on a node that does not exist are
+logged and recorded on the job, and everything else is built as usual.
+"""
+
+from __future__ import annotations
+
+from gpuwarden.contract import UnschedulableReason
+from gpuwarden.logconfig import get_logger
+from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
+from scheduler.engine.health import judge
+from scheduler.engine.model import Job, PendingReason, Snapshot, Task, TaskStatus
+from scheduler.engine.predicates import shape_of
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
+from scheduler.engine.state import (
+    TIER_DEGRADED,
+    TIER_HEALTHY,
+    Cluster,
+    JobState,
+    NodeState,
+    PoolState,
+    QueueState,
+    TaskState,
+    milli_of,
+)
+
+log = get_logger(__name__)
+
+
+def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, NodeState]]:
+    config = snapshot.config
+    pools: dict[str, PoolState] = {}
+    nodes: dict[str, NodeState] = {}
+    for spec in sorted(snapshot.nodes, key=lambda n: n.name):
+        if spec.name in nodes:
+            log.warning("duplicate node in snapshot; keeping the first", node=spec.name)
+            continue
+        pool = pools.get(spec.pool)
+        if pool is None:
+            pool = PoolState(spec.pool, config.strategy(spec.pool))
+            pools[spec.pool] = pool
+        verdict = judge(spec)
+        if verdict.node_fatal is not None:
+            excluded: str | None = verdict.node_fatal
+        elif not spec.schedulable:
+            excluded = "cordoned"
+        else:
+            excluded = None
+        gpu_index = [g.index for g in spec.gpus]
+        gpu_mem = [g.memory_mib for g in spec.gpus]
+        bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
+        # A GPU in MIG mode is handed out as MIG devices, which are not ours
+        # to place: it takes neither whole-GPU pods nor slices, and is no
+        # part of the capacity fair share divides.
+        gpu_ok = [r is None and not g.mig_enabled for r, g in zip(bad_reason, spec.gpus, strict=True)]
+        node = NodeState(
+            spec=spec,
+            pool=pool,
+            pidx=len(pool.nodes),
+            free_cpu=spec.cpu_milli,
+            free_mem=spec.memory_mib,
+            gpu_index=gpu_index,
+            gpu_mem=gpu_mem,
+            gpu_free=list(gpu_mem),
+            gpu_whole=[0] * len(gpu_mem),
+            gpu_slices=[0] * len(gpu_mem),
+            gpu_ok=gpu_ok,
+            gpu_bad_reason=bad_reason,
+            dense=gpu_index == list(range(len(gpu_index))),
+            free_whole=sum(gpu_ok),
+            mig=any(g.mig_enabled for g in spec.gpus),
+            accepts=excluded is None,
+            excluded=excluded,
+            node_fatal=verdict.node_fatal,
+            degraded=verdict.degraded,
+            tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
+        )
+        pool.nodes.append(node)
+        nodes[spec.name] = node
+        if spec.gpus:
+            pool.reference_gpu_mem = max(pool.reference_gpu_mem, *gpu_mem)
+            low = min(gpu_mem)
+            pool.min_gpu_mem = low if pool.min_gpu_mem == 0 else min(pool.min_gpu_mem, low)
+            pool.max_gpus = max(pool.max_gpus, len(gpu_mem))
+        if node.accepts:
+            cap = pool.capacity
+            cap[GPU] += MILLI * node.free_whole
+            cap[CPU] += spec.cpu_milli
+            cap[MEMORY] += spec.memory_mib
+    return pools, nodes
+
+
+def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict[str, QueueState], QueueTree]:
+    tree = build_tree(snapshot.queues)
+    for name, problem in sorted(tree.errors.items()):
+        log.warning("queue unusable", queue=name, problem=problem)
+    states: dict[str, QueueState] = {}
+
+    def add(node: TreeQueue, parent: QueueState | None) -> None:
+        spec = node.spec
+        state = QueueState(
+            tree=node,
+            pool=spec.node_pool,
+            parent=parent,
+            quota=[s.quota for s in spec.resources],
+            limit=[s.limit for s in spec.resources],
+        )
+        state.path = [*parent.path, state] if parent is not None else [state]
+        states[spec.name] = state
+        for child in node.children:
+            add(child, state)
+
+    for pool_name in sorted(tree.roots):
+        if pool_name not in pools:
+            pools[pool_name] = PoolState(pool_name, snapshot.config.strategy(pool_name))
+        for root in tree.roots[pool_name]:
+            add(root, None)
+    return states, tree
+
+
+def build_cluster(snapshot: Snapshot) -> Cluster:
+    pools, nodes = _build_pools(snapshot)
+    queues, tree = _build_queues(snapshot, pools)
+    queue_errors = tree.errors
+    cluster = Cluster(
+        pools=pools,
+        nodes=nodes,
+        queues=queues,
+        jobs=[],
+        now=snapshot.now,
+        stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
+    )
+    # Parsed GPU requests by (whole GPUs, annotations), and their milli-GPU
+    # charge per pool: 150,000 pods have a handful of distinct requests.
+    parsed: dict[object, GpuRequest | str] = {}
+    by_pool: dict[str, dict[object, tuple[GpuRequest, int, str | None]]] = {}
+    demand: dict[str, list[int]] = {}
+    # A pod seen twice (same namespace and name, or same uid) is seated and
+    # charged once: counting it twice would hide capacity it does not use.
+    seen_pods: set[tuple[str, str]] = set()
+    seen_uids: set[str] = set()
+    for key, spec in _unique_jobs(snapshot):
+        queue = queues.get(spec.queue)
+        error: PendingReason | None = None
+        if queue is None:
+            why = queue_errors.get(spec.queue, f"queue {spec.queue} does not exist")
+            error = PendingReason(UnschedulableReason.UNKNOWN_QUEUE, why)
+        elif not queue.tree.is_leaf:
+            error = PendingReason(
+                UnschedulableReason.NOT_LEAF_QUEUE, f"queue {spec.queue} has child queues; only leaf queues take jobs"
+            )
+            queue = None
+        pool = pools[queue.pool] if queue is not None else None
+        job = JobState(spec=spec, key=key, queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error)
+        if queue is not None:
+            queue.jobs.append(job)
+        cluster.jobs.append(job)
+        has_pending = False
+        tasks = spec.tasks if len(spec.tasks) == 1 else sorted(spec.tasks, key=_task_name)
+        # Per job: everything asked (demand) and what running pods hold.
+        want_gpu = want_cpu = want_mem = 0
+        held_gpu = held_cpu = held_mem = 0
+        known = by_pool.setdefault(pool.name if pool is not None else "", {})
+        for tspec in tasks:
+            ident = (tspec.namespace, tspec.name)
+            if ident in seen_pods or (tspec.uid and tspec.uid in seen_uids):
+                log.warning("duplicate pod in snapshot; keeping the first", job=key, pod=tspec.name, uid=tspec.uid)
+                continue
+            seen_pods.add(ident)
+            if tspec.uid:
+                seen_uids.add(tspec.uid)
+            ann = tspec.annotations
+            akey: object = (tspec.gpus, tuple(ann.items())) if ann else tspec.gpus
+            hit = known.get(akey)
+            if hit is None:
+                parsed_request = parsed.get(akey)
+                if parsed_request is None:
+                    parsed_request = parse_gpu_request(tspec.gpus, ann)
+                    parsed[akey] = parsed_request
+                if isinstance(parsed_request, str):
+                    log.warning("invalid GPU request", job=spec.key, pod=tspec.name, problem=parsed_request)
+                    if job.error is None:
+                        job.error = PendingReason(
+                            UnschedulableReason.INVALID_REQUEST, f"pod {tspec.name}: {parsed_request}"
+                        )
+                    request, milli, never = _NO_GPU, 0, None
+                else:
+                    request, milli = parsed_request, milli_of(parsed_request, pool)
+                    never = _never_fits(request, pool)
+                    known[akey] = (request, milli, never)
+                    if never is not None:
+                        log.warning("GPU request fits no node of its pool", job=spec.key, pod=tspec.name, problem=never)
+            else:
+                request, milli, never = hit
+            status = tspec.status
+            cpu = tspec.cpu_milli
+            mem = tspec.memory_mib
+            task = TaskState(tspec, job, request, cpu, mem, milli, status is not PENDING, status is RELEASING)
+            job.tasks.append(task)
+            want_gpu += milli
+            want_cpu += cpu
+            want_mem += mem
+            if status is PENDING:
+                task.shape = shape_of(task)
+                has_pending = True
+                if never is not None and job.error is None:
+                    job.error = PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"pod {tspec.name} {never}")
+            elif _seat_running(nodes, task):
+                held_gpu += milli
+                held_cpu += cpu
+                held_mem += mem
+        if queue is not None:
+            want = demand.setdefault(queue.name, [0, 0, 0])
+            want[GPU] += want_gpu
+            want[CPU] += want_cpu
+            want[MEMORY] += want_mem
+            if held_gpu or held_cpu or held_mem:
+                Cluster.charge(queue, job.preemptible, held_gpu, held_cpu, held_mem)
+        if has_pending:
+            cluster.pending_jobs.append(job)
+    rows = fair_shares(
+        tree,
+        {name: p.capacity for name, p in pools.items()},
+        demand,
+    )
+    for name, row in rows.items():
+        state = queues[name]
+        state.share = list(row.fair_share)
+        state.request = list(row.request)
+    cluster.index_all()
+    return cluster
+
+
+_NO_GPU = GpuRequest()
+PENDING = TaskStatus.PENDING
+RELEASING = TaskStatus.RELEASING
+
+
+def _never_fits(request: GpuRequest, pool: PoolState | None) -> str | None:
+    """Why no node of ``pool`` could hold ``request`` even if it were empty.
+
+    Such a pod would otherwise read "no node has room" cycle after cycle,
+    and reclaim, preemption and consolidation would evict for it in vain;
+    the person who wrote the request is the one who can act.
+    """
+    if pool is None or not pool.nodes:
+        return None
+    most = pool.max_gpus
+    if request.whole > most:
+        return f"asks for {request.whole} GPUs on one node; the largest node of pool {pool.name} has {most}"
+    if request.is_slice and request.devices > most:
+        return (
+            f"asks for a GPU slice on {request.devices} GPUs of one node; "
+            f"the largest node of pool {pool.name} has {most}"
+        )
+    if request.memory_mib is not None and request.memory_mib > pool.reference_gpu_mem:
+        return (
+            f"asks for {request.memory_mib} MiB of GPU memory per device; "
+            f"the largest GPU in pool {pool.name} has {pool.reference_gpu_mem} MiB"
+        )
+    return None
+
+
+def _task_name(task: Task) -> str:
+    return task.name
+
+
+def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
+    """Jobs in key order, one per key.
+
+    Two jobs with one key (a watch cache that listed a pod group twice)
+    would have their running pods charged twice and their pending pods
+    placed twice. One is kept: the same one whatever the input order (the
+    least by its full value), so that shuffling a snapshot never changes
+    its decisions.
+    """
+    chosen: dict[str, Job] = {}
+    for spec in snapshot.jobs:
+        key = spec.key
+        other = chosen.get(key)
+        if other is None:
+            chosen[key] = spec
+            continue
+        log.warning("duplicate job in snapshot; keeping one", job=key)
+        if repr(spec) < repr(other):
+            chosen[key] = spec
+    return [(key, chosen[key]) for key in sorted(chosen)]
+
+
+def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
+    """Put a running pod where the snapshot says it is; False if it cannot be."""
+    spec = task.spec
+    node = nodes.get(spec.node) if spec.node is not None else None
+    if node is None:
+        log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
+        return False
+    indices = spec.gpu_indices
+    positions: tuple[int, ...] = indices
+    # Fast path: devices numbered 0..n-1 (as they nearly always are), so an
+    # index is its own position.
+    if indices and not (node.dense and min(indices) >= 0 and max(indices) < len(node.gpu_index)):
+        found: list[int] = []
+        for index in indices:
+            p = node.position(index)
+            if p is None:
+                log.warning("running pod holds a GPU the node does not list", pod=spec.name, node=node.name, gpu=index)
+                continue
+            found.append(p)
+        positions = tuple(found)
+    gpu = task.gpu
+    wanted = gpu.devices if gpu.is_slice else gpu.whole
+    count = len(positions)
+    if count < wanted or (count > 1 and len(set(positions)) < count):
+        positions = _complete_assignment(node, task, positions, wanted)
+    if gpu.is_slice:
+        mem = node.gpu_mem
+        Cluster.seat(task, node, positions, tuple([gpu.slice_on(mem[p]) for p in positions]))
+    else:
+        Cluster.seat(task, node, positions, ())
+    return True
+
+
+def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], wanted: int) -> tuple[int, ...]:
+    """A running pod's GPUs when the snapshot names too few (or one twice).
+
+    The pod holds the devices it asked for whatever the snapshot says;
+    leaving them free would let this session bind a second pod onto a GPU in
+    use. The missing ones are taken from GPUs nobody holds (usable ones
+    first, then the most free memory for a slice): the count is right even
+    if the indices are a guess, and the log says so.
+    """
+    distinct = list(dict.fromkeys(positions))
+    missing = wanted - len(distinct)
+    if missing > 0:
+        taken = set(distinct)
+        if task.gpu.is_slice:
+            spare = [p for p in range(len(node.gpu_mem)) if p not in taken and not node.gpu_whole[p]]
+            spare.sort(key=lambda p: (not node.gpu_ok[p], -node.gpu_free[p], p))
+        else:
+            spare = [
+                p
+                for p in range(len(node.gpu_mem))
+                if p not in taken and not node.gpu_whole[p] and not node.gpu_slices[p]
+            ]
+            spare.sort(key=lambda p: (not node.gpu_ok[p], p))
+        distinct.extend(spare[:missing])
+        log.warning(
+            "running pod's GPU assignment names fewer GPUs than it requests; counting unassigned GPUs as held",
+            job=task.job.key,
+            pod=task.spec.name,
+            node=node.name,
+            named=[node.gpu_index[p] for p in positions],
+            counted=sorted(node.gpu_index[p] for p in distinct),
+            requested=wanted,
+        )
+    return tuple(sorted(distinct))

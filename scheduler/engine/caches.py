@@ -1,0 +1,92 @@
+"""What a session remembers between questions, kept apart from the working state.
+
+The working state (:mod:`scheduler.engine.state`) is what the actions change
+and a statement rolls back; the caches here are derived from it and only
+make later questions cheap: the static verdict per pod shape, the last
+search per shape that found no room, the victims' ranking and the
+pending-reason analyses. The session owns one :class:`SessionCaches` and
+hands it to placement, the victim search and the explanations. Keeping them
+out of the state means the state knows nothing of the modules that read it,
+and a test can run placement on a built state with cold caches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from scheduler.engine.model import PendingReason
+from scheduler.engine.state import JobState, NodeState, PoolState
+
+# What makes two pods interchangeable for placement (see predicates.shape_of).
+Shape = tuple[object, ...]
+
+
+@dataclass(slots=True)
+class Eligibility:
+    """Static verdict per node of a pool (by ``pidx``) for one pod shape.
+
+    ``few`` lists the eligible nodes when they are a small part of the pool
+    (a node selector naming one rack, one host): placement then scores just
+    those instead of skipping past every other node of the pool.
+    """
+
+    ok: list[bool]
+    few: list[NodeState] | None
+
+
+@dataclass(slots=True, eq=False)
+class PoolCaches:
+    """Placement's memory for one pool."""
+
+    # Shape -> the cluster's release_version when a search for it found no
+    # room: trusted only while nothing has been released since.
+    fail: dict[Shape, int] = field(default_factory=dict)
+    eligibility: dict[Shape, Eligibility] = field(default_factory=dict)
+    # (label key, value) -> pidx of the nodes carrying it, built on first use.
+    label_index: dict[tuple[str, str], list[int]] | None = None
+
+
+@dataclass(slots=True)
+class VictimIndex:
+    """Running preemptible jobs, in victim order, per leaf queue and per pool.
+
+    Built once per session (the order depends only on the snapshot); jobs
+    evicted meanwhile stay listed and are skipped because none of their
+    tasks is evictable any more.
+    """
+
+    by_queue: dict[str, list[JobState]]
+    by_pool: dict[str, list[JobState]]
+
+
+@dataclass(slots=True)
+class NodeGroups:
+    """A pool's nodes as one shape's static predicates see them.
+
+    Eligible nodes are grouped by their free resources (identical nodes,
+    the common case in a big pool, collapse into one group), so each pod
+    shape is checked against a few dozen representatives, not every node.
+    """
+
+    total: int
+    excluded: Counter[str]
+    groups: list[tuple[NodeState, int]]  # (representative, how many alike)
+
+
+@dataclass(slots=True, eq=False)
+class SessionCaches:
+    """Everything one session caches; a fresh one per session."""
+
+    pools: dict[str, PoolCaches] = field(default_factory=dict)
+    victims: VictimIndex | None = None  # built on first use
+    # Explanations, filled once the actions are done: node groups by
+    # (pool, static predicates), analyses by (pool, shape, gang size).
+    node_groups: dict[tuple[object, ...], NodeGroups] = field(default_factory=dict)
+    reasons: dict[tuple[object, ...], PendingReason] = field(default_factory=dict)
+
+    def pool(self, pool: PoolState) -> PoolCaches:
+        found = self.pools.get(pool.name)
+        if found is None:
+            found = self.pools[pool.name] = PoolCaches()
+        return found

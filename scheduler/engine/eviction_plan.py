@@ -1,0 +1,137 @@
+"""The loop that consolidate, reclaim and preempt share: plan, try, commit or forget.
+
+Each of those actions walks the jobs whose gang is still short, in
+allocate's order, and for each one asks the victim search
+(:mod:`scheduler.engine.victims`) to make room on a statement; the plan is
+committed whole or rolled back. The actions differ only in which jobs they
+plan for, who may be a victim and in what order, and what they tell the job
+when it fails; each says so in an :class:`EvictionPlan`, and the loop, the
+cap and the failure memo are written once, here.
+
+Cost is bounded: a plan is not retried for a beneficiary of the same shape
+once one failed and nothing was committed since (``FailureMemo``), and each
+action plans for ``MAX_BENEFICIARIES`` jobs per session at most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpuwarden.contract import EvictionAction
+from scheduler.engine.caches import SessionCaches, VictimIndex
+from scheduler.engine.ordering import job_key, queue_key
+from scheduler.engine.state import Cluster, JobState
+from scheduler.engine.statement import Statement
+from scheduler.engine.victims import Predicate, make_room, victim_index
+
+MAX_BENEFICIARIES = 32
+
+
+@dataclass(slots=True)
+class FailureMemo:
+    """Plans that failed, remembered until something is committed."""
+
+    failed: dict[tuple[object, ...], int] = field(default_factory=dict)
+
+    def known_failure(self, cluster: Cluster, key: tuple[object, ...]) -> bool:
+        return self.failed.get(key) == cluster.commit_version
+
+    def remember(self, cluster: Cluster, key: tuple[object, ...]) -> None:
+        self.failed[key] = cluster.commit_version
+
+
+def memo_key(job: JobState) -> tuple[object, ...]:
+    pending = job.pending_tasks()
+    return (
+        job.queue.name if job.queue else "",
+        job.spec.priority,
+        job.preemptible,
+        job.spec.min_member - job.held,
+        tuple(t.shape for t in pending),
+    )
+
+
+def beneficiaries(cluster: Cluster) -> list[JobState]:
+    """Jobs whose gang is still short, in allocate's order (queue, then job).
+
+    An action looks at the first ``MAX_BENEFICIARIES`` it can act on; the
+    rest keep their allocate reason and are looked at again next cycle,
+    which bounds the cost of a session with thousands of pending jobs.
+    """
+    keyed = []
+    for job in cluster.pending_jobs:
+        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang():
+            keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
+    keyed.sort(key=lambda k: (k[0], k[1]))
+    return [k[2] for k in keyed]
+
+
+@dataclass(slots=True)
+class EvictionPlan:
+    """What an action will try for one beneficiary (see ``victims.make_room``).
+
+    ``victims()`` yields candidate jobs cheapest first, ``is_candidate``
+    filters them and ``admissible`` is asked just before each eviction.
+    ``finish`` is a last step that must succeed, against the state with
+    the room made, before anything is committed (consolidate places the
+    moved pods again). ``failure_note`` is added to the job's notes when the
+    plan fails or is known to fail, so its pending reason says what was tried.
+    """
+
+    victims: Callable[[], Iterable[JobState]]
+    is_candidate: Predicate
+    admissible: Predicate
+    action: EvictionAction
+    reason: str
+    within_limits: bool = False
+    finish: Callable[[Cluster, SessionCaches, Statement], bool] | None = None
+    failure_note: str | None = None
+
+
+# Per beneficiary: the plan to try, or None to pass the job over.
+PlanFor = Callable[[JobState, VictimIndex], EvictionPlan | None]
+
+
+def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) -> None:
+    """Try ``plan_for``'s plan for each beneficiary; commit the ones that succeed.
+
+    A committed plan clears the job's reasons and notes: it is placed, and
+    what earlier actions tried for it no longer matters.
+    """
+    memo = FailureMemo()
+    tried = 0
+    index = victim_index(cluster, caches)
+    for job in beneficiaries(cluster):
+        if tried >= MAX_BENEFICIARIES:
+            break
+        plan = plan_for(job, index)
+        if plan is None:
+            continue
+        key = memo_key(job)
+        if memo.known_failure(cluster, key):
+            if plan.failure_note is not None:
+                job.notes.append(plan.failure_note)
+            continue
+        tried += 1
+        stmt = Statement(cluster)
+        if make_room(
+            cluster,
+            caches,
+            stmt,
+            job,
+            victims=plan.victims,
+            is_candidate=plan.is_candidate,
+            admissible=plan.admissible,
+            action=plan.action,
+            reason=plan.reason,
+            within_limits=plan.within_limits,
+        ) and (plan.finish is None or plan.finish(cluster, caches, stmt)):
+            stmt.commit()
+            job.reasons = []
+            job.notes = []
+        else:
+            stmt.rollback()
+            memo.remember(cluster, key)
+            if plan.failure_note is not None:
+                job.notes.append(plan.failure_note)

@@ -1,0 +1,106 @@
+"""Gang placement: a job's pods are placed together, at least ``min_member`` or none.
+
+The limit check (:mod:`scheduler.engine.limits`) comes first, then a quick
+count of free whole GPUs that refuses a gang the pool cannot hold without
+looking at a node, then pod by pod placement (:mod:`scheduler.engine.scoring`)
+on a statement that is rolled back if the gang falls short.
+"""
+
+from __future__ import annotations
+
+from gpuwarden.contract import UnschedulableReason
+from scheduler.engine.caches import SessionCaches
+from scheduler.engine.limits import limit_problem
+from scheduler.engine.model import PendingReason
+from scheduler.engine.scoring import find_place
+from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskState
+from scheduler.engine.statement import Statement
+
+
+def _quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
+    """True when the pool cannot possibly hold ``tasks`` (ignores predicates)."""
+    need_whole = 0
+    shapes: dict[int, int] = {}
+    for t in tasks:
+        w = t.gpu.whole
+        if w:
+            need_whole += w
+            shapes[w] = shapes.get(w, 0) + 1
+    if need_whole == 0:
+        return False
+    if need_whole > pool.free_whole_total:
+        return True
+    # Each k-GPU pod needs a node with k free GPUs: count the slots.
+    for k, count in shapes.items():
+        slots = 0
+        for tier in TIERS:
+            for c, nodes in pool.whole_buckets[tier].items():
+                if c >= k:
+                    slots += len(nodes) * (c // k)
+        if slots < count:
+            return True
+    return False
+
+
+def place_job(
+    cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+) -> PendingReason | None:
+    """Place the job's pending tasks: at least enough for its gang, or none.
+
+    Tasks beyond ``min_member`` are placed while they fit (when
+    ``beyond_gang``). Returns None on success, else the reason it failed;
+    on failure every placement made here is rolled back.
+    """
+    if job.error is not None:
+        return job.error
+    queue = job.queue
+    assert queue is not None
+    pool = job.pool
+    assert pool is not None
+    pending = job.pending_tasks()
+    if not pending:
+        return None
+    required = max(0, job.spec.min_member - job.held)
+    if required > len(pending):
+        return PendingReason(
+            UnschedulableReason.GANG_INCOMPLETE,
+            f"gang needs {job.spec.min_member} pods but only {job.held + len(pending)} exist",
+        )
+    gang = pending[:required]
+    if gang:
+        problem = limit_problem(queue, cluster.job_request(gang), job.preemptible)
+        if problem is not None:
+            return problem
+        if _quick_reject(pool, gang):
+            job.unplaced = gang[0]
+            return _no_room()
+    mark = stmt.mark()
+    for i, task in enumerate(pending):
+        in_gang = i < required
+        if not in_gang and not beyond_gang:
+            break
+        problem = limit_problem(queue, [task.milli, task.cpu, task.mem], job.preemptible)
+        if problem is None:
+            found = find_place(cluster, caches, task)
+            if found is None:
+                job.unplaced = task
+                problem = _no_room()
+            else:
+                stmt.allocate(task, *found)
+                continue
+        if in_gang:
+            stmt.rollback(mark)
+            return problem
+        break
+    job.unplaced = None
+    return None
+
+
+def _no_room() -> PendingReason:
+    """The short reason recorded when no node has room.
+
+    The full account (which nodes were excluded and why, what each lacked)
+    is worked out by :mod:`scheduler.engine.explain` once the session's
+    actions are done, against the final state.
+    """
+    return PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, "no node has room")

@@ -1,0 +1,94 @@
+"""Static predicates: where a pod may go, whatever the state.
+
+Predicates are split the way kube-scheduler's filter plugins are, by cost.
+The *static* ones here depend only on the node and the pod's shape (node
+accepts work at all, node selector, taints, MIG for slices); their verdict
+is computed once per pool and distinct shape (``eligibility``) and reused for
+every pod of that shape. The *dynamic* ones (free CPU, memory, whole GPUs,
+per-GPU memory bins) change with the working state and live with the
+candidate walk in :mod:`scheduler.engine.scoring`.
+"""
+
+from __future__ import annotations
+
+from scheduler.engine.caches import Eligibility, PoolCaches, Shape
+from scheduler.engine.model import TaintEffect
+from scheduler.engine.state import NodeState, PoolState, TaskState
+
+_BLOCKING_EFFECTS = frozenset({TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE})
+
+
+def static_exclusion(node: NodeState, task: TaskState) -> str | None:
+    """Why ``node`` can never take ``task`` this session, or None."""
+    if not node.accepts:
+        return node.excluded
+    spec = task.spec
+    if spec.node_selector:
+        labels = node.spec.labels
+        for key, value in spec.node_selector.items():
+            if labels.get(key) != value:
+                return f"node selector {key}={value} does not match"
+    for taint in node.spec.taints:
+        if taint.effect in _BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in spec.tolerations):
+            return f"taint {taint.key} not tolerated"
+    if task.gpu.is_slice and node.mig:
+        return "MIG enabled (takes no GPU slices)"
+    return None
+
+
+# A shape eligible on at most this share of its pool is placed by looking at
+# its eligible nodes directly instead of walking the pool's buckets.
+FEW_NODES_SHARE = 8
+
+
+def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
+    """Nodes (``pidx``) carrying every label of ``selector``, from a per-pool label index."""
+    index = cache.label_index
+    if index is None:
+        index = {}
+        for node in pool.nodes:
+            for item in node.spec.labels.items():
+                index.setdefault(item, []).append(node.pidx)
+        cache.label_index = index
+    matches: set[int] | None = None
+    for item in selector:
+        found = set(index.get(item, ()))
+        matches = found if matches is None else matches & found
+    return matches if matches is not None else set(range(len(pool.nodes)))
+
+
+def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibility:
+    """Static verdict for ``task``'s shape on every node of the pool, cached per shape in ``cache``."""
+    spec = task.spec
+    selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
+    key: Shape = (selector, spec.tolerations, task.gpu.is_slice)
+    cached = cache.eligibility.get(key)
+    if cached is None:
+        nodes = pool.nodes
+        if selector:
+            ok = [False] * len(nodes)
+            for pidx in _label_matches(cache, pool, selector):
+                ok[pidx] = static_exclusion(nodes[pidx], task) is None
+        else:
+            ok = [static_exclusion(node, task) is None for node in nodes]
+        count = sum(ok)
+        few = [n for n in nodes if ok[n.pidx]] if count * FEW_NODES_SHARE <= len(nodes) else None
+        cached = Eligibility(ok, few)
+        cache.eligibility[key] = cached
+    return cached
+
+
+def shape_of(task: TaskState) -> Shape:
+    """What makes two pods interchangeable for placement (same predicates, same request)."""
+    spec = task.spec
+    gpu = task.gpu
+    return (
+        tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
+        spec.tolerations,
+        task.cpu,
+        task.mem,
+        gpu.whole,
+        gpu.fraction,
+        gpu.memory_mib,
+        gpu.devices,
+    )
