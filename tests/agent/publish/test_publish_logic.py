@@ -17,7 +17,7 @@ from agent.publish.events import EventsPublisher, aggregation_key, event_name
 from agent.publish.gpunode import faults_from_gpunode, gpunode_status
 from gpuwarden.contract import Action, ConditionType, Reason
 from gpuwarden.kube import ApiError, Backoff, OutageLog
-from tests.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
+from tests.agent.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
 
 
 @given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=60))

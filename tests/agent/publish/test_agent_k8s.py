@@ -31,8 +31,8 @@ from agent.publish.conditions import format_time
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from gpuwarden.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from gpuwarden.kube import ApiError
+from tests.agent.publish.conftest import SimAgent
 from tests.kube import ControlPlane, KubectlError, create_gpu_node, wait_for
-from tests.publish.conftest import SimAgent
 
 pytestmark = pytest.mark.k8s
 

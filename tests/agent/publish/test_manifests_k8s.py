@@ -22,8 +22,8 @@ from agent.config import config_from_dict
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
+from tests.agent.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 from tests.kube import ControlPlane, simple_pod, wait_for
-from tests.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 
 pytestmark = pytest.mark.k8s
 

@@ -22,7 +22,7 @@ from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
 from gpuwarden import contract
 from tests.kube import ControlPlane, create_gpu_node, unique_name
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 AGENT_NAMESPACE = "gpuwarden"
 AGENT_SERVICE_ACCOUNT = "gpuwarden-agent"
 GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"
