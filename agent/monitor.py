@@ -31,18 +31,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-from agent.backends.base import NodeHardware
-from agent.backends.nvml import NvmlBackend
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import AgentConfig
 from agent.model import Fault, HealthReport
 from agent.probes.gpu import GpuProbe
-from agent.probes.infiniband import SysfsIbSource
-from agent.probes.kmsg import KmsgProbe, open_kmsg
-from agent.probes.netdev import NetdevReader
-from agent.probes.storage import StatvfsMountSource
+from agent.probes.kmsg import KmsgProbe
 from agent.rules.engine import HealthRules
 from agent.samples import (
     EventSource,
@@ -54,6 +47,7 @@ from agent.samples import (
     NodeSample,
     XidCount,
 )
+from agent.sources.base import NodeHardware
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
@@ -444,29 +438,3 @@ class Monitor:
                     break
                 if self._wake.wait(min(remaining, 0.2)):
                     break
-
-
-def build_hardware(
-    backend: str,
-    config: AgentConfig,
-    scenario: str = "default",
-    nvml_module: Any = None,
-) -> NodeHardware:
-    """Open the node's hardware sources for ``backend`` (``nvml`` or ``sim``).
-
-    ``nvml`` reads the real node: NVML (``nvml_module`` defaults to the
-    installed ``pynvml``), the kernel log at ``config.kmsg_path``, InfiniBand
-    under ``config.sysfs_root`` with netlink for netdevs, and the configured
-    mounts. ``sim`` simulates all of it from ``scenario`` (a shipped name or a
-    file path); nothing is read from the host.
-    """
-    if backend == "sim":
-        return SimNode(load_scenario(scenario)).hardware()
-    if backend == "nvml":
-        return NodeHardware(
-            gpu=NvmlBackend(nvml_module),
-            kmsg=open_kmsg(config.kmsg_path),
-            ib=SysfsIbSource(config.sysfs_root, NetdevReader() if config.infiniband.netdev else None),
-            mounts=StatvfsMountSource(config.storage.mounts, config.poll_interval_s),
-        )
-    raise ValueError(f"unknown backend {backend!r} (known: nvml, sim)")

@@ -3,7 +3,7 @@
 A scenario file describes the node (GPU model, count, memory, NVLinks, PCIe,
 HCAs, shared mounts) and a timeline of faults at given seconds after start.
 The simulated node then answers through the same interfaces as the real one
-(:mod:`agent.backends.base`): GPU samples and NVML-style events, kernel-log
+(:mod:`agent.sources.base`): GPU samples and NVML-style events, kernel-log
 records in the real ``/dev/kmsg`` format (so the kmsg parser and the NVML/kmsg
 de-duplication run exactly as on hardware), InfiniBand port samples and mount
 checks. Nothing is read from the host: the sim node is the whole node.
@@ -59,9 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agent.backends.base import BackendUnavailableError, GpuBackend, IbSource, KmsgSource, MountSource, NodeHardware
 from agent.config import ConfigError, from_mapping
-from agent.probes.kmsg import parse_recovery_action
 from agent.samples import (
     XID_RECOVERY_ACTION,
     EventSource,
@@ -76,7 +74,9 @@ from agent.samples import (
     RemappedRows,
     RetiredPages,
     normalize_bus_id,
+    parse_recovery_action,
 )
+from agent.sources.base import BackendUnavailableError, GpuBackend, IbSource, KmsgSource, MountSource, NodeHardware
 from gpuwarden.logconfig import get_logger
 from gpuwarden.yamlfile import load_yaml, parse_yaml
 

@@ -13,17 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.backends.base import KmsgSource
 from agent.probes.kmsg import (
     ClockAnchor,
-    DevKmsgSource,
     KernelLogClock,
     KmsgProbe,
-    open_kmsg,
     parse_record,
     reference_clock_s,
 )
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
+from agent.sources.base import KmsgSource
+from agent.sources.kmsg import DevKmsgSource, open_kmsg
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
 BOOT = 1_700_000_000.0
