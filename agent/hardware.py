@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import AgentConfig
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from agent.sources.base import NodeHardware
 from agent.sources.infiniband import SysfsIbSource
 from agent.sources.kmsg import open_kmsg

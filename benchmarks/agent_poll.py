@@ -42,9 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.backends.sim import Scenario, SimGpus, SimInfiniband, SimNode, load_scenario  # noqa: E402
 from agent.config import AgentConfig, config_from_dict  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
+from agent.sim.node import SimNode  # noqa: E402
+from agent.sim.scenario import Scenario, SimGpus, SimInfiniband, load_scenario  # noqa: E402
 from agent.sources.base import NodeHardware  # noqa: E402
 from agent.sources.infiniband import SysfsIbSource  # noqa: E402
 from agent.sources.netdev import NetdevReader  # noqa: E402

@@ -13,7 +13,6 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import MountConfig, config_from_dict
 from agent.model import HealthReport
 from agent.monitor import EventHub, Monitor
@@ -21,6 +20,8 @@ from agent.probes.gpu import GpuProbe
 from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from agent.sources.base import NodeHardware
 from agent.sources.infiniband import SysfsIbSource
 from agent.sources.nvml import NvmlBackend

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import config_from_dict
 from agent.daemon import AgentDaemon
 from agent.monitor import Monitor
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from tests.kube import ControlPlane, create_gpu_node, unique_name
 
