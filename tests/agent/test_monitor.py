@@ -14,8 +14,9 @@ import pynvml
 import pytest
 
 from agent.config import MountConfig, config_from_dict
+from agent.eventhub import EventHub
 from agent.model import HealthReport
-from agent.monitor import EventHub, Monitor
+from agent.monitor import Monitor
 from agent.probes.gpu import GpuProbe
 from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.rules.engine import HealthRules
