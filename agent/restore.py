@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent, HealthReport
+from agent.model import Entity, EntityKind, EventType, Fault, FaultKey, HealthEvent, HealthReport
 from agent.publish.conditions import ConditionState
 from gpuwarden.contract import HEALTHY_REASONS, Action, ConditionType
 
@@ -109,7 +109,7 @@ class RestoredFaults:
     (a node-wide fault), so any fault Event under that condition is known.
     """
 
-    keys: frozenset[tuple[str, str, str]]
+    keys: frozenset[FaultKey]
     node_wide: frozenset[ConditionType]
 
     @classmethod
@@ -125,7 +125,7 @@ class RestoredFaults:
             return True
         if transition.reason is not None:
             return (transition.condition.value, transition.reason, transition.entity_key) in self.keys
-        return any(k[0] == transition.condition.value and k[2] == transition.entity_key for k in self.keys)
+        return any(k.condition == transition.condition.value and k.entity == transition.entity_key for k in self.keys)
 
 
 def faults_to_restore(conditions: dict[ConditionType, ConditionState], gpunode_faults: Iterable[Fault]) -> list[Fault]:
