@@ -23,8 +23,9 @@ from enum import Enum
 from typing import Any
 
 from agent.config import AgentConfig, ConfigError, load_config
+from agent.hardware import build_hardware
 from agent.model import HealthReport
-from agent.monitor import Monitor, build_hardware
+from agent.monitor import Monitor
 from agent.publish.settings import add_flags as add_publish_flags
 from agent.samples import NodeSample
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason

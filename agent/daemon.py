@@ -24,7 +24,9 @@ faults, and those reports -- including one judged just before the restore
 that arrives just after it -- are never published. Their fault Events are
 held until the restore and then dropped where they re-announce (or clear) a
 fault the Node already had; Events that are no fault transition
-(application XIDs) and faults that are really new are written.
+(application XIDs) and faults that are really new are written. Those
+decisions are pure and live in :mod:`agent.restore`; this module keeps the
+threads, the locking and the requests.
 
 Request budget in steady state: one heartbeat patch of nodes/status per
 heartbeat period (60 s by default) and nothing else. The agent does not
@@ -36,139 +38,38 @@ comes back in the response to that heartbeat patch.
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 
 from agent.config import ConfigError
-from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent, HealthReport
+from agent.model import HealthReport
 from agent.monitor import Monitor
 from agent.publish.capacity import CapacityPublisher
-from agent.publish.conditions import ConditionsPublisher, ConditionState, format_time, now_utc, parse_time
+from agent.publish.conditions import ConditionsPublisher, format_time, now_utc, parse_time
 from agent.publish.events import MAX_QUEUED, EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
 from agent.publish.http import HealthServer
 from agent.publish.metrics import MetricsPublisher
 from agent.publish.settings import DaemonSettings, settings_from_args
+from agent.restore import (
+    FaultTransition,
+    RestoredFaults,
+    events_after_restore,
+    events_to_write,
+    faults_to_restore,
+    hold,
+)
 from agent.samples import NodeSample
-from gpuwarden.contract import AGENT_COMPONENT, HEALTHY_REASONS, TAINT_QUARANTINE, Action, ConditionType
+from gpuwarden.contract import AGENT_COMPONENT, TAINT_QUARANTINE
 from gpuwarden.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
-
-_ACTION_SUFFIX = re.compile(r"\s*Recommended action: ([A-Z_]+)\.\s*$")
-
-
-def faults_from_conditions(conditions: dict[ConditionType, ConditionState], covered: set[ConditionType]) -> list[Fault]:
-    """Node-wide faults standing in for True conditions the GPUNode has no detail for.
-
-    The GPUNode may be gone (deleted by hand, or never written because the
-    API server failed first); the condition alone still says a fault was
-    raised, and the rules latch it by condition and reason.
-    """
-    out: list[Fault] = []
-    for ctype, state in conditions.items():
-        if not state.problem or ctype in covered:
-            continue
-        match = _ACTION_SUFFIX.search(state.message)
-        action = Action.NONE
-        message = state.message
-        if match:
-            message = state.message[: match.start()].rstrip(". ") or state.reason
-            try:
-                action = Action(match.group(1))
-            except ValueError:
-                action = Action.NONE
-        out.append(
-            Fault(
-                condition=ctype,
-                reason=state.reason,
-                message=message,
-                action=action,
-                entity=Entity.node(),
-                since=state.last_transition,
-            )
-        )
-    return out
-
-
-_CONDITION_OF_HEALTHY_REASON = {reason: ctype for ctype, reason in HEALTHY_REASONS.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class FaultTransition:
-    """A fault Event of a report, with what it is about.
-
-    ``condition`` and ``entity_key`` name the fault the Event announces
-    (Warning) or clears (Normal); ``reason`` is the fault's reason, known
-    only for a Warning (a clearing Event carries the healthy reason).
-    """
-
-    event: HealthEvent
-    condition: ConditionType
-    entity_key: str
-    reason: str | None
-
-
-def split_events(report: HealthReport) -> tuple[list[HealthEvent], list[FaultTransition]]:
-    """The report's Events that are no fault transition, and those that are.
-
-    A Normal Event is a fault clearing. A Warning is a fault appearing when
-    the same report holds a fault of that reason on that entity (the XID
-    rule's Event for a hardware XID included). Everything else --
-    application XIDs, XIDs not in the catalogue -- tells of an occurrence,
-    not of state, and is worth writing whatever the rules knew.
-    """
-    plain: list[HealthEvent] = []
-    transitions: list[FaultTransition] = []
-    faults = {(f.reason, f.entity.key): f for f in report.faults}
-    for event in report.events:
-        if event.type is EventType.NORMAL:
-            ctype = _CONDITION_OF_HEALTHY_REASON.get(event.reason)
-            if ctype is not None:
-                transitions.append(FaultTransition(event, ctype, event.entity.key, None))
-                continue
-        else:
-            fault = faults.get((event.reason, event.entity.key))
-            if fault is not None:
-                transitions.append(FaultTransition(event, fault.condition, fault.entity.key, fault.reason))
-                continue
-        plain.append(event)
-    return plain, transitions
-
-
-@dataclass(frozen=True, slots=True)
-class RestoredFaults:
-    """The faults a restore read back from the Node, to judge older Events by.
-
-    A fault restored without GPUNode detail stands for its whole condition
-    (a node-wide fault), so any fault Event under that condition is known.
-    """
-
-    keys: frozenset[tuple[str, str, str]]
-    node_wide: frozenset[ConditionType]
-
-    @classmethod
-    def of(cls, faults: list[Fault]) -> RestoredFaults:
-        return cls(
-            keys=frozenset(f.key for f in faults),
-            node_wide=frozenset(f.condition for f in faults if f.entity.kind is EntityKind.NODE),
-        )
-
-    def knew(self, transition: FaultTransition) -> bool:
-        """Whether the Node already showed the fault this transition is about."""
-        if transition.condition in self.node_wide:
-            return True
-        if transition.reason is not None:
-            return (transition.condition.value, transition.reason, transition.entity_key) in self.keys
-        return any(k[0] == transition.condition.value and k[2] == transition.entity_key for k in self.keys)
 
 
 def _taints(node: JSON) -> list[JSON]:
@@ -351,16 +252,12 @@ class AgentDaemon:
         self.metrics.observe_sample(sample)
         self.metrics.observe_report(report)
         self.metrics.observe_poll_duration(max(0.0, (datetime.now(UTC) - sample.time).total_seconds()))
-        events: list[HealthEvent] | tuple[HealthEvent, ...] = report.events
         with self._lock:
             self._latest = report
             self._seq += 1
-            if self._epoch is None or report.restore_epoch < self._epoch:
-                events, transitions = split_events(report)
-                if self._epoch is None:
-                    self._hold(transitions)
-                else:
-                    events += [t.event for t in transitions if not self._restored_faults.knew(t)]
+            events, held = events_to_write(report, self._epoch, self._restored_faults)
+            if held:
+                self._hold(held)
         self.events.enqueue(events)
         self._last_report_at = time.monotonic()
         self._wake.set()
@@ -371,10 +268,8 @@ class AgentDaemon:
         Bounded like the Events queue: an API server that stays away from
         the start cannot grow this without limit; the oldest go first.
         """
-        self._held.extend(transitions)
-        overflow = len(self._held) - MAX_QUEUED
+        self._held, overflow = hold(self._held, transitions, MAX_QUEUED)
         if overflow > 0:
-            del self._held[:overflow]
             log.warning("held_events_dropped", node=self.settings.node_name, dropped=overflow, limit=MAX_QUEUED)
 
     # ---------------------------------------------------------- publisher
@@ -455,24 +350,14 @@ class AgentDaemon:
         self._observe_node(node)
         found = self.conditions.restore(node)
         self.capacity.restore(node)
-        # The Node's conditions say which faults are raised; the GPUNode
-        # adds their detail (GPU, port, action, latched). A fault the GPUNode
-        # still lists under a condition the Node shows False was cleared
-        # (repair and re-validation) just before a restart: it stays cleared.
-        raised = {t for t, state in found.items() if state.problem}
-        faults = [f for f in self.gpunode.restore(gpunode) if f.condition in raised]
-        faults += faults_from_conditions(found, covered={f.condition for f in faults})
+        faults = faults_to_restore(found, self.gpunode.restore(gpunode))
         added = self.monitor.restore(faults)
         restored = RestoredFaults.of(faults)
         with self._lock:
             self._epoch = self.monitor.restore_epoch
             self._restored_faults = restored
             held, self._held = self._held, []
-        # Fault Events judged before the restore: those about faults the Node
-        # already showed were announced by the previous run (or clear a
-        # fault the rules hold again now); the rest happened while the API
-        # server was away and are written.
-        kept = [t.event for t in held if not restored.knew(t)]
+        kept = events_after_restore(held, restored)
         self.events.enqueue(kept)
         log.info(
             "state_restored",

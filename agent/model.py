@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import NamedTuple
 
 from gpuwarden.contract import Action, ConditionType, worst_action
 
@@ -80,6 +81,18 @@ class Entity:
         return "node"
 
 
+class FaultKey(NamedTuple):
+    """What makes two faults the same fault across polls and restarts.
+
+    A tuple, so it hashes and compares as fast as one (and equal to the plain
+    ``(condition, reason, entity)`` tuple), with names for its fields.
+    """
+
+    condition: str  # the ConditionType's value
+    reason: str
+    entity: str  # the Entity's key
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One problem on one entity, mapped to a condition type.
@@ -98,8 +111,8 @@ class Fault:
     latched: bool = False
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.condition.value, self.reason, self.entity.key)
+    def key(self) -> FaultKey:
+        return FaultKey(self.condition.value, self.reason, self.entity.key)
 
 
 class EventType(StrEnum):

@@ -1,6 +1,6 @@
-"""Raw samples: what the probes read, before any judgement.
+"""Raw samples: what the sources read, before any judgement.
 
-The probes fill these plain, immutable records; the health rules read them to
+The sources and probes fill these plain, immutable records; the health rules read them to
 decide on faults, and the metrics publisher reads them to export gauges and
 counters. Nothing here says whether a value is good or bad.
 
@@ -21,6 +21,7 @@ Conventions, so that every reader interprets a sample the same way:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -166,6 +167,26 @@ class GpuEventKind(StrEnum):
 XID_RECOVERY_ACTION = 154
 """XID "GPU recovery action changed": the one XID that carries a value of its
 own, the recovery action the driver asks for (``GpuEvent.recovery_action``)."""
+
+# XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+_RECOVERY_RE = re.compile(
+    r"recovery action changed from\s+\S+(?:\s+\([^)]*\))?\s+to\s+(?:0x(?P<hex>[0-9a-f]+)|(?P<dec>\d+))\b",
+    re.IGNORECASE,
+)
+
+
+def parse_recovery_action(text: str) -> int | None:
+    """The recovery action an XID 154 line changed *to*, as NVML numbers it.
+
+    The driver's kernel-log text is the only place that names it besides
+    NVML's field, so the kmsg parser and the sim's NVML both read it here.
+    ``None`` when the text does not say (a driver wording we do not know);
+    the rules then fall back to the catalogue's action.
+    """
+    m = _RECOVERY_RE.search(text)
+    if m is None:
+        return None
+    return int(m.group("hex"), 16) if m.group("hex") is not None else int(m.group("dec"))
 
 
 class EventSource(StrEnum):

@@ -42,11 +42,12 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client  # noqa: E402
 
-from agent.backends.sim import SimNode, load_scenario  # noqa: E402
 from agent.config import config_from_dict  # noqa: E402
 from agent.daemon import AgentDaemon  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
 from agent.publish.settings import DaemonSettings  # noqa: E402
+from agent.sim.node import SimNode  # noqa: E402
+from agent.sim.scenario import load_scenario  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
 from tests.harness import ControlPlane, create_gpu_node, running_control_plane, unique_name, wait_for  # noqa: E402
 

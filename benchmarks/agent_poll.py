@@ -42,14 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.backends.base import NodeHardware  # noqa: E402
-from agent.backends.nvml import NvmlBackend  # noqa: E402
-from agent.backends.sim import Scenario, SimGpus, SimInfiniband, SimNode, load_scenario  # noqa: E402
 from agent.config import AgentConfig, config_from_dict  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
-from agent.probes.infiniband import SysfsIbSource  # noqa: E402
-from agent.probes.netdev import NetdevReader  # noqa: E402
-from agent.probes.storage import StatvfsMountSource  # noqa: E402
+from agent.sim.node import SimNode  # noqa: E402
+from agent.sim.scenario import Scenario, SimGpus, SimInfiniband, load_scenario  # noqa: E402
+from agent.sources.base import NodeHardware  # noqa: E402
+from agent.sources.infiniband import SysfsIbSource  # noqa: E402
+from agent.sources.netdev import NetdevReader  # noqa: E402
+from agent.sources.nvml import NvmlBackend  # noqa: E402
+from agent.sources.storage import StatvfsMountSource  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
 
 POLLS = 300

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.backends.base import BackendUnavailableError, GpuBackend
 from agent.samples import GpuEvent, GpuSample
+from agent.sources.base import BackendUnavailableError, GpuBackend
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Protocol
 
 from agent.config import AgentConfig
-from agent.model import Entity, HealthEvent
+from agent.model import Entity, FaultKey, HealthEvent
 from agent.samples import GpuSample, NodeSample
 from gpuwarden.contract import Action, ConditionType
 
@@ -45,8 +45,8 @@ class Finding:
     history: bool = False
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.condition.value, self.reason, self.entity.key)
+    def key(self) -> FaultKey:
+        return FaultKey(self.condition.value, self.reason, self.entity.key)
 
 
 @dataclass(slots=True)
@@ -66,7 +66,7 @@ class RuleContext:
     now: datetime
     gpus_by_bus: dict[str, GpuSample]
     gpus_by_uuid: dict[str, GpuSample]
-    active: set[tuple[str, str, str]]
+    active: set[FaultKey]
     # entity key -> when repair last cleared it: older events are history.
     cleared_at: dict[str, datetime] = field(default_factory=dict)
     events: list[HealthEvent] = field(default_factory=list)

@@ -24,7 +24,17 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from agent.config import AgentConfig
-from agent.model import Entity, EntityKind, EventType, Fault, GpuStatus, HealthEvent, HealthReport, IbPortStatus
+from agent.model import (
+    Entity,
+    EntityKind,
+    EventType,
+    Fault,
+    FaultKey,
+    GpuStatus,
+    HealthEvent,
+    HealthReport,
+    IbPortStatus,
+)
 from agent.rules.base import Finding, Rule, RuleContext
 from agent.rules.gpu_count import GpuCountRule
 from agent.rules.infiniband import InfinibandRule
@@ -38,8 +48,6 @@ from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
-
-FaultKey = tuple[str, str, str]
 
 # Reasons that latch whatever the fault object restored from a Node says:
 # a restarted agent reads conditions back without knowing how they were made.
@@ -168,11 +176,11 @@ class HealthRules:
         cleared = when or datetime.now(UTC)
         for key in keys:
             self._cleared_at[key] = cleared
-        gone = tuple([a.fault for k, a in self._active.items() if k[2] in keys])
+        gone = tuple([a.fault for k, a in self._active.items() if k.entity in keys])
         for fault in gone:
             del self._active[fault.key]
             self._pending_events.append(self._cleared_event(fault, datetime.now(UTC), why="cleared after repair"))
-        for k in [k for k in self._pending if k[2] in keys]:
+        for k in [k for k in self._pending if k.entity in keys]:
             del self._pending[k]
         if gone:
             log.info("faults_cleared", entity=entity_key, count=len(gone))
@@ -221,12 +229,12 @@ class HealthRules:
         the XID rule could not tell while it knew the bus id only.
         """
         moves = {Entity(EntityKind.GPU, pci_bus_id=bus).key: g for bus, g in self._by_bus.items() if g.uuid}
-        for key in [k for k in self._active if k[2] in moves]:
+        for key in [k for k in self._active if k.entity in moves]:
             old = self._active.pop(key).fault
-            gpu = moves[key[2]]
+            gpu = moves[key.entity]
             entity = Entity.gpu(gpu.index, gpu.uuid, gpu.pci_bus_id)
             fault = replace(old, entity=entity, message=old.message.replace(old.entity.describe(), entity.describe()))
-            cleared = _latest(self._cleared_at.get(key[2]), self._cleared_at.get(entity.key))
+            cleared = _latest(self._cleared_at.get(key.entity), self._cleared_at.get(entity.key))
             if cleared is not None and fault.since <= cleared:
                 log.info("fault_dropped_as_history", reason=fault.reason, entity=entity.key, pci_bus_id=gpu.pci_bus_id)
                 continue
@@ -235,10 +243,10 @@ class HealthRules:
                 self._active[fault.key] = _Active(fault)
             else:
                 existing.absorb(fault)
-            log.info("fault_rekeyed", reason=fault.reason, old=key[2], new=entity.key)
-        for key in [k for k in self._pending if k[2] in moves]:
+            log.info("fault_rekeyed", reason=fault.reason, old=key.entity, new=entity.key)
+        for key in [k for k in self._pending if k.entity in moves]:
             count = self._pending.pop(key)
-            new = (key[0], key[1], Entity(EntityKind.GPU, uuid=moves[key[2]].uuid).key)
+            new = key._replace(entity=Entity(EntityKind.GPU, uuid=moves[key.entity].uuid).key)
             self._pending[new] = max(count, self._pending.get(new, 0))
 
     @staticmethod

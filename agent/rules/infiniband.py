@@ -55,7 +55,7 @@ class InfinibandRule:
             watched = (
                 name in self._seen_up
                 or name in self._expected
-                or any(k[2] == entity.key for k in ctx.active if k[0] == cond.value)
+                or any(k.entity == entity.key for k in ctx.active if k.condition == cond.value)
             )
             netdev_down = (
                 p.netdev_oper_state is not None

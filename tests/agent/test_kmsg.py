@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.backends.base import KmsgSource
 from agent.probes.kmsg import (
     ClockAnchor,
-    DevKmsgSource,
     KernelLogClock,
     KmsgProbe,
-    open_kmsg,
     parse_record,
     reference_clock_s,
 )
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
+from agent.sources.base import KmsgSource
+from agent.sources.kmsg import DevKmsgSource, open_kmsg
+from tests.harness import wait_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
 BOOT = 1_700_000_000.0
@@ -183,15 +183,6 @@ def test_a_stamp_ahead_of_the_clock_is_dated_now_never_in_the_future() -> None:
     assert anchor.wall_time(UPTIME + 40) == datetime.fromtimestamp(BOOT + UPTIME, tz=UTC)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 class ScriptedKmsg(KmsgSource):
     """Hands out scripted batches of records, then nothing."""
 
@@ -349,7 +340,7 @@ def test_close_wakes_a_reader_blocked_in_select_and_it_exits(blocking_kmsg: str)
     results: list[list[str]] = []
     reader = threading.Thread(target=lambda: results.append(source.read(3600)), daemon=True)
     reader.start()
-    assert wait_until(lambda: source._readers == 1)
+    assert wait_for(lambda: source._readers == 1, timeout=30.0, interval=0.005)
     source.close()  # returns once the reader has left read(): an hour's select did not hold it
     reader.join(30)
     assert not reader.is_alive() and results == [[]] and source.released

@@ -4,7 +4,6 @@ carrying on when NVML is not there."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -13,32 +12,26 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.backends.base import NodeHardware
-from agent.backends.nvml import NvmlBackend
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import MountConfig, config_from_dict
+from agent.eventhub import EventHub
 from agent.model import HealthReport
-from agent.monitor import EventHub, Monitor
+from agent.monitor import Monitor
 from agent.probes.gpu import GpuProbe
-from agent.probes.infiniband import SysfsIbSource
 from agent.probes.kmsg import ClockAnchor, parse_record
-from agent.probes.storage import StatvfsMountSource
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEvent, GpuEventKind, NodeSample
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
+from agent.sources.base import NodeHardware
+from agent.sources.infiniband import SysfsIbSource
+from agent.sources.nvml import NvmlBackend
+from agent.sources.storage import StatvfsMountSource
 from gpuwarden.contract import Action, ConditionType, Reason
 from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
 from tests.agent.samples_factory import gpu
 from tests.agent.sysfs_tree import two_hcas
-
-
-def wait_for(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
+from tests.harness import wait_for
 
 
 @pytest.fixture
@@ -399,9 +392,9 @@ def test_a_restarted_agent_replays_the_kernel_log_but_respects_repairs() -> None
 def test_one_failing_probe_costs_only_its_own_source(tmp_path: Path) -> None:
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from agent.backends.base import IbSource
-    from agent.probes.netdev import NetdevReader, NetdevState
     from agent.samples import IbPortSample
+    from agent.sources.base import IbSource
+    from agent.sources.netdev import NetdevReader, NetdevState
 
     class BrokenHca(IbSource):
         def read_ports(self) -> tuple[IbPortSample, ...]:

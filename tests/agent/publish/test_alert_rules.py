@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
+MONITORING = Path(__file__).resolve().parents[3] / "manifests" / "monitoring"
 RULES = MONITORING / "gpuwarden-rules.yaml"
 RULES_TEST = MONITORING / "gpuwarden-rules.test.yaml"
 PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import MountConfig
-from agent.probes.storage import MountCheck, StatvfsMountSource, check_mount
 from agent.samples import MountSample
+from agent.sources.storage import MountCheck, StatvfsMountSource, check_mount
 
 
 def settled(source: StatvfsMountSource, done: Callable[[tuple[MountSample, ...]], bool]) -> tuple[MountSample, ...]:

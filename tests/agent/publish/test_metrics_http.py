@@ -25,9 +25,9 @@ from agent.samples import (
     XidCount,
 )
 from gpuwarden.kube import RequestStats
-from tests.publish.reports import T0, gpu_entity, report, xid_fault
+from tests.agent.publish.reports import T0, gpu_entity, report, xid_fault
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "manifests" / "monitoring" / "gpuwarden-rules.yaml"
 README = REPO / "README.md"
 

@@ -19,8 +19,8 @@ from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
 from gpuwarden import contract
 from gpuwarden.contract import RESOURCE_GPU_MEMORY, ConditionType
 from gpuwarden.kube import KubeApi
+from tests.agent.publish.reports import GPU_MIB, T0, app_xid_event, gpu_entity, ib_fault, remap_fault, report, xid_fault
 from tests.harness import ControlPlane, wait_for
-from tests.publish.reports import GPU_MIB, T0, app_xid_event, gpu_entity, ib_fault, remap_fault, report, xid_fault
 
 pytestmark = pytest.mark.k8s
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends.sim import SimNode, list_scenarios, load_scenario, scenario_from_dict
 from agent.config import ConfigError
 from agent.probes.kmsg import KERNEL_LOG_CLOCK, parse_record
+from agent.sim.node import SimNode
+from agent.sim.scenario import list_scenarios, load_scenario, scenario_from_dict
 
 
 class Clock:

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from agent.backends.base import BackendUnavailableError, GpuBackend
 from agent.samples import (
     XID_RECOVERY_ACTION,
     EventSource,
@@ -48,6 +47,7 @@ from agent.samples import (
     RetiredPages,
     normalize_bus_id,
 )
+from agent.sources.base import BackendUnavailableError, GpuBackend
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)

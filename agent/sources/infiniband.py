@@ -1,11 +1,11 @@
-"""InfiniBand probe: HCA ports from sysfs, their netdevs through netlink.
+"""InfiniBand source: HCA ports from sysfs, their netdevs through netlink.
 
 For every ``<sysfs_root>/class/infiniband/<dev>/ports/<n>/`` it reads
 ``state``, ``phys_state``, ``rate`` and ``link_layer`` and the error counters
 ``link_downed``, ``symbol_error``, ``link_error_recovery`` and
 ``port_rcv_errors``. The netdev behind a port is found under
 ``<dev>/device/net/`` (matched to the port by its ``dev_port``), and its
-operational state and speed come from :mod:`agent.probes.netdev`.
+operational state and speed come from :mod:`agent.sources.netdev`.
 
 A file that is missing means the HCA does not expose it (RoCE ports lack some
 counters): the field is ``None``, not an error.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.backends.base import IbSource
-from agent.probes.netdev import NetdevReader
 from agent.samples import IbCounters, IbPortSample
+from agent.sources.base import IbSource
+from agent.sources.netdev import NetdevReader
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)

@@ -9,15 +9,15 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.daemon import faults_from_conditions
 from agent.model import Entity, EntityKind, Fault
 from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib, published_from_node
 from agent.publish.conditions import ConditionState, desired_conditions
 from agent.publish.events import EventsPublisher, aggregation_key, event_name
 from agent.publish.gpunode import faults_from_gpunode, gpunode_status
+from agent.restore import faults_from_conditions
 from gpuwarden.contract import Action, ConditionType, Reason
 from gpuwarden.kube import ApiError, Backoff, OutageLog
-from tests.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
+from tests.agent.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
 
 
 @given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=60))

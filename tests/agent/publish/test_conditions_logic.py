@@ -18,7 +18,7 @@ from agent.publish.conditions import (
     desired_conditions,
 )
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
-from tests.publish.reports import T0, ib_fault, remap_fault, report, xid_fault
+from tests.agent.publish.reports import T0, ib_fault, remap_fault, report, xid_fault
 
 
 def test_healthy_report_gives_every_condition_false_with_its_healthy_reason() -> None:

@@ -25,14 +25,15 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.model import Entity
 from agent.publish.conditions import format_time
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from gpuwarden.kube import ApiError
+from tests.agent.publish.conftest import SimAgent
 from tests.harness import ControlPlane, KubectlError, create_gpu_node, wait_for
-from tests.publish.conftest import SimAgent
 
 pytestmark = pytest.mark.k8s
 

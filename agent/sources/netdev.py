@@ -1,4 +1,4 @@
-"""Netdev probe: link operational state and ethtool speed through netlink.
+"""Netdev reader: link operational state and ethtool speed through netlink.
 
 Behind each HCA port sits a netdev (RoCE on Ethernet, IPoIB on InfiniBand).
 Its operational state (``UP``, ``DOWN``, ``LOWERLAYERDOWN``, ...) and the

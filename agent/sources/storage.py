@@ -1,4 +1,4 @@
-"""Shared-storage probe: is each configured mount there, and does it answer?
+"""Shared-storage source: is each configured mount there, and does it answer?
 
 Jobs write checkpoints to the cluster's shared storage; when that mount hangs
 (an NFS server gone, a Lustre OST stuck) every such job hangs with it, with
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.backends.base import MountSource
 from agent.config import MountConfig
 from agent.samples import MountSample
+from agent.sources.base import MountSource
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from agent.config import config_from_dict
-from agent.probes.infiniband import SysfsIbSource, parse_rate_gbps
 from agent.rules.engine import HealthRules
 from agent.samples import NodeSample
+from agent.sources.infiniband import SysfsIbSource, parse_rate_gbps
 from gpuwarden.contract import ConditionType, Reason
 from tests.agent.sysfs_tree import PortSpec, two_hcas, write_port
 

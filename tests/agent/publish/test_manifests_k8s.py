@@ -17,13 +17,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import config_from_dict
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
+from tests.agent.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 from tests.harness import ControlPlane, simple_pod, wait_for
-from tests.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 
 pytestmark = pytest.mark.k8s
 

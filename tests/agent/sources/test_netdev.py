@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import config_from_dict
-from agent.probes.infiniband import SysfsIbSource
-from agent.probes.netdev import NetdevReader
 from agent.rules.engine import HealthRules
 from agent.samples import NodeSample
+from agent.sources.infiniband import SysfsIbSource
+from agent.sources.netdev import NetdevReader
 from gpuwarden.contract import Reason
 from tests.agent.sysfs_tree import PortSpec, write_port
 

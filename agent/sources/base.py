@@ -1,8 +1,9 @@
 """The hardware interface the agent reads a node through.
 
-Two implementations stand behind it: ``nvml`` (the real node: NVML through
-``pynvml``, ``/dev/kmsg``, sysfs, netlink, ``statvfs``) and ``sim`` (a scripted
-node from a scenario file, with faults injected on demand). Keeping the seam
+Two implementations stand behind it: the real node (the other modules of
+:mod:`agent.sources`: NVML through ``pynvml``, ``/dev/kmsg``, sysfs, netlink,
+``statvfs``) and the sim (:mod:`agent.sim`: a scripted node from a scenario
+file, with faults injected on demand). Keeping the seam
 here, at the hardware, means every probe, rule and publisher above it runs the
 same code in the demo, the benchmarks, the tests and production.
 
@@ -114,7 +115,7 @@ class MountSource(ABC):
 
 @dataclass(slots=True)
 class NodeHardware:
-    """The four sources of one node, opened by a backend factory."""
+    """The four sources of one node, opened by :func:`agent.hardware.build_hardware`."""
 
     gpu: GpuBackend
     kmsg: KmsgSource | None

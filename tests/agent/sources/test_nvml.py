@@ -12,11 +12,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.backends.base import BackendUnavailableError
-from agent.backends.nvml import NvmlBackend
 from agent.config import config_from_dict
 from agent.rules.engine import HealthRules
 from agent.samples import EventSource, GpuEventKind, NodeSample
+from agent.sources.base import BackendUnavailableError
+from agent.sources.nvml import NvmlBackend
 from gpuwarden.contract import Reason
 from tests.agent.fake_pynvml import FakeGpu, FakeNvml, h100_node
 from tests.agent.record_nvml import record
@@ -288,11 +288,11 @@ def test_recorded_fixture_replays_the_same_samples(tmp_path: Path, backend_for: 
 
 def test_a_full_poll_through_nvml(nvml_module: Any, tmp_path: Path) -> None:
     """The whole agent on NVML: the stand-in here, the real GPUs where present."""
-    from agent.backends.base import NodeHardware
     from agent.config import config_from_dict
     from agent.monitor import Monitor
-    from agent.probes.infiniband import SysfsIbSource
-    from agent.probes.storage import StatvfsMountSource
+    from agent.sources.base import NodeHardware
+    from agent.sources.infiniband import SysfsIbSource
+    from agent.sources.storage import StatvfsMountSource
 
     hardware = NodeHardware(
         gpu=NvmlBackend(nvml_module),

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from agent.backends.sim import SimNode, load_scenario
 from agent.config import config_from_dict
 from agent.daemon import AgentDaemon
 from agent.monitor import Monitor
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from tests.harness import ControlPlane, create_gpu_node, unique_name
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 AGENT_NAMESPACE = "gpuwarden"
 AGENT_SERVICE_ACCOUNT = "gpuwarden-agent"
 GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"

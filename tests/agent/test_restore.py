@@ -1,0 +1,116 @@
+"""Restore and replay decisions, as pure functions: no threads, no API server."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from agent.model import Entity, EntityKind, EventType, Fault, HealthEvent
+from agent.publish.conditions import ConditionState, desired_conditions
+from agent.restore import (
+    FaultTransition,
+    RestoredFaults,
+    events_after_restore,
+    events_to_write,
+    faults_to_restore,
+    hold,
+    split_events,
+)
+from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
+from tests.agent.publish.reports import T0, app_xid_event, gpu_entity, ib_fault, remap_fault, report, xid_fault
+
+
+def warning_for(fault: Fault) -> HealthEvent:
+    return HealthEvent(EventType.WARNING, fault.reason, fault.message, fault.entity, T0)
+
+
+def clearing(condition: ConditionType, entity: Entity) -> HealthEvent:
+    return HealthEvent(EventType.NORMAL, HEALTHY_REASONS[condition], "cleared", entity, T0)
+
+
+def test_split_events_tells_fault_transitions_from_occurrences() -> None:
+    fault = xid_fault(2)
+    app = app_xid_event(0, 13)
+    cleared = clearing(ConditionType.INFINIBAND_DEGRADED, Entity.ib("mlx5_0", 1))
+    plain, transitions = split_events(report(fault, events=(warning_for(fault), app, cleared)))
+    assert plain == [app]
+    assert [(t.condition, t.entity_key, t.reason) for t in transitions] == [
+        (ConditionType.GPU_XID_ERROR, fault.entity.key, fault.reason),
+        (ConditionType.INFINIBAND_DEGRADED, "ib/mlx5_0/1", None),
+    ]
+
+
+def test_restored_faults_know_their_own_and_every_fault_of_a_node_wide_condition() -> None:
+    xid, remap = xid_fault(2), remap_fault(3)
+    node_wide = replace(ib_fault(), entity=Entity.node())
+    restored = RestoredFaults.of([xid, node_wide])
+    assert restored.knew(FaultTransition(warning_for(xid), xid.condition, xid.entity.key, xid.reason))
+    assert not restored.knew(FaultTransition(warning_for(remap), remap.condition, remap.entity.key, remap.reason))
+    # A clearing Event names no reason: any fault of its condition on that entity.
+    assert restored.knew(FaultTransition(warning_for(xid), xid.condition, xid.entity.key, None))
+    assert not restored.knew(FaultTransition(warning_for(xid), xid.condition, gpu_entity(5).key, None))
+    other_port = ib_fault("mlx5_7")
+    assert restored.knew(
+        FaultTransition(warning_for(other_port), other_port.condition, other_port.entity.key, other_port.reason)
+    )
+
+
+def test_faults_to_restore_keeps_detail_only_under_true_conditions_and_fills_in_the_rest() -> None:
+    xid, remap = xid_fault(2), remap_fault(3)
+    states = desired_conditions(report(xid, ib_fault()), {}, T0)
+    # The GPUNode lists the XID fault in detail and a remap fault the Node
+    # shows False (cleared just before the restart); the IB condition has no detail.
+    faults = faults_to_restore(states, [xid, remap])
+    assert faults[0] == xid
+    assert remap not in faults
+    (ib,) = faults[1:]
+    assert (ib.condition, ib.reason, ib.entity.kind) == (
+        ConditionType.INFINIBAND_DEGRADED,
+        Reason.IB_PORT_DOWN,
+        EntityKind.NODE,
+    )
+
+
+def test_a_false_condition_restores_nothing() -> None:
+    state = ConditionState(ConditionType.GPU_XID_ERROR, False, "NoFatalXid", "", T0)
+    assert faults_to_restore({ConditionType.GPU_XID_ERROR: state}, [xid_fault(1)]) == []
+
+
+def test_before_any_restore_fault_events_are_held_and_occurrences_written() -> None:
+    fault, app = xid_fault(2), app_xid_event(0, 13)
+    write, held = events_to_write(report(fault, events=(warning_for(fault), app)), None, RestoredFaults.of([]))
+    assert list(write) == [app]
+    assert [t.event for t in held] == [warning_for(fault)]
+
+
+def test_a_report_judged_after_the_restore_writes_everything() -> None:
+    fault = xid_fault(2)
+    r = replace(report(fault, events=(warning_for(fault),)), restore_epoch=1)
+    write, held = events_to_write(r, 1, RestoredFaults.of([fault]))
+    assert list(write) == [warning_for(fault)]
+    assert held == []
+
+
+def test_a_report_judged_during_the_restore_drops_what_the_node_already_showed() -> None:
+    known, new, app = xid_fault(2), remap_fault(3), app_xid_event(0, 13)
+    r = report(known, new, events=(warning_for(known), warning_for(new), app))
+    write, held = events_to_write(r, 1, RestoredFaults.of([known]))
+    assert list(write) == [app, warning_for(new)]
+    assert held == []
+
+
+def test_held_events_are_bounded_oldest_first() -> None:
+    transitions = [
+        FaultTransition(warning_for(f), f.condition, f.entity.key, f.reason) for f in (xid_fault(i) for i in range(5))
+    ]
+    kept, dropped = hold(transitions[:3], transitions[3:], limit=4)
+    assert (kept, dropped) == (transitions[1:], 1)
+    assert hold([], transitions[:2], limit=4) == (transitions[:2], 0)
+
+
+def test_after_the_restore_held_events_about_known_faults_are_dropped() -> None:
+    known, new = xid_fault(2), remap_fault(3)
+    held = [FaultTransition(warning_for(f), f.condition, f.entity.key, f.reason) for f in (known, new)]
+    assert events_after_restore(held, RestoredFaults.of([known])) == [warning_for(new)]
+    later = replace(warning_for(new), time=T0 + timedelta(minutes=1))
+    assert events_after_restore([replace(held[1], event=later)], RestoredFaults.of([])) == [later]
