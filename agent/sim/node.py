@@ -31,13 +31,13 @@ log = get_logger(__name__)
 _BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
 
-def _make_gpu(scenario: Scenario, i: int) -> SimGpu:
+def _make_gpu(scenario: Scenario, i: int, identity: str) -> SimGpu:
     g = scenario.gpus
     kernel_bus = f"0000:{_BUSES[i] if i < len(_BUSES) else format(0x10 + i, '02x')}:00"
     mem = g.memory_mib * 1024 * 1024
     return SimGpu(
         index=i,
-        uuid="GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{scenario.name}.{i}.gpuwarden.sim")),
+        uuid="GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{identity}.{i}.gpuwarden.sim")),
         bus=normalize_bus_id(kernel_bus),
         kernel_bus=kernel_bus,
         name=g.model,
@@ -69,7 +69,20 @@ def _make_ports(scenario: Scenario) -> list[SimPort]:
 class SimNode:
     """A simulated GPU node; see the module docstring."""
 
-    def __init__(self, scenario: Scenario, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        identity: str | None = None,
+    ) -> None:
+        """``identity`` (a node name) seeds the GPUs' UUIDs, which are stable per identity.
+
+        Without it the scenario's name does, so one node simulated from a
+        scenario always has the same GPUs; many nodes simulated from one
+        scenario in one process pass their own names, or a cluster would see
+        the same GPU UUID on every node.
+        """
         self.scenario = scenario
         self._monotonic = monotonic
         self._start: float | None = None
@@ -80,7 +93,9 @@ class SimNode:
         # numbers hold across agents started on it, as on a real node.
         self.boot_id = uuidlib.uuid4().hex
         self._state = NodeState(
-            [_make_gpu(scenario, i) for i in range(scenario.gpus.count)], _make_ports(scenario), scenario.mounts
+            [_make_gpu(scenario, i, identity or scenario.name) for i in range(scenario.gpus.count)],
+            _make_ports(scenario),
+            scenario.mounts,
         )
         self._state.kmsg_line(6, "Linux version 6.1.0-sim (gpuwarden sim node)")
         self._state.kmsg_line(6, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15")

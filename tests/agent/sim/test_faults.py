@@ -116,3 +116,12 @@ def test_nodes_in_one_process_share_nothing() -> None:
     assert a.sample_gpus()[0].lost
     assert reads(b) == untouched
     assert b.injected == 0
+
+
+def test_nodes_given_their_own_identity_have_gpus_of_their_own() -> None:
+    scenario = small_node().scenario
+    by_name = [[g.uuid for g in SimNode(scenario, identity=name).sample_gpus()] for name in ("gpu-a", "gpu-b", "gpu-a")]
+    assert by_name[0] == by_name[2]  # stable for one node across restarts of the simulation
+    assert not set(by_name[0]) & set(by_name[1])
+    # Without an identity the scenario names the GPUs, as a single simulated node always did.
+    assert [g.uuid for g in SimNode(scenario).sample_gpus()] == [g.uuid for g in small_node().sample_gpus()]
