@@ -12,11 +12,27 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import NamedTuple
 
 from agent.samples import EventSource, GpuEvent, GpuEventKind, GpuSample, XidCount
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
+
+
+class SightingKey(NamedTuple):
+    """What makes two reports twins: the same GPU (bus id, else UUID), kind and XID."""
+
+    gpu: str
+    kind: str
+    xid: int
+
+
+class CountKey(NamedTuple):
+    """One ``gpuwarden_xid_events_total`` series: a GPU (bus id, else UUID) and an XID."""
+
+    gpu: str
+    xid: int
 
 
 class EventHub:
@@ -48,8 +64,8 @@ class EventHub:
         self._queue: list[GpuEvent] = []
         # Per GPU/kind/XID and source, the reports not yet matched by the
         # other source, oldest first.
-        self._unmatched: dict[tuple[str, str, int], dict[EventSource, deque[GpuEvent]]] = {}
-        self._counts: dict[tuple[str, int], int] = {}
+        self._unmatched: dict[SightingKey, dict[EventSource, deque[GpuEvent]]] = {}
+        self._counts: dict[CountKey, int] = {}
         self._bus_by_uuid: dict[str, str] = {}
         self._gpu_by_bus: dict[str, GpuSample] = {}
         self.duplicates = 0
@@ -71,12 +87,12 @@ class EventHub:
         ``gpuwarden_xid_events_total`` series for one GPU, and its report could
         never match its kernel-log twin, which always has the bus id. Caller
         holds the lock."""
-        for ck in [ck for ck in self._counts if ck[0] == uuid]:
+        for ck in [ck for ck in self._counts if ck.gpu == uuid]:
             n = self._counts.pop(ck)
-            moved = (bus, ck[1])
+            moved = ck._replace(gpu=bus)
             self._counts[moved] = self._counts.get(moved, 0) + n
-        for key in [key for key in self._unmatched if key[0] == uuid]:
-            target = self._unmatched.setdefault((bus, key[1], key[2]), {})
+        for key in [key for key in self._unmatched if key.gpu == uuid]:
+            target = self._unmatched.setdefault(key._replace(gpu=bus), {})
             for source, reports in self._unmatched.pop(key).items():
                 merged = sorted([*target.get(source, ()), *reports], key=lambda r: r.time)
                 target[source] = deque(merged)
@@ -91,13 +107,13 @@ class EventHub:
         with self._lock:
             bus = event.pci_bus_id or (self._bus_by_uuid.get(event.uuid) if event.uuid else None)
             gpu_key = bus or event.uuid or "?"
-            key = (gpu_key, event.kind.value, event.xid or 0)
+            key = SightingKey(gpu_key, event.kind.value, event.xid or 0)
             twin = self._match_twin(key, event)
             if twin is None:
                 if len(self._unmatched) > self._PRUNE_AT:
                     self._prune(event.time)
                 if event.kind is GpuEventKind.XID and event.xid is not None:
-                    ck = (gpu_key, event.xid)
+                    ck = CountKey(gpu_key, event.xid)
                     self._counts[ck] = self._counts.get(ck, 0) + 1
                 self._queue.append(event)
             else:
@@ -116,7 +132,7 @@ class EventHub:
         )
         self._wake()
 
-    def _match_twin(self, key: tuple[str, str, int], event: GpuEvent) -> GpuEvent | None:
+    def _match_twin(self, key: SightingKey, event: GpuEvent) -> GpuEvent | None:
         """The unmatched report of ``key`` from the other source within the
         window that ``event`` is the twin of; that report is consumed. When
         there is none, ``event`` is recorded as unmatched and ``None``

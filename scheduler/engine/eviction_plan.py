@@ -59,12 +59,18 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
     rest keep their allocate reason and are looked at again next cycle,
     which bounds the cost of a session with thousands of pending jobs.
     """
-    keyed = []
-    for job in cluster.pending_jobs:
-        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang():
-            keyed.append((queue_key(job.queue, job.pool.capacity), job_key(job), job))
-    keyed.sort(key=lambda k: (k[0], k[1]))
-    return [k[2] for k in keyed]
+    jobs = [
+        job
+        for job in cluster.pending_jobs
+        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang()
+    ]
+    jobs.sort(key=_allocate_order)
+    return jobs
+
+
+def _allocate_order(job: JobState) -> tuple[object, ...]:
+    assert job.queue is not None and job.pool is not None  # beneficiaries() keeps only such jobs
+    return (queue_key(job.queue, job.pool.capacity), job_key(job))
 
 
 @dataclass(slots=True)

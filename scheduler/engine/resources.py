@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuwarden.contract import (
     ANNOTATION_GPU_FRACTION,
@@ -87,11 +88,18 @@ class GpuRequest:
 NO_GPU = GpuRequest()
 
 
-def _annotation(annotations: Mapping[str, str], key: str, kai_key: str) -> tuple[str, str] | None:
+class _Annotation(NamedTuple):
+    """One annotation as the pod spelt it: messages name the key the user wrote (ours or KAI's)."""
+
+    key: str
+    value: str
+
+
+def _annotation(annotations: Mapping[str, str], key: str, kai_key: str) -> _Annotation | None:
     if key in annotations:
-        return key, annotations[key]
+        return _Annotation(key, annotations[key])
     if kai_key in annotations:
-        return kai_key, annotations[kai_key]
+        return _Annotation(kai_key, annotations[kai_key])
     return None
 
 
@@ -106,35 +114,35 @@ def parse_gpu_request(whole: int, annotations: Mapping[str, str]) -> GpuRequest 
     devices = _annotation(annotations, ANNOTATION_GPU_FRACTION_NUM_DEVICES, ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES)
     if fraction is None and memory is None:
         if devices is not None:
-            return f"annotation {devices[0]}={devices[1]!r} needs a GPU fraction or GPU memory annotation"
+            return f"annotation {devices.key}={devices.value!r} needs a GPU fraction or GPU memory annotation"
         return GpuRequest(whole=whole) if whole else NO_GPU
     if whole:
         return "a pod asks for whole GPUs (nvidia.com/gpu) and a GPU slice at once; choose one"
     if fraction is not None and memory is not None:
-        return f"annotations {fraction[0]} and {memory[0]} both set; choose one"
+        return f"annotations {fraction.key} and {memory.key} both set; choose one"
     num = 1
     if devices is not None:
         try:
-            num = int(devices[1])
+            num = int(devices.value)
         except ValueError:
-            return f"annotation {devices[0]}={devices[1]!r} is not a whole number"
+            return f"annotation {devices.key}={devices.value!r} is not a whole number"
         if num < 1:
-            return f"annotation {devices[0]}={devices[1]!r} must be at least 1"
+            return f"annotation {devices.key}={devices.value!r} must be at least 1"
     if fraction is not None:
         try:
-            value = float(fraction[1])
+            value = float(fraction.value)
         except ValueError:
-            return f"annotation {fraction[0]}={fraction[1]!r} is not a number"
+            return f"annotation {fraction.key}={fraction.value!r} is not a number"
         if not 0.0 < value <= 1.0:
-            return f"annotation {fraction[0]}={fraction[1]!r} must be above 0 and at most 1"
+            return f"annotation {fraction.key}={fraction.value!r} must be above 0 and at most 1"
         return GpuRequest(fraction=value, devices=num)
     assert memory is not None
     try:
-        mib = int(memory[1])
+        mib = int(memory.value)
     except ValueError:
-        return f"annotation {memory[0]}={memory[1]!r} is not a whole number of MiB"
+        return f"annotation {memory.key}={memory.value!r} is not a whole number of MiB"
     if mib < 1:
-        return f"annotation {memory[0]}={memory[1]!r} must be at least 1 MiB"
+        return f"annotation {memory.key}={memory.value!r} must be at least 1 MiB"
     return GpuRequest(memory_mib=mib, devices=num)
 
 
