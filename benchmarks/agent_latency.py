@@ -152,7 +152,7 @@ class NodeWatch:
 def start_agent(
     api: client.ApiClient, node: str, poll_interval: float, heartbeat: float = 60.0
 ) -> tuple[AgentDaemon, Monitor, SimNode]:
-    sim = SimNode(load_scenario("healthy"))
+    sim = SimNode(load_scenario("healthy"), identity=node)
     monitor = Monitor(config_from_dict({"poll_interval_s": poll_interval}), sim.hardware(), node)
     daemon = AgentDaemon(monitor, api, DaemonSettings(node_name=node, metrics_port=None, heartbeat_period_s=heartbeat))
     daemon.start()

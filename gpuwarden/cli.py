@@ -1,10 +1,10 @@
 """The ``gpuwarden`` console script: one binary, one subcommand per process.
 
-Subcommands register themselves: each package that has one names its
-``register(subparsers)`` function under the ``gpuwarden.commands`` entry-point
-group in ``pyproject.toml``. The core therefore imports neither the agent nor
-the scheduler, and an image or a test that lacks one of them still gets a
-working command for the other. Those modules keep their heavy imports
+Subcommands register themselves: each package names its registrar, a
+``register(subparsers)`` function that adds one or more subcommands, under
+the ``gpuwarden.commands`` entry-point group in ``pyproject.toml``. The core
+therefore imports neither the agent nor the scheduler, and an install that
+lacks one of them still gets a working command for the other. Those modules keep their heavy imports
 (kubernetes, pynvml) inside the functions that run, so parsing flags stays
 cheap for every subcommand.
 """
@@ -27,9 +27,20 @@ Register = Callable[[Any], None]
 
 
 def registered_commands() -> list[tuple[str, Register]]:
-    """The subcommands installed, by name, in a stable order for ``--help``."""
-    found = sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)
-    return [(ep.name, ep.load()) for ep in found]
+    """The registrars installed, by entry-point name, in a stable order for ``--help``.
+
+    An entry point whose own package is not installed is skipped (its
+    subcommands are then absent from ``--help``); any other import error is a
+    bug in that package and propagates.
+    """
+    found = []
+    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
+        try:
+            found.append((ep.name, ep.load()))
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".", 1)[0] != ep.module.split(".", 1)[0]:
+                raise
+    return found
 
 
 def build_parser(commands: Sequence[tuple[str, Register]] | None = None) -> argparse.ArgumentParser:

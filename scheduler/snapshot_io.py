@@ -447,7 +447,7 @@ class _Reader:
 def _load_document(path: Path, what: str) -> Mapping[str, Any]:
     data = load_yaml(path, what, SnapshotError)
     if not isinstance(data, Mapping):
-        raise SnapshotError(f"{path}: expected a mapping at the top of the document")
+        raise SnapshotError(f"{what} {path}: expected a mapping at the top of the document")
     return data
 
 

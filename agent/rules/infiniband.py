@@ -19,6 +19,7 @@ never up and never expected is an unused port, not a fault.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from agent.config import AgentConfig
 from agent.model import Entity
@@ -27,6 +28,13 @@ from agent.samples import NodeSample
 from gpuwarden.contract import Action, ConditionType, Reason
 
 _UP_STATES = {"UP", "UNKNOWN"}  # UNKNOWN: drivers that do not report operstate
+
+
+class _DownedHold(NamedTuple):
+    """A port whose link went down: raised ``until`` (epoch seconds), ``times`` downs within the hold."""
+
+    until: float
+    times: int
 
 
 class InfinibandRule:
@@ -38,7 +46,7 @@ class InfinibandRule:
         self._seen_up: set[str] = set()
         self._max_rate: dict[str, float] = {}
         self._downed: dict[str, int] = {}
-        self._downed_until: dict[str, tuple[float, int]] = {}
+        self._downed_until: dict[str, _DownedHold] = {}
 
     def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
         cond = ConditionType.INFINIBAND_DEGRADED
@@ -89,15 +97,15 @@ class InfinibandRule:
                 before = self._downed.get(name)
                 self._downed[name] = downed
                 if before is not None and downed > before:
-                    held = self._downed_until.get(name, (0.0, 0))[1]
-                    self._downed_until[name] = (t + self._cfg.link_downed_hold_s, held + downed - before)
+                    held = self._downed_until.get(name, _DownedHold(0.0, 0)).times
+                    self._downed_until[name] = _DownedHold(t + self._cfg.link_downed_hold_s, held + downed - before)
             until = self._downed_until.get(name)
             if until is not None:
-                if t < until[0]:
+                if t < until.until:
                     yield Finding(
                         cond,
                         Reason.IB_LINK_DOWNED,
-                        f"{entity.describe()}: link went down {until[1]} time(s) recently "
+                        f"{entity.describe()}: link went down {until.times} time(s) recently "
                         f"(link_downed {downed}); recommended action {Action.RESTART_APP}",
                         Action.RESTART_APP,
                         entity,

@@ -3,7 +3,7 @@
 A scenario file (:mod:`agent.sim.scenario`) describes the node (GPU model,
 count, memory, NVLinks, PCIe, HCAs, shared mounts) and a timeline of faults
 at given seconds after start. A :class:`~agent.sim.node.SimNode` holds the
-node's state (:mod:`agent.sim.model`), applies faults to it through one table
+node's state (:mod:`agent.sim.state`), applies faults to it through one table
 (:mod:`agent.sim.faults`), and answers through the same interfaces as the real
 node (:mod:`agent.sim.sources`, behind :mod:`agent.sources.base`): GPU samples
 and NVML-style events, kernel-log records in the real ``/dev/kmsg`` format (so

@@ -3,7 +3,7 @@
 :data:`FAULTS` is the only place a kind is defined: a scenario's ``faults``
 entries are checked against it when loaded, :meth:`agent.sim.node.SimNode.inject`
 checks a call against it, and its handler changes the node's state
-(:class:`~agent.sim.model.NodeState`). A fault takes effect at the next read
+(:class:`~agent.sim.state.SimNodeState`). A fault takes effect at the next read
 of the affected source; XIDs and lost GPUs also queue an NVML event and a
 kernel-log line, exactly like a real driver. The kinds, with their required
 and [optional] parameters::
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.samples import GpuEventKind
-from agent.sim.model import LINK_ACTIVE, LINK_REPLAY, NodeState
+from agent.sim.state import SimNodeState
 
 Params = dict[str, Any]
 
@@ -50,7 +50,7 @@ class FaultKind:
     """What a fault kind needs (``params``, all required) and what it does (``apply``)."""
 
     params: tuple[str, ...]
-    apply: Callable[[NodeState, Params], None]
+    apply: Callable[[SimNodeState, Params], None]
 
 
 def missing_params(kind: str, params: Params) -> list[str]:
@@ -58,27 +58,27 @@ def missing_params(kind: str, params: Params) -> list[str]:
     return [p for p in FAULTS[kind].params if p not in params]
 
 
-def _xid(node: NodeState, p: Params) -> None:
+def _xid(node: SimNodeState, p: Params) -> None:
     node.xid(node.gpu(p), int(p["xid"]), str(p.get("message") or "injected by the gpuwarden sim"))
 
 
-def _gpu_lost(node: NodeState, p: Params) -> None:
+def _gpu_lost(node: SimNodeState, p: Params) -> None:
     g = node.gpu(p)
     node.xid(g, 79, "GPU has fallen off the bus.")
     node.kmsg_line(3, f"NVRM: GPU {g.kernel_bus}.0: GPU has fallen off the bus.")
     g.lost = True
 
 
-def _gpu_reset(node: NodeState, p: Params) -> None:
+def _gpu_reset(node: SimNodeState, p: Params) -> None:
     g = node.gpu(p)
     g.remap_pending = False
     g.retired_pending = False
     for link in g.links:
-        link[LINK_ACTIVE] = 1
+        link.active = True
     g.gen, g.width = g.max_gen, g.max_width
 
 
-def _remap_pending(node: NodeState, p: Params) -> None:
+def _remap_pending(node: SimNodeState, p: Params) -> None:
     g = node.gpu(p)
     n = int(p.get("count") or 1)
     if g.row_remapping:
@@ -90,61 +90,61 @@ def _remap_pending(node: NodeState, p: Params) -> None:
     node.event(g, GpuEventKind.RETIREMENT)
 
 
-def _remap_failure(node: NodeState, p: Params) -> None:
+def _remap_failure(node: SimNodeState, p: Params) -> None:
     g = node.gpu(p)
     g.remap_failure = True
     node.event(g, GpuEventKind.RETIREMENT_FAILURE)
 
 
-def _nvlink_down(node: NodeState, p: Params) -> None:
-    node.link(p)[LINK_ACTIVE] = 0
+def _nvlink_down(node: SimNodeState, p: Params) -> None:
+    node.link(p).active = False
 
 
-def _nvlink_up(node: NodeState, p: Params) -> None:
-    node.link(p)[LINK_ACTIVE] = 1
+def _nvlink_up(node: SimNodeState, p: Params) -> None:
+    node.link(p).active = True
 
 
-def _nvlink_errors(node: NodeState, p: Params) -> None:
-    node.link(p)[LINK_REPLAY] += int(p["count"])
+def _nvlink_errors(node: SimNodeState, p: Params) -> None:
+    node.link(p).replay += int(p["count"])
 
 
-def _pcie_width(node: NodeState, p: Params) -> None:
+def _pcie_width(node: SimNodeState, p: Params) -> None:
     node.gpu(p).width = int(p["width"])
 
 
-def _pcie_gen(node: NodeState, p: Params) -> None:
+def _pcie_gen(node: SimNodeState, p: Params) -> None:
     node.gpu(p).gen = int(p["gen"])
 
 
-def _pcie_replays(node: NodeState, p: Params) -> None:
+def _pcie_replays(node: SimNodeState, p: Params) -> None:
     node.gpu(p).replays += int(p["count"])
 
 
-def _utilization(node: NodeState, p: Params) -> None:
+def _utilization(node: SimNodeState, p: Params) -> None:
     node.gpu(p).util = int(p["pct"])
 
 
-def _ib_rate(node: NodeState, p: Params) -> None:
+def _ib_rate(node: SimNodeState, p: Params) -> None:
     node.port(p).rate = float(p["rate_gbps"])
 
 
-def _ib_down(node: NodeState, p: Params) -> None:
+def _ib_down(node: SimNodeState, p: Params) -> None:
     port = node.port(p)
     port.state, port.phys_state = "DOWN", "Polling"
     port.link_downed += 1
 
 
-def _ib_up(node: NodeState, p: Params) -> None:
+def _ib_up(node: SimNodeState, p: Params) -> None:
     port = node.port(p)
     port.state, port.phys_state = "ACTIVE", "LinkUp"
 
 
-def _ib_link_downed(node: NodeState, p: Params) -> None:
+def _ib_link_downed(node: SimNodeState, p: Params) -> None:
     node.port(p).link_downed += int(p.get("count") or 1)
 
 
-def _mount_state(state: str) -> Callable[[NodeState, Params], None]:
-    def apply(node: NodeState, p: Params) -> None:
+def _mount_state(state: str) -> Callable[[SimNodeState, Params], None]:
+    def apply(node: SimNodeState, p: Params) -> None:
         node.mounts[node.mount(p)] = state
 
     return apply

@@ -20,9 +20,9 @@ from typing import Any
 
 from agent.samples import GpuEvent, GpuSample, IbPortSample, MountSample, normalize_bus_id
 from agent.sim.faults import FAULTS, missing_params
-from agent.sim.model import NodeState, SimGpu, SimPort
 from agent.sim.scenario import Scenario
 from agent.sim.sources import SimGpuBackend, SimIbSource, SimKmsgSource, SimMountSource
+from agent.sim.state import SimGpu, SimLink, SimNodeState, SimPort
 from agent.sources.base import NodeHardware
 from gpuwarden.logconfig import get_logger
 
@@ -46,7 +46,7 @@ def _make_gpu(scenario: Scenario, i: int, identity: str) -> SimGpu:
         mig=g.mig,
         util=g.utilization_pct,
         row_remapping=g.row_remapping,
-        links=[[1, 0, 0, 0, 0] for _ in range(g.nvlinks)],
+        links=[SimLink() for _ in range(g.nvlinks)],
         gen=g.pcie_max_gen,
         max_gen=g.pcie_max_gen,
         width=g.pcie_max_width,
@@ -92,7 +92,7 @@ class SimNode:
         # One SimNode is one boot of a node: its kernel log's sequence
         # numbers hold across agents started on it, as on a real node.
         self.boot_id = uuidlib.uuid4().hex
-        self._state = NodeState(
+        self._state = SimNodeState(
             [_make_gpu(scenario, i, identity or scenario.name) for i in range(scenario.gpus.count)],
             _make_ports(scenario),
             scenario.mounts,

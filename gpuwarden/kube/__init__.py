@@ -1,4 +1,5 @@
-"""The Kubernetes API wrapper both processes use.
+"""The Kubernetes API wrapper: the agent's API access, kept in the core so the scheduler's
+connected mode uses the same calls, timeouts, error type and request counts.
 
 Client construction and patch content types (:mod:`.client`), the one error
 type (:mod:`.errors`), request counting (:mod:`.stats`), backoff and outage

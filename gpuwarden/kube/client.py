@@ -1,4 +1,4 @@
-"""Client construction and the patch content types, shared by every process.
+"""Client construction and the patch content types, for every process that talks to the API.
 
 The processes work on plain JSON dicts rather than the client's generated
 models: what they send is a strategic-merge or merge patch that must contain

@@ -23,7 +23,7 @@ from agent.probes.kmsg import (
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
 from agent.sources.base import KmsgSource
 from agent.sources.kmsg import DevKmsgSource, open_kmsg
-from tests.harness import wait_for
+from tests.waiting import wait_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-mixed-drivers.txt"
 BOOT = 1_700_000_000.0

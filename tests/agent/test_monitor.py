@@ -31,7 +31,7 @@ from tests.agent.conftest import REAL_NVML
 from tests.agent.fake_pynvml import h100_node
 from tests.agent.samples_factory import gpu
 from tests.agent.sysfs_tree import two_hcas
-from tests.harness import wait_for
+from tests.waiting import wait_for
 
 
 @pytest.fixture

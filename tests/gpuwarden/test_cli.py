@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import EntryPoint
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuwarden import cli
 from gpuwarden.cli import build_parser, main, registered_commands
 
 
@@ -38,3 +41,25 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith("gpuwarden 0.")
+
+
+def _entry_points(*values: str) -> Any:
+    group = cli.COMMAND_GROUP
+    return lambda group=group: [EntryPoint(name=v.split(".", 1)[0], value=v, group=group) for v in values]
+
+
+def test_a_command_whose_package_is_not_installed_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "entry_points", _entry_points("agent.cli:register", "notinstalled.cli:register"))
+    assert [name for name, _ in cli.registered_commands()] == ["agent"]
+
+
+def test_a_command_that_fails_to_import_its_own_dependency_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "brokencmd").mkdir()
+    (tmp_path / "brokencmd" / "__init__.py").write_text("")
+    (tmp_path / "brokencmd" / "cli.py").write_text("import a_dependency_nobody_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "entry_points", _entry_points("brokencmd.cli:register"))
+    with pytest.raises(ModuleNotFoundError, match="a_dependency_nobody_installed"):
+        cli.registered_commands()

@@ -20,7 +20,7 @@ next run reaps it).
 
 from tests.harness.certificates import generate_pki
 from tests.harness.controlplane import ControlPlane, KubectlError, running_control_plane
-from tests.harness.helpers import simple_pod, temporary_namespace, unique_name, wait_for
+from tests.harness.helpers import simple_pod, temporary_namespace, unique_name
 from tests.harness.impersonation import impersonating_client, service_account_identity
 from tests.harness.kubelet import (
     LABEL_ARCH,
@@ -41,6 +41,7 @@ from tests.harness.processes import (
     free_ports,
     reap_leftovers,
 )
+from tests.waiting import wait_for
 
 __all__ = [
     "LABEL_ARCH",

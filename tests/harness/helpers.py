@@ -1,60 +1,24 @@
-"""Small helpers that let many tests share one cluster and wait for it without sleeping blindly.
+"""Small helpers that let many tests share one cluster.
 
 One control plane serves the whole session, so every test names its objects
-with :func:`unique_name` or works in a :func:`temporary_namespace`; and since
-controllers act asynchronously, tests poll with :func:`wait_for`, whose
-timeout message says what was awaited and what was last seen.
+with :func:`unique_name` or works in a :func:`temporary_namespace`. Waiting
+for controllers (``wait_for``) lives in :mod:`tests.waiting`, which needs no
+Kubernetes client, so unit tests wait the same way without importing it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 from kubernetes import client
-
-T = TypeVar("T")
 
 
 def unique_name(prefix: str) -> str:
     """A DNS-1123 name that no other test uses, e.g. ``gpu-node-3f9a1c``."""
     base = "".join(c if c.isalnum() else "-" for c in prefix.lower()).strip("-")[:50] or "x"
     return f"{base}-{secrets.token_hex(3)}"
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float = 10.0,
-    interval: float = 0.05,
-    *,
-    description: str | None = None,
-    ignore: tuple[type[BaseException], ...] = (),
-) -> T:
-    """Call ``predicate`` until it returns something truthy, and return that.
-
-    Exceptions of the types in ``ignore`` (e.g. ``ApiException`` while an
-    object does not exist yet) count as a falsy answer; others propagate.
-    On timeout, raises ``TimeoutError`` naming the condition and the last
-    value or exception seen, which is usually the whole diagnosis.
-    """
-    what = description or getattr(predicate, "__qualname__", repr(predicate))
-    deadline = time.monotonic() + timeout
-    last: str = "never evaluated"
-    while True:
-        try:
-            value = predicate()
-        except ignore as err:
-            last = f"raised {type(err).__name__}: {err}"
-        else:
-            if value:
-                return value
-            last = f"returned {value!r}"
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} not true within {timeout}s; last call {last}")
-        time.sleep(interval)
 
 
 def simple_pod(name: str, *, labels: dict[str, str] | None = None, node_name: str | None = None) -> client.V1Pod:

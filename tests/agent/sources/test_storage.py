@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,16 +12,19 @@ import pytest
 from agent.config import MountConfig
 from agent.samples import MountSample
 from agent.sources.storage import MountCheck, StatvfsMountSource, check_mount
+from tests.waiting import wait_for
 
 
 def settled(source: StatvfsMountSource, done: Callable[[tuple[MountSample, ...]], bool]) -> tuple[MountSample, ...]:
     """Poll the source until ``done`` holds (checks run in their own threads)."""
-    deadline = time.monotonic() + 10
-    while True:
-        samples = source.check()
-        if done(samples) or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.02)
+    last: list[tuple[MountSample, ...]] = []
+
+    def check() -> bool:
+        last[:] = [source.check()]
+        return done(last[0])
+
+    wait_for(check, timeout=10.0, interval=0.02, description="mount checks settled")
+    return last[0]
 
 
 @pytest.fixture

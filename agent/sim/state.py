@@ -30,9 +30,16 @@ from agent.samples import (
     parse_recovery_action,
 )
 
-# Index into a link's counters list: [active, replay, recovery, crc_flit, crc_data].
-LINK_ACTIVE = 0
-LINK_REPLAY = 1
+
+@dataclass(slots=True)
+class SimLink:
+    """One NVLink: whether it is active, and its data-link error counters (cumulative, as NVML's)."""
+
+    active: bool = True
+    replay: int = 0
+    recovery: int = 0
+    crc_flit: int = 0
+    crc_data: int = 0
 
 
 @dataclass(slots=True)
@@ -54,7 +61,7 @@ class SimGpu:
     retired_sbe: int = 0
     retired_dbe: int = 0
     retired_pending: bool = False
-    links: list[list[int]] = field(default_factory=list)  # [active, replay, recovery, crc_flit, crc_data]
+    links: list[SimLink] = field(default_factory=list)
     gen: int = 5
     max_gen: int = 5
     width: int = 16
@@ -92,11 +99,11 @@ class SimGpu:
                 [
                     NvlinkSample(
                         link=i,
-                        active=bool(v[0]),
-                        replay_errors=v[1],
-                        recovery_errors=v[2],
-                        crc_flit_errors=v[3],
-                        crc_data_errors=v[4],
+                        active=v.active,
+                        replay_errors=v.replay,
+                        recovery_errors=v.recovery,
+                        crc_flit_errors=v.crc_flit,
+                        crc_data_errors=v.crc_data,
                     )
                     for i, v in enumerate(self.links)
                 ]
@@ -145,7 +152,7 @@ def mount_sample(path: str, state: str) -> MountSample:
     return MountSample(path, mounted=True, responsive=True, latency_s=0.0005)
 
 
-class NodeState:
+class SimNodeState:
     """Everything one simulated node is, and the lookups faults name parts of it by."""
 
     def __init__(self, gpus: list[SimGpu], ports: list[SimPort], mounts: list[str]) -> None:
@@ -176,7 +183,7 @@ class NodeState:
             raise ValueError(f"sim node has no mount {path} (it has {', '.join(self.mounts) or 'none'})")
         return path
 
-    def link(self, params: dict[str, Any]) -> list[int]:
+    def link(self, params: dict[str, Any]) -> SimLink:
         g = self.gpu(params)
         n = int(params["link"])
         if not 0 <= n < len(g.links):
