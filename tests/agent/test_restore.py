@@ -12,11 +12,12 @@ from agent.restore import (
     RestoredFaults,
     events_after_restore,
     events_to_write,
+    faults_from_conditions,
     faults_to_restore,
     hold,
     split_events,
 )
-from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
+from gpuwarden.contract import HEALTHY_REASONS, Action, ConditionType, Reason
 from tests.agent.publish.reports import T0, app_xid_event, gpu_entity, ib_fault, remap_fault, report, xid_fault
 
 
@@ -114,3 +115,24 @@ def test_after_the_restore_held_events_about_known_faults_are_dropped() -> None:
     assert events_after_restore(held, RestoredFaults.of([known])) == [warning_for(new)]
     later = replace(warning_for(new), time=T0 + timedelta(minutes=1))
     assert events_after_restore([replace(held[1], event=later)], RestoredFaults.of([])) == [later]
+
+
+def test_true_conditions_without_gpunode_detail_become_node_faults() -> None:
+    states = desired_conditions(report(xid_fault(2), ib_fault()), {}, T0)
+    faults = faults_from_conditions(states, covered={ConditionType.INFINIBAND_DEGRADED})
+    assert len(faults) == 1
+    (fault,) = faults
+    assert (fault.condition, fault.reason, fault.action) == (ConditionType.GPU_XID_ERROR, "Xid79", Action.REBOOT)
+    assert fault.entity.kind is EntityKind.NODE
+    assert fault.since == T0
+    assert "Recommended action" not in fault.message
+    # Published again, the restored fault says the same as before.
+    again = desired_conditions(report(fault), states, T0 + timedelta(minutes=1))
+    assert again[ConditionType.GPU_XID_ERROR].message.endswith("Recommended action: REBOOT.")
+    assert again[ConditionType.GPU_XID_ERROR].last_transition == T0
+
+
+def test_unparseable_action_in_a_condition_message_falls_back_to_none() -> None:
+    state = ConditionState(ConditionType.GPU_MISSING, True, "GpuLost", "GPU 6 gone. Recommended action: PRAY.", T0)
+    (fault,) = faults_from_conditions({ConditionType.GPU_MISSING: state}, covered=set())
+    assert fault.action is Action.NONE

@@ -1,16 +1,14 @@
-"""Publisher logic that needs no API server: GPUNode content, capacity, conditions, Events, restore."""
+"""Publisher logic that needs no API server: GPUNode content, capacity, conditions, Events."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
 
-from agent.model import Entity, EntityKind, Fault
+from agent.model import Entity, Fault
 from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib, published_from_node
-from agent.publish.conditions import ConditionState, desired_conditions
 from agent.publish.events import EventsPublisher, aggregation_key, event_name
 from agent.publish.gpunode import faults_from_gpunode, gpunode_status
-from agent.restore import faults_from_conditions
 from gpuwarden.contract import Action, ConditionType, Reason
 from tests.agent.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
 
@@ -76,27 +74,6 @@ def test_malformed_gpunode_entries_are_skipped_not_fatal() -> None:
     good["nodeFaults"].append({"condition": "GpuMissing", "reason": "GpuCountMismatch", "since": "yesterday"})
     faults = faults_from_gpunode({"metadata": {"name": "n"}, "status": good})
     assert sorted(f.reason for f in faults) == ["RowRemapPending", "Xid79"]
-
-
-def test_true_conditions_without_gpunode_detail_become_node_faults() -> None:
-    states = desired_conditions(report(xid_fault(2), ib_fault()), {}, T0)
-    faults = faults_from_conditions(states, covered={ConditionType.INFINIBAND_DEGRADED})
-    assert len(faults) == 1
-    (fault,) = faults
-    assert (fault.condition, fault.reason, fault.action) == (ConditionType.GPU_XID_ERROR, "Xid79", Action.REBOOT)
-    assert fault.entity.kind is EntityKind.NODE
-    assert fault.since == T0
-    assert "Recommended action" not in fault.message
-    # Published again, the restored fault says the same as before.
-    again = desired_conditions(report(fault), states, T0 + timedelta(minutes=1))
-    assert again[ConditionType.GPU_XID_ERROR].message.endswith("Recommended action: REBOOT.")
-    assert again[ConditionType.GPU_XID_ERROR].last_transition == T0
-
-
-def test_unparseable_action_in_a_condition_message_falls_back_to_none() -> None:
-    state = ConditionState(ConditionType.GPU_MISSING, True, "GpuLost", "GPU 6 gone. Recommended action: PRAY.", T0)
-    (fault,) = faults_from_conditions({ConditionType.GPU_MISSING: state}, covered=set())
-    assert fault.action is Action.NONE
 
 
 def test_queued_events_coalesce_and_names_are_stable() -> None:
