@@ -113,9 +113,7 @@ def sim_agent(k8s: client.ApiClient) -> Iterator[Callable[..., SimAgent]]:
     def start(
         node_name: str, sim: SimNode | None = None, kmsg_state_file: str | None = None, **settings: float | int | None
     ) -> SimAgent:
-        agent = SimAgent(
-            k8s, node_name, sim or SimNode(load_scenario("healthy"), identity=node_name), kmsg_state_file, **settings
-        )
+        agent = SimAgent(k8s, node_name, sim or SimNode(load_scenario("healthy")), kmsg_state_file, **settings)
         started.append(agent)
         return agent.start()
 
