@@ -47,12 +47,14 @@ from gpuwarden.logconfig import get_logger
 log = get_logger(__name__)
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?")
+# Numbers are ASCII digits only: ``\d`` would take any script's digits
+# ("٧٩" would be XID 79), which the driver never prints.
+_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>[0-9]+)(?:,\s*(?P<rest>.*))?", re.ASCII)
 _FALLEN_RE = re.compile(
     r"NVRM: (?:The NVIDIA GPU |GPU at |GPU )" + _BUS + r"\b.*fallen off the bus",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
-_DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?")
+_DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>[0-9]+)\.(?P<frac>[0-9]+)\]\s?", re.ASCII)
 # Detail fields newer drivers put before the text; dropped from the message.
 _DETAIL_RE = re.compile(r"^(?:pid=[^,]*,\s*|name=[^,]*,\s*|channel=[^,]*,\s*)+")
 
@@ -147,14 +149,19 @@ class KernelLogClock:
 KERNEL_LOG_CLOCK = KernelLogClock()
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes any script's, and ``int`` reads them)."""
+    return text.isascii() and text.isdigit()
+
+
 def record_stamp(record: str) -> tuple[float | None, str]:
     """A record's kernel-clock stamp in seconds (``None`` for a journal line,
     which has none) and its text."""
     text = record.split("\n", 1)[0]
     head, sep, body = text.partition(";")
-    if sep and head.count(",") >= 2 and head.split(",", 1)[0].isdigit():
+    if sep and head.count(",") >= 2 and _is_number(head.split(",", 1)[0]):
         fields = head.split(",")
-        return (int(fields[2]) / 1e6 if fields[2].isdigit() else None), body
+        return (int(fields[2]) / 1e6 if _is_number(fields[2]) else None), body
     m = _DMESG_TS_RE.match(text)
     if m:
         usec = int(m.group("sec")) * 1_000_000 + int(m.group("frac").ljust(6, "0")[:6])
@@ -168,7 +175,7 @@ def record_seq(record: str) -> int | None:
     if not sep:
         return None
     fields = head.split(",")
-    if len(fields) < 3 or not fields[0].isdigit() or not fields[1].isdigit():
+    if len(fields) < 3 or not _is_number(fields[0]) or not _is_number(fields[1]):
         return None
     return int(fields[1])
 

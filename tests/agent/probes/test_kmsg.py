@@ -16,6 +16,8 @@ from agent.probes.kmsg import (
     KernelLogClock,
     KmsgProbe,
     parse_record,
+    record_seq,
+    record_stamp,
     reference_clock_s,
 )
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
@@ -405,3 +407,25 @@ def test_nvml_and_kernel_spellings_of_a_bus_id_agree(domain: int, bus: int, devi
 def test_text_that_is_not_a_bus_id_is_returned_as_is() -> None:
     assert normalize_bus_id(" not-a-bus ") == "not-a-bus"
     assert normalize_bus_id("zz:yy:xx") == "zz:yy:xx"
+
+
+ARABIC_INDIC_79 = "\u0667\u0669"  # "٧٩": digits to Unicode, not to the kernel
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        f"4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}, GPU has fallen off the bus.",
+        f"[ 5.000000] NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}, pid=1, name=a, MMU Fault",
+        f"Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}",
+    ],
+)
+def test_only_ascii_digits_are_an_xid_number(record: str) -> None:
+    assert parse_record(record, ANCHOR) is None
+
+
+def test_only_ascii_digits_are_a_stamp_or_a_sequence_number() -> None:
+    text = "NVRM: Xid (PCI:0000:3b:00): 13, MMU Fault"
+    assert record_seq(f"4,{ARABIC_INDIC_79},5000000,-;{text}") is None
+    assert record_stamp(f"4,1,{ARABIC_INDIC_79},-;{text}") == (None, text)
+    assert record_stamp(f"[ {ARABIC_INDIC_79}.000000] {text}")[0] is None
