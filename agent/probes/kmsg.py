@@ -21,6 +21,11 @@ Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 ``dmesg`` lines (``[  12.345678] text``) or journal/syslog lines
 (``... kernel: text``), so a captured log from any of them replays in tests.
 
+Within one process a record is handed on once: one whose sequence number is
+not above the highest already handed on was read before (a source that
+started over) and is dropped. Lines without one (``dmesg``, journal) cannot
+be told apart from a second occurrence and are all handed on.
+
 A restarted agent reads the whole ring buffer again. With a cursor file
 (``kmsg_state_file``) it remembers the sequence number of the last GPU record
 it read in this boot, and the records up to it come back marked ``history``:
@@ -234,9 +239,23 @@ class KmsgProbe:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.records_read = 0
+        # Records whose sequence number is at or below the highest one handed
+        # on are records read before (a source that started over): handed on
+        # again they would be announced and counted twice. Sequence numbers
+        # rise within one boot, and a probe reads one boot's log.
+        self._highest_seq = -1
+        self.duplicates = 0
         # Sequence numbers only mean something within one boot of one kernel:
-        # no cursor for a capture replayed from a file.
+        # no cursor for a capture replayed from a file or a pipe.
         self._cursor = BootState(cursor_file, source.boot_id) if cursor_file and source.boot_id else None
+        if cursor_file and self._cursor is None:
+            log.warning(
+                "kmsg_state_file_ignored",
+                kmsg_state_file=cursor_file,
+                path=getattr(source, "path", None),
+                why="the kernel log is no boot's /dev/kmsg (a capture in a file or a pipe), "
+                "so its sequence numbers say nothing about what an earlier run read",
+            )
         seq = self._cursor.load().get("seq") if self._cursor is not None else None
         # Records up to this one were read by the previous run (history).
         self._read_before = seq if isinstance(seq, int) else -1
@@ -260,15 +279,16 @@ class KmsgProbe:
         """Parse and hand on ``records``; ``live`` when they were read as they
         were logged (after the backlog, from a source whose stamps are this
         kernel's clock), so the newest one's stamp is the clock's value now."""
-        if live:
-            stamp, _ = record_stamp(records[-1])
+        self.records_read += len(records)
+        fresh = self._not_seen_before(records)
+        if live and fresh:
+            stamp, _ = record_stamp(fresh[-1][0])
             if stamp is not None:
                 self._clock.observe_live(stamp)
         anchor = self._clock.anchor()
         found = 0
         newest = self._saved
-        for rec in records:
-            self.records_read += 1
+        for rec, seq in fresh:
             try:
                 ev = parse_record(rec, anchor)
             except ValueError as exc:
@@ -277,8 +297,7 @@ class KmsgProbe:
             if ev is None:
                 continue
             found += 1
-            seq = record_seq(rec) if self._cursor is not None else None
-            if seq is not None:
+            if seq is not None and self._cursor is not None:
                 if seq <= self._read_before:
                     ev = replace(ev, history=True)
                     self.history += 1
@@ -287,6 +306,25 @@ class KmsgProbe:
         if self._cursor is not None and newest > self._saved and self._cursor.save({"seq": newest}):
             self._saved = newest
         return found
+
+    def _not_seen_before(self, records: list[str]) -> list[tuple[str, int | None]]:
+        """``records`` less those handed on before, each with its sequence
+        number (``None`` for a line without one, which is never a duplicate:
+        two alike dmesg lines are two occurrences)."""
+        fresh: list[tuple[str, int | None]] = []
+        dropped = 0
+        for rec in records:
+            seq = record_seq(rec)
+            if seq is not None:
+                if seq <= self._highest_seq:
+                    dropped += 1
+                    continue
+                self._highest_seq = seq
+            fresh.append((rec, seq))
+        if dropped:
+            self.duplicates += dropped
+            log.info("kmsg_records_read_again_dropped", count=dropped, highest_seq=self._highest_seq)
+        return fresh
 
     def start(self) -> None:
         if self._thread is not None:
