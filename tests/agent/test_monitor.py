@@ -130,6 +130,30 @@ def test_a_restarted_agent_raises_old_xids_again_but_announces_and_counts_them_o
         second.close()
 
 
+def test_a_restarted_standalone_agent_does_not_announce_a_lost_gpu_again(tmp_path: Path) -> None:
+    """Without a Node to read faults back from, the kernel log's history is
+    all a restarted agent knows: the GPU that fell off the bus is GpuLost
+    again, without a second Warning for it."""
+    node = SimNode(load_scenario("healthy"))
+    config = config_from_dict({"poll_interval_s": 3600, "kmsg_state_file": str(tmp_path / "kmsg-cursor.json")})
+    first = Monitor(config, node.hardware(), "node-a")
+    try:
+        first.step()
+        node.inject("gpu_lost", gpu=4)
+        assert wait_for(lambda: first.hub.duplicates >= 1)  # XID 79 from both sources
+        reports = [first.poll() for _ in range(2)]
+        assert "GpuLost" in {e.reason for r in reports for e in r.events}
+    finally:
+        first.close()
+    second = Monitor(config, node.hardware(), "node-a")
+    try:
+        report = second.poll()
+        assert {f.reason for f in report.faults} >= {"GpuLost", "Xid79"}
+        assert not [e for e in report.events if e.reason in {"GpuLost", "Xid79"}]
+    finally:
+        second.close()
+
+
 class StartingOver(KmsgSource):
     """A kernel log that hands out its records, then the same ones again."""
 
