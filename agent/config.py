@@ -180,7 +180,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         if isinstance(value, int):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        # ASCII digits only: ``isdigit`` and ``int`` also take other scripts' digits.
+        digits = value.strip().removeprefix("-") if isinstance(value, str) else ""
+        if digits.isascii() and digits.isdigit():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:

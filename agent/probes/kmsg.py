@@ -21,6 +21,11 @@ Records are accepted as ``/dev/kmsg`` records (``pri,seq,usec,flags;text``),
 ``dmesg`` lines (``[  12.345678] text``) or journal/syslog lines
 (``... kernel: text``), so a captured log from any of them replays in tests.
 
+Within one process a record is handed on once: one whose sequence number is
+not above the highest already handed on was read before (a source that
+started over) and is dropped. Lines without one (``dmesg``, journal) cannot
+be told apart from a second occurrence and are all handed on.
+
 A restarted agent reads the whole ring buffer again. With a cursor file
 (``kmsg_state_file``) it remembers the sequence number of the last GPU record
 it read in this boot, and the records up to it come back marked ``history``:
@@ -47,12 +52,14 @@ from gpuwarden.logconfig import get_logger
 log = get_logger(__name__)
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?")
+# Numbers are ASCII digits only: ``\d`` would take any script's digits
+# ("٧٩" would be XID 79), which the driver never prints.
+_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>[0-9]+)(?:,\s*(?P<rest>.*))?", re.ASCII)
 _FALLEN_RE = re.compile(
     r"NVRM: (?:The NVIDIA GPU |GPU at |GPU )" + _BUS + r"\b.*fallen off the bus",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
-_DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?")
+_DMESG_TS_RE = re.compile(r"^\[\s*(?P<sec>[0-9]+)\.(?P<frac>[0-9]+)\]\s?", re.ASCII)
 # Detail fields newer drivers put before the text; dropped from the message.
 _DETAIL_RE = re.compile(r"^(?:pid=[^,]*,\s*|name=[^,]*,\s*|channel=[^,]*,\s*)+")
 
@@ -147,14 +154,19 @@ class KernelLogClock:
 KERNEL_LOG_CLOCK = KernelLogClock()
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes any script's, and ``int`` reads them)."""
+    return text.isascii() and text.isdigit()
+
+
 def record_stamp(record: str) -> tuple[float | None, str]:
     """A record's kernel-clock stamp in seconds (``None`` for a journal line,
     which has none) and its text."""
     text = record.split("\n", 1)[0]
     head, sep, body = text.partition(";")
-    if sep and head.count(",") >= 2 and head.split(",", 1)[0].isdigit():
+    if sep and head.count(",") >= 2 and _is_number(head.split(",", 1)[0]):
         fields = head.split(",")
-        return (int(fields[2]) / 1e6 if fields[2].isdigit() else None), body
+        return (int(fields[2]) / 1e6 if _is_number(fields[2]) else None), body
     m = _DMESG_TS_RE.match(text)
     if m:
         usec = int(m.group("sec")) * 1_000_000 + int(m.group("frac").ljust(6, "0")[:6])
@@ -168,7 +180,7 @@ def record_seq(record: str) -> int | None:
     if not sep:
         return None
     fields = head.split(",")
-    if len(fields) < 3 or not fields[0].isdigit() or not fields[1].isdigit():
+    if len(fields) < 3 or not _is_number(fields[0]) or not _is_number(fields[1]):
         return None
     return int(fields[1])
 
@@ -227,9 +239,23 @@ class KmsgProbe:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.records_read = 0
+        # Records whose sequence number is at or below the highest one handed
+        # on are records read before (a source that started over): handed on
+        # again they would be announced and counted twice. Sequence numbers
+        # rise within one boot, and a probe reads one boot's log.
+        self._highest_seq = -1
+        self.duplicates = 0
         # Sequence numbers only mean something within one boot of one kernel:
-        # no cursor for a capture replayed from a file.
+        # no cursor for a capture replayed from a file or a pipe.
         self._cursor = BootState(cursor_file, source.boot_id) if cursor_file and source.boot_id else None
+        if cursor_file and self._cursor is None:
+            log.warning(
+                "kmsg_state_file_ignored",
+                kmsg_state_file=cursor_file,
+                path=getattr(source, "path", None),
+                why="the kernel log is no boot's /dev/kmsg (a capture in a file or a pipe), "
+                "so its sequence numbers say nothing about what an earlier run read",
+            )
         seq = self._cursor.load().get("seq") if self._cursor is not None else None
         # Records up to this one were read by the previous run (history).
         self._read_before = seq if isinstance(seq, int) else -1
@@ -253,15 +279,16 @@ class KmsgProbe:
         """Parse and hand on ``records``; ``live`` when they were read as they
         were logged (after the backlog, from a source whose stamps are this
         kernel's clock), so the newest one's stamp is the clock's value now."""
-        if live:
-            stamp, _ = record_stamp(records[-1])
+        self.records_read += len(records)
+        fresh = self._not_seen_before(records)
+        if live and fresh:
+            stamp, _ = record_stamp(fresh[-1][0])
             if stamp is not None:
                 self._clock.observe_live(stamp)
         anchor = self._clock.anchor()
         found = 0
         newest = self._saved
-        for rec in records:
-            self.records_read += 1
+        for rec, seq in fresh:
             try:
                 ev = parse_record(rec, anchor)
             except ValueError as exc:
@@ -270,8 +297,7 @@ class KmsgProbe:
             if ev is None:
                 continue
             found += 1
-            seq = record_seq(rec) if self._cursor is not None else None
-            if seq is not None:
+            if seq is not None and self._cursor is not None:
                 if seq <= self._read_before:
                     ev = replace(ev, history=True)
                     self.history += 1
@@ -280,6 +306,25 @@ class KmsgProbe:
         if self._cursor is not None and newest > self._saved and self._cursor.save({"seq": newest}):
             self._saved = newest
         return found
+
+    def _not_seen_before(self, records: list[str]) -> list[tuple[str, int | None]]:
+        """``records`` less those handed on before, each with its sequence
+        number (``None`` for a line without one, which is never a duplicate:
+        two alike dmesg lines are two occurrences)."""
+        fresh: list[tuple[str, int | None]] = []
+        dropped = 0
+        for rec in records:
+            seq = record_seq(rec)
+            if seq is not None:
+                if seq <= self._highest_seq:
+                    dropped += 1
+                    continue
+                self._highest_seq = seq
+            fresh.append((rec, seq))
+        if dropped:
+            self.duplicates += dropped
+            log.info("kmsg_records_read_again_dropped", count=dropped, highest_seq=self._highest_seq)
+        return fresh
 
     def start(self) -> None:
         if self._thread is not None:

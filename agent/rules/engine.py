@@ -271,6 +271,12 @@ class HealthRules:
             cleared_at=self._cleared_at,
         )
         findings: dict[FaultKey, Finding] = {}
+        # Faults a kernel-log record read by the previous run reports: that run
+        # announced them, so raising one again makes no Event, whatever other
+        # rule reports it live in the same poll (NVML's lost GPU). The
+        # daemon's restore would hold them already; the standalone agent has
+        # only this to go by.
+        announced: set[FaultKey] = set()
         # Conditions nobody could judge this poll: their faults are held as
         # they were, neither counted absent nor cleared.
         blind: set[ConditionType] = set()
@@ -283,6 +289,8 @@ class HealthRules:
         for rule in self._rules:
             try:
                 for finding in rule.evaluate(sample, ctx):
+                    if finding.history:
+                        announced.add(finding.key)
                     earlier = findings.get(finding.key)
                     # Two events of one fault in one poll (XID 154 changing its
                     # recovery action twice): the later says what is wanted
@@ -329,7 +337,8 @@ class HealthRules:
                     latched=f.latched,
                 )
                 self._active[key] = _Active(fault)
-                if f.condition is not ConditionType.GPU_XID_ERROR:  # the XID rule already made its Event
+                # The XID rule already made its Event; the previous run announced a history one.
+                if f.condition is not ConditionType.GPU_XID_ERROR and key not in announced:
                     events.append(HealthEvent(EventType.WARNING, f.reason, f.message, f.entity, sample.time))
                 log.warning("fault_raised", condition=str(f.condition), reason=f.reason, entity=f.entity.key)
             else:

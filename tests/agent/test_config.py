@@ -74,6 +74,9 @@ storage:
         ({"xid": {"overrides": {79: {"kind": "fatal"}}}}, "xid.overrides.79.kind: must be one of"),
         ({"xid": {"overrides": {79: {"kind": "hardware", "action": "PRAY"}}}}, "xid.overrides.79.action"),
         ({"xid": {"overrides": {"x": {"kind": "hardware"}}}}, "xid.overrides.x: expected an integer"),
+        # Only ASCII digits are a number: "٩٤" is not XID 94, nor "٨" eight GPUs.
+        ({"xid": {"overrides": {"\u0669\u0664": {"kind": "hardware"}}}}, "xid.overrides.\u0669\u0664: expected an"),
+        ({"gpu": {"expected_count": "\u0668"}}, "gpu.expected_count: expected an integer"),
         ({"storage": {"mounts": [{"timeout_s": 3}]}}, "storage.mounts[0].path: required key missing"),
         ({"storage": {"mounts": [{"path": "rel"}]}}, "storage.mounts[0].path: must be absolute"),
         ({"hysteresis": {"clear_ratio": 2}}, "hysteresis.clear_ratio: must be in (0, 1]"),

@@ -19,7 +19,7 @@ from agent.probes.gpu import GpuProbe
 from agent.samples import GpuEvent, NodeSample
 from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
-from agent.sources.base import NodeHardware
+from agent.sources.base import KmsgSource, NodeHardware
 from agent.sources.infiniband import SysfsIbSource
 from agent.sources.nvml import NvmlBackend
 from agent.sources.storage import StatvfsMountSource
@@ -128,6 +128,73 @@ def test_a_restarted_agent_raises_old_xids_again_but_announces_and_counts_them_o
         assert {(c.gpu_index, c.xid): c.count for c in sample.xid_counts} == {(1, 13): 1}
     finally:
         second.close()
+
+
+def test_a_restarted_standalone_agent_does_not_announce_a_lost_gpu_again(tmp_path: Path) -> None:
+    """Without a Node to read faults back from, the kernel log's history is
+    all a restarted agent knows: the GPU that fell off the bus is GpuLost
+    again, without a second Warning for it."""
+    node = SimNode(load_scenario("healthy"))
+    config = config_from_dict({"poll_interval_s": 3600, "kmsg_state_file": str(tmp_path / "kmsg-cursor.json")})
+    first = Monitor(config, node.hardware(), "node-a")
+    try:
+        first.step()
+        node.inject("gpu_lost", gpu=4)
+        assert wait_for(lambda: first.hub.duplicates >= 1)  # XID 79 from both sources
+        reports = [first.poll() for _ in range(2)]
+        assert "GpuLost" in {e.reason for r in reports for e in r.events}
+    finally:
+        first.close()
+    second = Monitor(config, node.hardware(), "node-a")
+    try:
+        report = second.poll()
+        assert {f.reason for f in report.faults} >= {"GpuLost", "Xid79"}
+        assert not [e for e in report.events if e.reason in {"GpuLost", "Xid79"}]
+    finally:
+        second.close()
+
+
+class StartingOver(KmsgSource):
+    """A kernel log that hands out its records, then the same ones again."""
+
+    def __init__(self, records: list[str]) -> None:
+        self.batches = [records, records]
+        self.closed = threading.Event()
+        self.exhausted = threading.Event()
+
+    def read(self, timeout_s: float) -> list[str]:
+        if self.batches:
+            return self.batches.pop(0)
+        if timeout_s > 0:
+            self.exhausted.set()  # the reader thread came back after both
+        self.closed.wait(timeout_s)
+        return []
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_kernel_log_records_read_twice_are_announced_and_counted_once() -> None:
+    """The same sequence numbers twice in one process: one Event per XID and
+    one count in ``gpuwarden_xid_events_total``, not two."""
+    node = SimNode(load_scenario("healthy"))
+    bus = f"0000:{node.sample_gpus()[2].pci_bus_id.split(':')[1].lower()}:00"  # as the kernel log spells it
+    records = [f"4,{seq},1000,-;NVRM: Xid (PCI:{bus}): 48, pid=1, name=a, DBE" for seq in (5, 6)]
+    source = StartingOver(records)
+    monitor = Monitor(
+        config_from_dict({"poll_interval_s": 3600}),
+        replace(node.hardware(), kmsg=source),
+        "node-a",
+    )
+    try:
+        report = monitor.poll()
+        assert source.exhausted.wait(30)  # back for more: the repeat has been handled
+        later, later_sample = monitor.step()
+    finally:
+        monitor.close()
+    events = [e for r in (report, later) for e in r.events if e.reason == "Xid48"]
+    assert len(events) == 2  # the two records, once each
+    assert {(c.gpu_index, c.xid): c.count for c in later_sample.xid_counts} == {(2, 48): 2}
 
 
 def test_a_failing_report_handler_does_not_stop_detection(sim: tuple[SimNode, Monitor]) -> None:

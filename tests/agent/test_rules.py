@@ -482,6 +482,26 @@ def test_a_kernel_log_record_read_by_the_previous_run_raises_its_fault_quietly()
     assert live.message != published.message and live.since == published.since
 
 
+def test_a_fallen_off_the_bus_record_read_by_the_previous_run_raises_gpu_lost_quietly() -> None:
+    """The standalone agent has no Node to restore from: a restart raises the
+    GPU's GpuLost again from the kernel log, but the previous run announced
+    it, so no Event -- nor when NVML, too, says the GPU is lost now."""
+    old = GpuEvent(GpuEventKind.FALLEN_OFF_BUS, EventSource.KMSG, at(-600), pci_bus_id=G1.pci_bus_id, history=True)
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(t=T0, events=(old,)))
+    assert [(f.reason, f.entity.key, f.latched, f.since) for f in report.faults] == [
+        (Reason.GPU_LOST, GPU1, True, at(-600))
+    ]
+    assert report.events == ()
+
+    lost = node(t=T0, gpus=(G0, replace(G1, lost=True, nvlinks=(), pcie=None)), events=(old,))
+    report = HealthRules(config_from_dict({"gpu": {"expected_count": 1}}), "n").evaluate(lost)
+    assert [(f.reason, f.since) for f in report.faults] == [(Reason.GPU_LOST, at(-600))]
+    assert report.events == ()
+    # A GPU lost in this run is announced as ever.
+    fresh = HealthRules(config_from_dict({"gpu": {"expected_count": 1}}), "n").evaluate(replace(lost, events=()))
+    assert [e.reason for e in fresh.events] == [Reason.GPU_LOST]
+
+
 def test_restoring_a_fault_already_judged_again_keeps_the_nodes_since_time() -> None:
     rules = HealthRules(config_from_dict(None), "n")
     (seen,) = rules.evaluate(node(t=at(600), gpus=(NARROW, G1))).faults  # before the Node could be read

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -10,12 +11,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from agent.probes.kmsg import (
     ClockAnchor,
     KernelLogClock,
     KmsgProbe,
     parse_record,
+    record_seq,
+    record_stamp,
     reference_clock_s,
 )
 from agent.samples import EventSource, GpuEvent, GpuEventKind, normalize_bus_id
@@ -405,3 +409,70 @@ def test_nvml_and_kernel_spellings_of_a_bus_id_agree(domain: int, bus: int, devi
 def test_text_that_is_not_a_bus_id_is_returned_as_is() -> None:
     assert normalize_bus_id(" not-a-bus ") == "not-a-bus"
     assert normalize_bus_id("zz:yy:xx") == "zz:yy:xx"
+
+
+ARABIC_INDIC_79 = "\u0667\u0669"  # "٧٩": digits to Unicode, not to the kernel
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        f"4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}, GPU has fallen off the bus.",
+        f"[ 5.000000] NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}, pid=1, name=a, MMU Fault",
+        f"Nov 29 10:00:00 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): {ARABIC_INDIC_79}",
+    ],
+)
+def test_only_ascii_digits_are_an_xid_number(record: str) -> None:
+    assert parse_record(record, ANCHOR) is None
+
+
+def test_only_ascii_digits_are_a_stamp_or_a_sequence_number() -> None:
+    text = "NVRM: Xid (PCI:0000:3b:00): 13, MMU Fault"
+    assert record_seq(f"4,{ARABIC_INDIC_79},5000000,-;{text}") is None
+    assert record_stamp(f"4,1,{ARABIC_INDIC_79},-;{text}") == (None, text)
+    assert record_stamp(f"[ {ARABIC_INDIC_79}.000000] {text}")[0] is None
+
+
+def test_records_read_twice_are_handed_on_once() -> None:
+    """The same sequence numbers again (a source that starts over) are the
+    same records: handed on again, they would be announced and counted twice."""
+    records = ["6,1,0,-;Linux version 6.1.0", XID_79.format(seq=7), XID_13.format(seq=9)]
+    events: list[GpuEvent] = []
+    probe = KmsgProbe(ScriptedKmsg([records, records[1:], [XID_13.format(seq=12)]], live_stamps=False), events.append)
+    for _ in range(3):
+        probe._handle(probe._source.read(1), live=False)
+    assert [e.xid for e in events] == [79, 13, 13]
+    assert probe.duplicates == 2
+
+
+def test_records_without_sequence_numbers_are_not_deduplicated() -> None:
+    """A dmesg or journal line has no sequence number: two alike are two occurrences."""
+    line = "[ 5.000000] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, MMU Fault"
+    events: list[GpuEvent] = []
+    probe = KmsgProbe(ScriptedKmsg([[line], [line]], live_stamps=False), events.append)
+    for _ in range(2):
+        probe._handle(probe._source.read(1), live=False)
+    assert [e.xid for e in events] == [13, 13]
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_cursor_file_for_a_kernel_log_without_a_boot_is_said_to_be_ignored(tmp_path: Path, kind: str) -> None:
+    """A replayed capture's sequence numbers are another boot's: the cursor
+    cannot apply, and the operator who set it is told once, at start."""
+    path = tmp_path / "kmsg"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(FIXTURE.read_text())
+    source = DevKmsgSource(str(path))
+    cursor = tmp_path / "kmsg-cursor.json"
+    try:
+        with capture_logs() as logs:
+            probe = KmsgProbe(source, lambda ev: None, clock=fixed_clock(), cursor_file=str(cursor))
+            probe.drain()
+            probe.drain()
+    finally:
+        source.close()
+    ignored = [e for e in logs if e["event"] == "kmsg_state_file_ignored"]
+    assert len(ignored) == 1 and ignored[0]["kmsg_state_file"] == str(cursor) and ignored[0]["path"] == str(path)
+    assert not cursor.exists()
