@@ -170,8 +170,8 @@ own, the recovery action the driver asks for (``GpuEvent.recovery_action``)."""
 
 # XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
 _RECOVERY_RE = re.compile(
-    r"recovery action changed from\s+\S+(?:\s+\([^)]*\))?\s+to\s+(?:0x(?P<hex>[0-9a-f]+)|(?P<dec>\d+))\b",
-    re.IGNORECASE,
+    r"recovery action changed from\s+\S+(?:\s+\([^)]*\))?\s+to\s+(?:0x(?P<hex>[0-9a-f]+)|(?P<dec>[0-9]+))\b",
+    re.IGNORECASE | re.ASCII,
 )
 
 

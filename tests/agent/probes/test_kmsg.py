@@ -126,6 +126,8 @@ def test_xid_lines(record: str, bus: str, xid: int, message: str) -> None:
         ),
         ("4,164,523466789,-;NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed", None),
         ("4,165,523466789,-;NVRM: Xid (PCI:0000:18:00): 154", None),
+        # Only ASCII digits name an action: an Arabic-Indic three is text, not RECOVERY 3.
+        ("4,166,523466789,-;NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0 to \u0663", None),
     ],
 )
 def test_xid_154_lines_carry_the_recovery_action(record: str, action: int | None) -> None:
