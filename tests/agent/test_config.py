@@ -109,3 +109,34 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("gpu: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(b"kmsg_path: /dev/km\xffsg\n")
+    with pytest.raises(ConfigError, match=rf"config file {path} is not UTF-8 text: byte 0xff at offset 18"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"poll_interval": 5}, "poll_interval: unknown key 'poll_interval' (did you mean 'poll_interval_s'?)"),
+        ({"pcie": {"windows": 5}}, "pcie.windows: unknown key 'windows' (did you mean 'window_s'?)"),
+        ({"storage": {"mounts": [{"path": "/m", "timeut_s": 1}]}}, "did you mean 'timeout_s'?"),
+    ],
+)
+def test_an_unknown_key_suggests_the_closest_known_one(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert message in str(err.value)
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``3e2`` as a string; where a number is meant it is one."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("pcie:\n  window_s: 3e2\n")
+    assert load_config(path).pcie.window_s == 300.0
+    path.write_text("pcie:\n  window_s: 1e999\n")
+    with pytest.raises(ConfigError, match=r"pcie\.window_s: must be a finite number greater than 0, got inf"):
+        load_config(path)
