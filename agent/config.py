@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from gpuwarden.contract import Action
-from gpuwarden.yamlfile import load_yaml
+from gpuwarden.yamlfile import load_yaml, unknown_keys, yaml_number
 
 
 class ConfigError(ValueError):
@@ -186,9 +186,10 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        number = yaml_number(value)
+        if number is None:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -209,10 +210,8 @@ def from_mapping(cls: type[Any], data: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{where}: expected a mapping, got {data!r}")
     hints = get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
-    for name in data:
-        if name not in known:
-            dotted = f"{prefix}.{name}" if prefix else str(name)
-            raise ConfigError(f"{dotted}: unknown key (known: {', '.join(sorted(known))})")
+    for name, problem in unknown_keys(data, known):
+        raise ConfigError(f"{prefix}.{name}: {problem}" if prefix else f"{name}: {problem}")
     kwargs: dict[str, Any] = {}
     for name, f in known.items():
         dotted = f"{prefix}.{name}" if prefix else name

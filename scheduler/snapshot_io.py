@@ -70,9 +70,25 @@ Fair-share file::
       team-1: {gpu: 10, cpu: 64, memory: 256Gi}
 
 Every problem in a file is reported at once, each with its place in the
-document (``jobs[2].tasks[0].cpu: ...``); a file with problems is refused
-whole rather than scheduled in part. Pod annotations are passed through as
-written: a malformed GPU slice is the engine's to report on the job.
+document and the value written (``jobs[2].tasks[0].cpu: ...``); a file with
+problems is refused whole rather than scheduled in part. What counts as a
+problem:
+
+- a key the format does not know, named with the closest known one
+  (``queues[0].gpu.limt: unknown key 'limt' (did you mean 'limit'?)``): a
+  misspelt quota or priority would otherwise silently be zero. Labels,
+  annotations, node selectors and the names under ``poolStrategies``,
+  ``capacity`` and ``demand`` are the user's own and take any key;
+- a number that is not finite (``.nan``, ``.inf``), negative, or beyond any
+  cluster (over a million GPUs or 10^8 cores, 1Ei of memory, 1024 GPUs on
+  one node or pod, a million replicas or gang members, an over-quota weight
+  over 10^6). A number may be written ``1e3``, which YAML 1.1 reads as a
+  string;
+- a queue defined twice (``queue 'x' is defined twice (queues[1] and
+  queues[3])``), which would leave it unclear which definition holds.
+
+Pod annotations are passed through as written: a malformed GPU slice is the
+engine's to report on the job.
 """
 
 from __future__ import annotations
@@ -85,7 +101,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.contract import DEFAULT_NODE_POOL, Action
-from gpuwarden.yamlfile import load_yaml
+from gpuwarden.yamlfile import load_yaml, unknown_keys, yaml_number
 from scheduler.engine.model import (
     UNLIMITED,
     Gpu,
@@ -121,6 +137,88 @@ _SUFFIXES = {
 }
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
+# Beyond these no cluster goes: a larger amount is a typo (an exponent, a
+# unit written twice), and refusing it keeps the engine's integer arithmetic
+# and its lists (a GPU per index, a task per replica) of a sane size.
+_MAX_GPUS = 1_000_000
+_MAX_CORES = 100_000_000
+_MAX_BYTES = 1024**6  # 1Ei
+_MAX_GPUS_PER_NODE = 1024
+_MAX_MEMBERS = 1_000_000
+_MAX_WEIGHT = 1_000_000
+
+# The keys of each mapping of the two formats (see the module docstring).
+_KEYS: dict[str, frozenset[str]] = {
+    "snapshot": frozenset({"now", "config", "nodes", "queues", "jobs"}),
+    "fair-share file": frozenset({"capacity", "queues", "demand"}),
+    "config": frozenset({"strategy", "poolStrategies", "staleGangGraceSeconds"}),
+    "node": frozenset(
+        {
+            "name",
+            "pool",
+            "cpu",
+            "memory",
+            "gpus",
+            "gpuMemory",
+            "labels",
+            "taints",
+            "schedulable",
+            "draining",
+            "conditions",
+        }
+    ),
+    "gpu": frozenset({"index", "memory", "healthy", "mig", "uuid"}),
+    "taint": frozenset({"key", "value", "effect"}),
+    "condition": frozenset({"type", "status", "reason", "message", "action", "gpus"}),
+    "queue": frozenset({"name", "parent", "priority", "pool", "gpu", "cpu", "memory"}),
+    "queue resource": frozenset({"quota", "limit", "overQuotaWeight"}),
+    "job": frozenset(
+        {
+            "name",
+            "queue",
+            "namespace",
+            "uid",
+            "priority",
+            "preemptible",
+            "minMember",
+            "created",
+            "belowMinMemberSince",
+            "tasks",
+        }
+    ),
+    "task": frozenset(
+        {
+            "name",
+            "uid",
+            "replicas",
+            "namespace",
+            "status",
+            "cpu",
+            "memory",
+            "gpus",
+            "annotations",
+            "nodeSelector",
+            "tolerations",
+            "node",
+            "gpuIndices",
+        }
+    ),
+    "toleration": frozenset({"key", "operator", "value", "effect"}),
+    "vector": frozenset({"gpu", "cpu", "memory"}),
+}
+KNOWN_KEYS: frozenset[str] = frozenset().union(*_KEYS.values())
+"""Every key either format knows somewhere."""
+
+
+def _at(where: str, key: str) -> str:
+    """The path of ``key`` in the mapping at ``where`` ("" is the top of the document)."""
+    return f"{where}.{key}" if where else key
+
+
+def _shown(value: Any) -> str:
+    """A value as the message quotes it: a number as written, anything else quoted."""
+    return str(value) if yaml_number(value) is not None else repr(value)
+
 
 class SnapshotError(ValueError):
     """A file that cannot be read; the message lists every problem found."""
@@ -142,12 +240,16 @@ class _Reader:
     def fail(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
 
-    def mapping(self, value: Any, where: str) -> Mapping[str, Any]:
+    def mapping(self, value: Any, where: str, kind: str | None = None) -> Mapping[str, Any]:
+        """``value`` as a mapping; with ``kind``, a key not in that part of the format is a problem."""
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            self.fail(where, f"expected a mapping, got {type(value).__name__}")
+            self.fail(where or "document", f"expected a mapping, got {type(value).__name__}")
             return {}
+        if kind is not None:
+            for key, problem in unknown_keys(value, _KEYS[kind]):
+                self.fail(_at(where, key), problem)
         return value
 
     def sequence(self, value: Any, where: str) -> list[Any]:
@@ -164,30 +266,69 @@ class _Reader:
     def string(self, data: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
         value = data.get(key, default)
         if value is None:
-            self.fail(f"{where}.{key}", "required")
+            self.fail(_at(where, key), "required")
             return ""
         return str(value)
 
-    def integer(self, data: Mapping[str, Any], key: str, where: str, default: int) -> int:
+    def integer(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        where: str,
+        default: int,
+        *,
+        maximum: int | None = None,
+        beyond: str = "any cluster",
+    ) -> int:
+        """A whole number; with ``maximum``, also not negative and at most that (beyond ``beyond``)."""
         value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(f"{where}.{key}", f"expected a whole number, got {value!r}")
+        number = yaml_number(value)
+        whole: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            whole = value
+        elif number is not None and not math.isfinite(number):
+            self.fail(_at(where, key), f"must be a finite number, got {value!r}")
             return default
-        return value
+        elif number is not None and number.is_integer():
+            whole = int(number)
+        if whole is None:
+            self.fail(_at(where, key), f"expected a whole number, got {value!r}")
+            return default
+        if maximum is not None:
+            if whole < 0:
+                self.fail(_at(where, key), f"must not be negative, got {value!r}")
+                return default
+            if whole > maximum:
+                self.fail(_at(where, key), f"{_shown(value)} is beyond {beyond} (at most {maximum})")
+                return default
+        return whole
 
-    def number(self, data: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    def number(
+        self, data: Mapping[str, Any], key: str, where: str, default: float, *, maximum: float | None = None
+    ) -> float:
+        """A finite number not below 0 (and, with ``maximum``, not above it)."""
         value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(f"{where}.{key}", f"expected a number, got {value!r}")
+        number = yaml_number(value)
+        if number is None:
+            self.fail(_at(where, key), f"expected a number, got {value!r}")
             return default
-        return float(value)
+        if not math.isfinite(number):
+            self.fail(_at(where, key), f"must be a finite number, got {value!r}")
+            return default
+        if number < 0:
+            self.fail(_at(where, key), f"must not be negative, got {value!r}")
+            return default
+        if maximum is not None and number > maximum:
+            self.fail(_at(where, key), f"{_shown(value)} is beyond any useful {key} (at most {maximum:g})")
+            return default
+        return number
 
     def boolean(self, data: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
         value = data.get(key, default)
         if isinstance(value, str) and value.lower() in {"true", "false"}:
             return value.lower() == "true"
         if not isinstance(value, bool):
-            self.fail(f"{where}.{key}", f"expected true or false, got {value!r}")
+            self.fail(_at(where, key), f"expected true or false, got {value!r}")
             return default
         return value
 
@@ -197,61 +338,77 @@ class _Reader:
             return None
         if hasattr(value, "timestamp"):
             return float(value.timestamp())
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(f"{where}.{key}", f"expected seconds since the epoch or a timestamp, got {value!r}")
+        number = yaml_number(value)
+        if number is None:
+            self.fail(_at(where, key), f"expected seconds since the epoch or a timestamp, got {value!r}")
             return default
-        return float(value)
+        if not math.isfinite(number):
+            self.fail(_at(where, key), f"must be a finite number, got {value!r}")
+            return default
+        return number
+
+    def _measure(
+        self, value: Any, amount: float | None, where: str, *, unit: str, limit: tuple[float, str], what: str
+    ) -> float | None:
+        """``amount`` (``value`` read as ``unit``) if it is usable; if not, ``None`` and the problem noted.
+
+        An ``amount`` of ``None`` means ``value`` is no amount at all (``what``
+        says what was expected). An amount must be finite, not negative and at
+        most ``limit`` (the number, and how a message writes it).
+        """
+        if amount is None:
+            self.fail(where, what)
+        elif not math.isfinite(amount):
+            self.fail(where, f"must be a finite number, got {value!r}")
+        elif amount < 0:
+            self.fail(where, f"must not be negative, got {value!r}")
+        elif amount > limit[0]:
+            shown = f"{value} {unit}" if yaml_number(value) is not None else repr(value)
+            self.fail(where, f"{shown} is beyond any cluster (at most {limit[1]})")
+        else:
+            return amount
+        return None
 
     def cpu(self, value: Any, where: str) -> int:
-        return self._non_negative(self._cpu(value, where), value, where)
-
-    def _cpu(self, value: Any, where: str) -> int:
-        """Cores (number) or millicores ("500m") -> millicores."""
-        if isinstance(value, str) and value.endswith("m"):
+        """Cores (number) or millicores ("500m") -> millicores, rounded up."""
+        milli: int | None = None
+        cores = yaml_number(value)
+        if isinstance(value, str) and value.strip().endswith("m"):
             try:
-                return int(value[:-1])
+                milli = int(value.strip()[:-1])
             except ValueError:
                 pass
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            return math.ceil(value * MILLI)
-        elif isinstance(value, str):
-            try:
-                return math.ceil(float(value) * MILLI)
-            except ValueError:
-                pass
-        self.fail(where, f"not a CPU amount: {value!r} (use cores like 8 or 0.5, or millicores like 500m)")
-        return 0
+            else:
+                cores = milli / MILLI
+        what = f"not a CPU amount: {value!r} (use cores like 8 or 0.5, or millicores like 500m)"
+        cores = self._measure(value, cores, where, unit="cores", limit=(_MAX_CORES, f"{_MAX_CORES} cores"), what=what)
+        if cores is None:
+            return 0
+        return milli if milli is not None else math.ceil(cores * MILLI)
 
     def memory(self, value: Any, where: str) -> int:
-        return self._non_negative(self._memory(value, where), value, where)
-
-    def _memory(self, value: Any, where: str) -> int:
         """A quantity (64Gi, 512Mi, bytes) -> MiB, rounded up."""
-        if isinstance(value, int) and not isinstance(value, bool):
-            return math.ceil(value / _BYTES_PER_MIB)
-        if isinstance(value, str):
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_BYTES:
+            return -(-value // _BYTES_PER_MIB)  # exact: an int of bytes never goes through a float
+        amount = yaml_number(value)
+        if amount is None and isinstance(value, str):
             match = _QUANTITY.match(value)
             if match and (match.group(2) == "" or match.group(2) in _SUFFIXES):
                 amount = float(match.group(1)) * _SUFFIXES.get(match.group(2), 1)
-                return math.ceil(amount / _BYTES_PER_MIB)
-        self.fail(where, f"not a memory quantity: {value!r} (use e.g. 64Gi or 512Mi)")
-        return 0
+        what = f"not a memory quantity: {value!r} (use e.g. 64Gi or 512Mi)"
+        amount = self._measure(value, amount, where, unit="bytes", limit=(_MAX_BYTES, "1Ei"), what=what)
+        if amount is None:
+            return 0
+        return math.ceil(amount / _BYTES_PER_MIB)
 
     def gpus(self, value: Any, where: str) -> int:
-        return self._non_negative(self._gpus(value, where), value, where)
-
-    def _gpus(self, value: Any, where: str) -> int:
-        """GPUs as a number -> milli-GPUs."""
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return math.ceil(value * MILLI)
-        self.fail(where, f"not a GPU amount: {value!r}")
-        return 0
-
-    def _non_negative(self, amount: int, value: Any, where: str) -> int:
-        if amount < 0:
-            self.fail(where, f"must not be negative, got {value!r}")
+        """GPUs as a number -> milli-GPUs, rounded up."""
+        limit = (_MAX_GPUS, f"{_MAX_GPUS} GPUs")
+        what = f"not a GPU amount: {value!r}"
+        amount = self._measure(value, yaml_number(value), where, unit="GPUs", limit=limit, what=what)
+        if amount is None:
             return 0
-        return amount
+        return math.ceil(amount * MILLI)
 
     def bound(self, value: Any, resource: int, where: str) -> int:
         if value in (-1, "-1", "unlimited"):
@@ -263,10 +420,7 @@ class _Reader:
         return self.memory(value, where)
 
     def vector(self, data: Any, where: str) -> tuple[int, int, int]:
-        data = self.mapping(data, where)
-        unknown = set(data) - {"gpu", "cpu", "memory"}
-        for key in sorted(unknown):
-            self.fail(f"{where}.{key}", "unknown resource (use gpu, cpu, memory)")
+        data = self.mapping(data, where, "vector")
         return (
             self.gpus(data.get("gpu", 0), f"{where}.gpu"),
             self.cpu(data.get("cpu", 0), f"{where}.cpu"),
@@ -276,15 +430,13 @@ class _Reader:
     # ------------------------------------------------------------------
 
     def queue(self, data: Any, where: str) -> Queue:
-        data = self.mapping(data, where)
+        data = self.mapping(data, where, "queue")
         resources: list[QueueResource] = []
         for resource, key in ((GPU, "gpu"), (CPU, "cpu"), (MEMORY, "memory")):
-            setting = self.mapping(data.get(key), f"{where}.{key}")
+            setting = self.mapping(data.get(key), f"{where}.{key}", "queue resource")
             quota = self.bound(setting.get("quota", 0), resource, f"{where}.{key}.quota")
             limit = self.bound(setting.get("limit", -1), resource, f"{where}.{key}.limit")
-            weight = self.number(setting, "overQuotaWeight", f"{where}.{key}", 1.0)
-            if weight < 0:
-                self.fail(f"{where}.{key}.overQuotaWeight", "must not be negative")
+            weight = self.number(setting, "overQuotaWeight", f"{where}.{key}", 1.0, maximum=_MAX_WEIGHT)
             resources.append(QueueResource(quota, limit, weight))
         parent = data.get("parent")
         return Queue(
@@ -298,19 +450,20 @@ class _Reader:
         )
 
     def node(self, data: Any, where: str) -> Node:
-        data = self.mapping(data, where)
+        data = self.mapping(data, where, "node")
         gpus_value = data.get("gpus", 0)
         gpus: list[Gpu] = []
-        if isinstance(gpus_value, int) and not isinstance(gpus_value, bool):
+        if gpus_value is not None and not isinstance(gpus_value, list):
+            count = self.integer(data, "gpus", where, 0, maximum=_MAX_GPUS_PER_NODE, beyond="any node")
             memory = self.memory(data.get("gpuMemory", "80Gi"), f"{where}.gpuMemory")
-            gpus = [Gpu(index=i, memory_mib=memory) for i in range(gpus_value)]
+            gpus = [Gpu(index=i, memory_mib=memory) for i in range(count)]
         else:
             for i, raw_gpu in enumerate(self.sequence(gpus_value, f"{where}.gpus")):
                 gw = f"{where}.gpus[{i}]"
-                g = self.mapping(raw_gpu, gw)
+                g = self.mapping(raw_gpu, gw, "gpu")
                 gpus.append(
                     Gpu(
-                        index=self.integer(g, "index", gw, i),
+                        index=self.integer(g, "index", gw, i, maximum=_MAX_GPUS_PER_NODE, beyond="any node"),
                         uuid=str(g.get("uuid", "")),
                         memory_mib=self.memory(g.get("memory", "80Gi"), f"{gw}.memory"),
                         healthy=self.boolean(g, "healthy", gw, True),
@@ -320,7 +473,7 @@ class _Reader:
         taints: list[Taint] = []
         for i, raw_taint in enumerate(self.sequence(data.get("taints"), f"{where}.taints")):
             tw = f"{where}.taints[{i}]"
-            t = self.mapping(raw_taint, tw)
+            t = self.mapping(raw_taint, tw, "taint")
             effect = str(t.get("effect", TaintEffect.NO_SCHEDULE.value))
             if effect not in {e.value for e in TaintEffect}:
                 self.fail(f"{tw}.effect", f"unknown taint effect {effect!r}")
@@ -329,7 +482,7 @@ class _Reader:
         conditions: list[NodeCondition] = []
         for i, raw_cond in enumerate(self.sequence(data.get("conditions"), f"{where}.conditions")):
             cw = f"{where}.conditions[{i}]"
-            c = self.mapping(raw_cond, cw)
+            c = self.mapping(raw_cond, cw, "condition")
             action = str(c.get("action", Action.NONE.value))
             if action not in {a.value for a in Action}:
                 self.fail(f"{cw}.action", f"unknown action {action!r} (one of {', '.join(a.value for a in Action)})")
@@ -359,14 +512,14 @@ class _Reader:
         )
 
     def tasks(self, data: Any, where: str) -> list[Task]:
-        data = self.mapping(data, where)
+        data = self.mapping(data, where, "task")
         status = str(data.get("status", TaskStatus.PENDING.value))
         if status not in {s.value for s in TaskStatus}:
             self.fail(f"{where}.status", f"unknown status {status!r} (Pending, Running or Releasing)")
             status = TaskStatus.PENDING.value
         tolerations: list[Toleration] = []
         for i, raw_tol in enumerate(self.sequence(data.get("tolerations"), f"{where}.tolerations")):
-            t = self.mapping(raw_tol, f"{where}.tolerations[{i}]")
+            t = self.mapping(raw_tol, f"{where}.tolerations[{i}]", "toleration")
             tolerations.append(
                 Toleration(
                     key=str(t.get("key", "")),
@@ -381,7 +534,7 @@ class _Reader:
             "status": TaskStatus(status),
             "cpu_milli": self.cpu(data.get("cpu", 0), f"{where}.cpu"),
             "memory_mib": self.memory(data.get("memory", 0), f"{where}.memory"),
-            "gpus": self.integer(data, "gpus", where, 0),
+            "gpus": self.integer(data, "gpus", where, 0, maximum=_MAX_GPUS_PER_NODE, beyond="any node"),
             "annotations": self.labels(data.get("annotations"), f"{where}.annotations"),
             "node_selector": self.labels(data.get("nodeSelector"), f"{where}.nodeSelector"),
             "tolerations": tuple(tolerations),
@@ -394,11 +547,11 @@ class _Reader:
         name = self.string(data, "name", where)
         if replicas is None:
             return [Task(name=name, uid=str(data.get("uid", "")), **common)]
-        count = self.integer(data, "replicas", where, 1)
+        count = self.integer(data, "replicas", where, 1, maximum=_MAX_MEMBERS)
         return [Task(name=f"{name}-{i}", uid="", **common) for i in range(count)]
 
     def job(self, data: Any, where: str) -> Job:
-        data = self.mapping(data, where)
+        data = self.mapping(data, where, "job")
         tasks: list[Task] = []
         for i, t in enumerate(self.sequence(data.get("tasks"), f"{where}.tasks")):
             tasks.extend(self.tasks(t, f"{where}.tasks[{i}]"))
@@ -413,14 +566,14 @@ class _Reader:
             uid=str(data.get("uid", "")),
             priority=self.integer(data, "priority", where, 0),
             preemptible=preemptible,
-            min_member=self.integer(data, "minMember", where, 1),
+            min_member=self.integer(data, "minMember", where, 1, maximum=_MAX_MEMBERS),
             created=self.time(data, "created", where, 0.0) or 0.0,
             tasks=tuple(tasks),
             below_min_member_since=self.time(data, "belowMinMemberSince", where, None),
         )
 
     def config(self, data: Any, where: str) -> SchedulerConfig:
-        data = self.mapping(data, where)
+        data = self.mapping(data, where, "config")
         valid = {s.value for s in PlacementStrategy}
         default = str(data.get("strategy", PlacementStrategy.BINPACK.value))
         if default not in valid:
@@ -443,6 +596,22 @@ class _Reader:
             lines = "\n  ".join(self.problems)
             raise SnapshotError(f"{source}: {len(self.problems)} problem(s):\n  {lines}")
 
+    def queues(self, data: Any) -> list[Queue]:
+        """The queue list; a name defined twice is a problem, since which definition holds is a guess."""
+        queues: list[Queue] = []
+        first: dict[str, int] = {}
+        for i, raw in enumerate(self.sequence(data, "queues")):
+            queue = self.queue(raw, f"queues[{i}]")
+            if queue.name in first:
+                self.fail(
+                    f"queues[{i}].name",
+                    f"queue {queue.name!r} is defined twice (queues[{first[queue.name]}] and queues[{i}])",
+                )
+            elif queue.name:
+                first[queue.name] = i
+            queues.append(queue)
+        return queues
+
 
 def _load_document(path: Path, what: str) -> Mapping[str, Any]:
     data = load_yaml(path, what, SnapshotError)
@@ -453,11 +622,12 @@ def _load_document(path: Path, what: str) -> Mapping[str, Any]:
 
 def parse_snapshot(data: Mapping[str, Any], source: str = "snapshot") -> Snapshot:
     reader = _Reader()
+    data = reader.mapping(data, "", "snapshot")
     nodes = [reader.node(n, f"nodes[{i}]") for i, n in enumerate(reader.sequence(data.get("nodes"), "nodes"))]
-    queues = [reader.queue(q, f"queues[{i}]") for i, q in enumerate(reader.sequence(data.get("queues"), "queues"))]
+    queues = reader.queues(data.get("queues"))
     jobs = [reader.job(j, f"jobs[{i}]") for i, j in enumerate(reader.sequence(data.get("jobs"), "jobs"))]
     config = reader.config(data.get("config"), "config")
-    now = reader.time(data, "now", "snapshot", 0.0) or 0.0
+    now = reader.time(data, "now", "", 0.0) or 0.0
     reader.raise_if_problems(source)
     return Snapshot(tuple(nodes), tuple(queues), tuple(jobs), now, config)
 
@@ -468,7 +638,8 @@ def load_snapshot(path: Path) -> Snapshot:
 
 def parse_fairshare(data: Mapping[str, Any], source: str = "fair-share input") -> FairShareInput:
     reader = _Reader()
-    queues = [reader.queue(q, f"queues[{i}]") for i, q in enumerate(reader.sequence(data.get("queues"), "queues"))]
+    data = reader.mapping(data, "", "fair-share file")
+    queues = reader.queues(data.get("queues"))
     capacity = {
         str(pool): reader.vector(v, f"capacity.{pool}")
         for pool, v in reader.mapping(data.get("capacity"), "capacity").items()

@@ -1,13 +1,15 @@
 """Sim scenario files: their schema, and loading them by name or path.
 
 A scenario is read with the agent config's loader (:func:`agent.config.from_mapping`),
-so an unknown key or a wrongly typed value is reported with its path. Each
+so an unknown key or a wrongly typed value is reported with its path, and a
+time or rate that is not a finite number is refused by key. Each
 timeline fault is checked against the fault table (:data:`agent.sim.faults.FAULTS`)
 when the file is loaded, not when the fault comes due minutes into a run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -79,12 +81,25 @@ class Scenario:
     faults: list[SimFault] = field(default_factory=list)
 
 
+def _finite(source: str, key: str, value: float, minimum: float, inclusive: bool) -> None:
+    # YAML reads .nan and .inf as floats: a NaN or infinite time never comes
+    # due, and a NaN rate would make the simulated port neither up to speed nor
+    # degraded, so both are refused where they are read.
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        bound = f"not below {minimum:g}" if inclusive else f"greater than {minimum:g}"
+        raise ConfigError(f"{source}: {key}: must be a finite number {bound}, got {value!r}")
+
+
 def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     try:
         sc: Scenario = from_mapping(Scenario, data, "")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+    _finite(source, "infiniband.rate_gbps", sc.infiniband.rate_gbps, 0, inclusive=False)
     for i, f in enumerate(sc.faults):
+        _finite(source, f"faults[{i}].at", f.at, 0, inclusive=True)
+        if f.rate_gbps is not None:
+            _finite(source, f"faults[{i}].rate_gbps", f.rate_gbps, 0, inclusive=False)
         if f.inject not in FAULTS:
             raise ConfigError(f"{source}: faults[{i}].inject: unknown kind {f.inject!r} (known: {', '.join(FAULTS)})")
         missing = missing_params(f.inject, f.params())

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 import pytest
+import yaml
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from agent.config import AgentConfig, ConfigError, config_from_dict, load_config
 
@@ -112,3 +118,77 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("gpu: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(b"kmsg_path: /dev/km\xffsg\n")
+    with pytest.raises(ConfigError, match=rf"config file {path} is not UTF-8 text: byte 0xff at offset 18"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"poll_interval": 5}, "poll_interval: unknown key 'poll_interval' (did you mean 'poll_interval_s'?)"),
+        ({"pcie": {"windows": 5}}, "pcie.windows: unknown key 'windows' (did you mean 'window_s'?)"),
+        ({"storage": {"mounts": [{"path": "/m", "timeut_s": 1}]}}, "did you mean 'timeout_s'?"),
+    ],
+)
+def test_an_unknown_key_suggests_the_closest_known_one(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert message in str(err.value)
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``3e2`` as a string; where a number is meant it is one."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("pcie:\n  window_s: 3e2\n")
+    assert load_config(path).pcie.window_s == 300.0
+    path.write_text("pcie:\n  window_s: 1e999\n")
+    with pytest.raises(ConfigError, match=r"pcie\.window_s: must be a finite number greater than 0, got inf"):
+        load_config(path)
+
+
+def _documented_example() -> dict[str, Any]:
+    import agent.config as module
+
+    example = (module.__doc__ or "").split("Example with every key at its default::", 1)[1]
+    data: dict[str, Any] = yaml.safe_load("\n".join(line[4:] for line in example.splitlines()))
+    return data
+
+
+def _field_names(cls: type[Any]) -> set[str]:
+    """Every key of the config's schema, at any depth."""
+    names: set[str] = set()
+    for f in dataclasses.fields(cls):
+        names.add(f.name)
+        for tp in (get_type_hints(cls)[f.name], *get_args(get_type_hints(cls)[f.name])):
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                names |= _field_names(tp)
+    return names
+
+
+def _mappings(value: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+    if not isinstance(value, dict) or path.endswith("overrides"):  # XIDs are the user's keys
+        return []
+    found = [(path, value)]
+    for key, child in value.items():
+        found += _mappings(child, f"{path}.{key}" if path else key)
+    return found
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_any_misspelt_key_is_refused_by_name(data: st.DataObject) -> None:
+    document = _documented_example()
+    place, mapping = data.draw(st.sampled_from([m for m in _mappings(document, "") if m[1]]))
+    key = data.draw(st.sampled_from(sorted(mapping)))
+    at = data.draw(st.integers(0, len(key) - 1))
+    typo = data.draw(st.sampled_from([key[:at] + key[at + 1 :], key[:at] + "x" + key[at:], key.upper()]))
+    assume(typo and typo not in _field_names(AgentConfig))
+    mapping[typo] = mapping.pop(key)
+    dotted = f"{place}.{typo}" if place else typo
+    with pytest.raises(ConfigError, match=re.escape(f"{dotted}: unknown key {typo!r}")):
+        config_from_dict(document)

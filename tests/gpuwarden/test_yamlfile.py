@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.yamlfile import load_yaml, parse_yaml
+from gpuwarden.yamlfile import load_yaml, parse_yaml, unknown_keys, yaml_number
 
 
 class MyError(Exception):
@@ -40,3 +40,32 @@ def test_a_syntax_error_names_the_source() -> None:
 def test_python_objects_are_never_constructed() -> None:
     with pytest.raises(MyError, match="not valid YAML"):
         parse_yaml("!!python/object/apply:os.system ['true']\n", "x", MyError)
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(MyError, match=rf"snapshot {path} is not UTF-8 text: byte 0xe9 at offset 9") as info:
+        load_yaml(path, "snapshot", MyError)
+    assert isinstance(info.value.__cause__, UnicodeDecodeError)
+
+
+def test_an_unknown_key_is_named_with_the_closest_known_one() -> None:
+    known = ("quota", "limit", "overQuotaWeight")
+    assert unknown_keys({"quota": 1, "limt": 2, "overquotaweight": 3}, known) == [
+        ("limt", "unknown key 'limt' (did you mean 'limit'?)"),
+        ("overquotaweight", "unknown key 'overquotaweight' (did you mean 'overQuotaWeight'?)"),
+    ]
+    assert unknown_keys({"zzz": 1}, known) == [("zzz", "unknown key 'zzz' (known: limit, overQuotaWeight, quota)")]
+    assert unknown_keys({"quota": 1}, known) == []
+
+
+def test_numbers_yaml_reads_as_strings_are_numbers() -> None:
+    # YAML 1.1 reads an exponent without a dot (1e300) as a string.
+    assert yaml_number("1e300") == 1e300
+    assert yaml_number(" 2.5 ") == 2.5
+    assert yaml_number(3) == 3.0
+    assert yaml_number(float("inf")) == float("inf")  # finiteness is the caller's to judge, with its key
+    assert yaml_number("lots") is None
+    assert yaml_number(True) is None
+    assert yaml_number(None) is None

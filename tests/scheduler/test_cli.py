@@ -102,3 +102,40 @@ def test_fairshare_warns_about_bad_queues(tmp_path: Path, capsys: pytest.Capture
     assert "warning: demand for unknown queue ghost ignored" in out
     row = next(line.split() for line in out.splitlines() if line.startswith("a "))
     assert row[-1] == "4"
+
+
+@pytest.mark.parametrize(
+    ("command", "what"), [(["fairshare"], "fair-share file"), (["scheduler", "--snapshot"], "snapshot")]
+)
+def test_a_file_that_is_not_utf8_gets_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], what: str
+) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("queues: [{name: \xe9quipe}]\n".encode("latin-1"))
+    assert main(["--log-format", "json", *command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{what} {path} is not UTF-8 text: byte 0xe9 at offset 16" in err
+    assert "Traceback" not in err
+
+
+def test_nan_and_misspelt_keys_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "fs.yaml"
+    f.write_text("capacity: {default: {gpu: .nan}}\nqueues:\n  - {name: a, gpu: {quota: 1, limt: 2}}\n")
+    assert main(["fairshare", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"gpuwarden fairshare: {f}: 2 problem(s):" in err
+    assert "capacity.default.gpu: must be a finite number, got nan" in err
+    assert "queues[0].gpu.limt: unknown key 'limt' (did you mean 'limit'?)" in err
+
+
+def test_a_queue_defined_twice_is_said_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "fs.yaml"
+    f.write_text(
+        "capacity: {default: {gpu: 4}}\n"
+        "queues:\n  - {name: a}\n  - {name: b}\n  - {name: a, gpu: {quota: 1}}\n"
+        "demand: {a: {gpu: 8}}\n"
+    )
+    assert main(["fairshare", str(f)]) == 2
+    captured = capsys.readouterr()
+    assert "queues[2].name: queue 'a' is defined twice (queues[0] and queues[2])" in captured.err
+    assert "unknown queue" not in captured.err + captured.out

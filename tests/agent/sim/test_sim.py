@@ -130,3 +130,36 @@ def test_bad_scenarios_name_the_key(tmp_path: Path) -> None:
     path.write_text("name: custom\ngpus: {count: 2, nvlinks: 0}\ninfiniband: {hcas: 0}\n")
     sc = load_scenario(str(path))
     assert sc.name == "custom" and SimNode(sc).ib_ports() == ()
+
+
+def test_a_scenario_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_bytes(b"name: \xc3\x28\n")
+    with pytest.raises(ConfigError, match=rf"scenario file {path} is not UTF-8 text: byte 0xc3 at offset 6"):
+        load_scenario(str(path))
+
+
+def test_a_misspelt_scenario_key_names_the_file_and_the_closest_key(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("gpus: {cuont: 2}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: gpus.cuont: unknown key 'cuont' \(did you mean 'count'\?\)"):
+        load_scenario(str(path))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"faults": [{"at": float("nan"), "inject": "gpu_lost", "gpu": 1}]}, "faults[0].at: must be a finite"),
+        ({"faults": [{"at": float("inf"), "inject": "gpu_lost", "gpu": 1}]}, "faults[0].at: must be a finite"),
+        ({"faults": [{"at": -1, "inject": "gpu_lost", "gpu": 1}]}, "faults[0].at: must be a finite"),
+        (
+            {"faults": [{"at": 0, "inject": "ib_rate", "device": "mlx5_0", "port": 1, "rate_gbps": float("nan")}]},
+            "faults[0].rate_gbps: must be a finite number greater than 0, got nan",
+        ),
+        ({"infiniband": {"rate_gbps": float("inf")}}, "infiniband.rate_gbps: must be a finite number greater than 0"),
+    ],
+)
+def test_non_finite_scenario_numbers_are_refused_by_key(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(data, "s.yaml")
+    assert f"s.yaml: {message}" in str(err.value)
