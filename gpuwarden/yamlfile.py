@@ -5,8 +5,9 @@ are all hand-edited, so a missing file and a syntax error must both name the
 file and what kind of file it is, and must surface as the caller's own error
 type (the CLI turns those into one clear line, not a traceback); so must a
 file that is not UTF-8 text (a Latin-1 name pasted into a config), which
-YAML cannot read. Only ``yaml.safe_load``: these files never carry Python
-objects.
+YAML cannot read; and so must a key given twice in one mapping, which YAML
+would resolve silently by position. Only the safe loader: these files never
+carry Python objects.
 
 The formats built on it share two more rules, kept here so that they read
 alike: a key the format does not know is refused and named with the closest
@@ -25,10 +26,40 @@ from typing import Any
 import yaml
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping.
+
+    PyYAML keeps the last of two equal keys without a word, so a quota pasted
+    twice with different values, or a threshold set again further down a long
+    file, silently wins or loses by position. Merge keys (``<<``) still work:
+    what a merge brings in may be overridden, as YAML intends.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found key {key!r} a second time (first at line {first.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_yaml(text: str, source: str, error: type[Exception]) -> Any:
-    """The document in ``text``; a syntax error raises ``error`` naming ``source``."""
+    """The document in ``text``; a syntax error or a repeated key raises ``error`` naming ``source``."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise error(f"{source} is not valid YAML: {exc}") from exc
 

@@ -69,3 +69,20 @@ def test_numbers_yaml_reads_as_strings_are_numbers() -> None:
     assert yaml_number("lots") is None
     assert yaml_number(True) is None
     assert yaml_number(None) is None
+
+
+def test_a_key_given_twice_is_refused_with_both_lines() -> None:
+    text = "queues:\n  - name: a\n    quota: {gpu: 4}\n    limit: {gpu: 8}\n    quota: {gpu: 40}\n"
+    with pytest.raises(MyError, match=r"found key 'quota' a second time \(first at line 3\)") as info:
+        parse_yaml(text, "fair-share file f.yaml", MyError)
+    assert "line 5" in str(info.value)
+
+
+def test_the_same_key_in_different_mappings_and_merge_overrides_are_fine() -> None:
+    text = "a: {x: 1}\nb: {x: 2}\nbase: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n"
+    assert parse_yaml(text, "x", MyError) == {
+        "a": {"x": 1},
+        "b": {"x": 2},
+        "base": {"x": 1, "y": 2},
+        "c": {"x": 3, "y": 2},
+    }
