@@ -20,10 +20,10 @@ def test_sim_once_prints_a_readable_report(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "node gpu-node-7" in out
     assert "GpuMemoryDegraded    True   RowRemapPending" in out
-    assert "InfinibandDegraded   True   IbRateDegraded" in out
+    assert "InfinibandDegraded   True   IbPortDown" in out
     assert "GpuXidError          False  NoFatalXid" in out
     assert "Xid13" in out and "RESTART_APP" in out
-    assert "mlx5_5/1  ACTIVE LinkUp  200 Gb/s" in out
+    assert "mlx5_5/1  DOWN Polling  400 Gb/s" in out
     assert "Recommended node action: REPLACE" in out
 
 
