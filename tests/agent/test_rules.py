@@ -938,3 +938,15 @@ def test_a_raised_fault_keeps_its_message_while_the_numbers_behind_it_move() -> 
         Reason.PCIE_GEN_DEGRADED: 2,
         Reason.MOUNT_HUNG: 1,
     }
+
+
+def test_a_gpu_known_by_its_bus_id_only_is_named_by_it() -> None:
+    """A kernel-log XID while NVML is down: the message names the bus id, not "GPU None"."""
+    ev = GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id=G1.pci_bus_id, xid=79)
+    report = HealthRules(config_from_dict(None), "n").evaluate(
+        NodeSample(time=T0, gpu_source_error="NVML could not initialise: Driver Not Loaded", events=(ev,))
+    )
+    (fault,) = report.faults
+    assert fault.message.startswith(f"GPU at {G1.pci_bus_id}: XID 79")
+    assert "None" not in fault.message and "unknown" not in fault.message
+    assert all(e.message.startswith(f"GPU at {G1.pci_bus_id}") for e in report.events)
