@@ -193,7 +193,10 @@ class HealthReport:
     ``restore_epoch`` counts the state restores (faults read back from the
     Node) the rules had received when they judged this report: a publisher
     that restored state must not publish a report judged before that, since
-    it lacks the restored (latched) faults.
+    it lacks the restored (latched) faults. ``unjudged`` names the condition
+    types no rule could judge this poll (their source failed, or their rule
+    did): their faults are held as they were, and the absence of a fault
+    there means "unknown", not "healthy".
     """
 
     node: str
@@ -204,6 +207,7 @@ class HealthReport:
     events: tuple[HealthEvent, ...] = ()
     errors: tuple[str, ...] = field(default_factory=tuple)
     restore_epoch: int = 0
+    unjudged: frozenset[ConditionType] = frozenset()
 
     def faults_for(self, condition: ConditionType) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.condition is condition)
