@@ -380,6 +380,19 @@ def test_follow_on_and_application_nvlink_xids_are_events_only(number: int, acti
     assert XID_CATALOGUE[number].kind is XidKind.APPLICATION and XID_CATALOGUE[number].action is action
 
 
+@pytest.mark.xfail(strict=True, reason="the XID rule makes a Warning of every XID whose action is not None")
+@pytest.mark.parametrize("number", [45, 63])
+def test_informational_xids_make_normal_events(number: int) -> None:
+    """An XID that asks for nothing is news, not a warning: "recommended
+    action NONE" in a Warning Event sends people looking for a problem."""
+    assert XID_CATALOGUE[number].action is Action.NONE
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(xid(0, number),)))
+    assert report.faults == ()
+    (event,) = report.events
+    assert (event.type, event.reason) == (EventType.NORMAL, f"Xid{number}")
+    assert "recommended action" not in event.message and G0.pci_bus_id in event.message
+
+
 def _kmsg_154(text: str) -> GpuEvent:
     """An XID 154 on GPU 1, as the kernel log prints it."""
     ev = parse_record(f"4,161,5000000,-;NVRM: Xid (PCI:0000:2a:00): 154, {text}", ClockAnchor(T0.timestamp(), 5.0))
