@@ -90,12 +90,12 @@ class InfinibandRule:
         for name, p in present.items():
             yield from self._judge(name, p, sample.time.timestamp(), cond)
 
-        raised: dict[str, tuple[str, int]] = {}
+        raised: set[str] = set()
         for k in ctx.active:
             port = _port_of(k.entity) if k.condition == cond.value else None
             if port is not None:
-                raised[f"{port[0]}/{port[1]}"] = port
-        for name in sorted((self._seen | self._expected | raised.keys()) - present.keys() - self._ignored):
+                raised.add(f"{port[0]}/{port[1]}")
+        for name in sorted((self._seen | self._expected | raised) - present.keys() - self._ignored):
             dev, _, num = name.rpartition("/")
             entity = Entity.ib(dev, int(num))
             if name in self._seen:

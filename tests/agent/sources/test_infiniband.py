@@ -161,3 +161,20 @@ def test_an_hca_that_appears_later_is_read_with_its_netdev(tmp_path: Path) -> No
     assert [p.netdev for p in source.read_ports()] == ["ib0"]
     write_port(tmp_path, PortSpec("mlx5_1", 1, netdev="ib1"))  # driver reloaded, second HCA back
     assert [(p.device, p.netdev) for p in source.read_ports()] == [("mlx5_0", "ib0"), ("mlx5_1", "ib1")]
+
+
+def test_a_port_whose_restored_fault_is_raised_stays_down_while_it_is_missing(tmp_path: Path) -> None:
+    """The agent restarts after the HCA vanished: it never saw the port, but
+    the fault read back from the Node names it, so it is not cleared."""
+    from agent.model import Entity, Fault
+    from gpuwarden.contract import Action
+
+    write_port(tmp_path, PortSpec("mlx5_0", 1))
+    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 1}}), "n")
+    entity = Entity.ib("mlx5_1", 1)
+    rules.restore([Fault(ConditionType.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "down", Action.REPLACE, entity, T0)])
+    source = SysfsIbSource(str(tmp_path))
+    for step in range(1, 4):
+        report = rules.evaluate(NodeSample(time=T0 + timedelta(seconds=10 * step), ib_ports=source.read_ports()))
+        (fault,) = report.faults
+        assert fault.entity == entity and "missing from sysfs" in fault.message
