@@ -101,6 +101,8 @@ def _jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
+    if isinstance(value, frozenset | set):
+        return sorted(_jsonable(v) for v in value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
@@ -114,7 +116,13 @@ def report_json(report: HealthReport, sample: NodeSample | None = None) -> str:
 
 
 def format_report(report: HealthReport) -> str:
-    """The report as a person reads it: inventory, conditions, events."""
+    """The report as a person reads it: inventory, conditions, events.
+
+    A condition no rule could judge this poll, with no fault held, is
+    ``Unknown``: "GpuMissing False AllGpusPresent" while NVML is down would
+    claim GPUs nobody could see. (A published Node keeps such a condition as
+    it was; one poll has nothing to keep.)
+    """
     lines = [f"gpuwarden agent report: node {report.node} at {report.time.isoformat(timespec='seconds')}"]
     for err in report.errors:
         lines.append(f"  ! {err}")
@@ -140,6 +148,9 @@ def format_report(report: HealthReport) -> str:
     lines.append("Conditions:")
     for ctype in ConditionType:
         faults = report.faults_for(ctype)
+        if not faults and ctype in report.unjudged:
+            lines.append(f"  {ctype.value:<20} Unknown  not judged: its source failed (see errors above)")
+            continue
         if not faults:
             lines.append(f"  {ctype.value:<20} False  {HEALTHY_REASONS[ctype]}")
             continue

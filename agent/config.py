@@ -40,8 +40,10 @@ Example with every key at its default::
       gen_load_pct: 30           # a generation drop counts while GPU utilisation is at least this
       gen_sustained_s: 0         # >0: also count a drop lasting this long whatever the load
     infiniband:
-      expected_rate_gbps: null   # null: the highest rate seen on any port of the same link layer
-      expected_ports: []         # "mlx5_0/1": ports that must be up even if never seen up
+      expected_rate_gbps: null   # null: each port against the highest rate it has run at itself
+      expected_ports: []         # "mlx5_0/1": ports that must be up even if absent when the agent starts
+      ignore_ports: []           # "mlx5_4/1": ports never judged (down on purpose, e.g. a management port);
+                                 # every other port found is expected ACTIVE/LinkUp
       link_downed_hold_s: 600    # how long a link_downed increment keeps the port degraded
       netdev: true               # read netdev state and speed through netlink
     storage:
@@ -113,6 +115,7 @@ class PcieConfig:
 class InfinibandConfig:
     expected_rate_gbps: float | None = None
     expected_ports: list[str] = field(default_factory=list)
+    ignore_ports: list[str] = field(default_factory=list)
     link_downed_hold_s: float = 600.0
     netdev: bool = True
 
@@ -276,6 +279,13 @@ def _validate(cfg: AgentConfig) -> None:
         dev, sep, num = port.partition("/")
         if not sep or not dev or not num.isdigit():
             raise ConfigError(f"infiniband.expected_ports[{i}]: expected 'device/port', got {port!r}")
+    for i, port in enumerate(cfg.infiniband.ignore_ports):
+        dev, sep, num = port.partition("/")
+        if not sep or not dev or not num.isdigit():
+            raise ConfigError(f"infiniband.ignore_ports[{i}]: expected 'device/port', got {port!r}")
+        # Both required and ignored: a contradiction nobody meant.
+        if port in cfg.infiniband.expected_ports:
+            raise ConfigError(f"infiniband.ignore_ports[{i}]: {port!r} is also in expected_ports")
     for i, m in enumerate(cfg.storage.mounts):
         positive(f"storage.mounts[{i}].timeout_s", m.timeout_s)
         if not m.path.startswith("/"):

@@ -71,14 +71,29 @@ class Entity:
         return "node"
 
     def describe(self) -> str:
-        """Human text naming the entity, as used in condition messages."""
+        """Human text naming the entity, as used in condition messages.
+
+        A GPU is named by what is known of it and nothing else: a kernel-log
+        XID seen while NVML is down knows its GPU's bus id only, and
+        "GPU None (uuid unknown, ...)" reads like a bug and names nothing.
+        """
         if self.kind is EntityKind.GPU:
-            return f"GPU {self.gpu_index} ({self.uuid or 'uuid unknown'}, {self.pci_bus_id or 'bus id unknown'})"
+            return self._describe_gpu()
         if self.kind is EntityKind.IB_PORT:
             return f"{self.ib_device} port {self.ib_port}"
         if self.kind is EntityKind.MOUNT:
             return f"mount {self.mount}"
         return "node"
+
+    def _describe_gpu(self) -> str:
+        if self.gpu_index is not None:
+            known = ", ".join(x for x in (self.uuid, self.pci_bus_id) if x)
+            return f"GPU {self.gpu_index} ({known})" if known else f"GPU {self.gpu_index}"
+        if self.pci_bus_id:
+            return f"GPU at {self.pci_bus_id} ({self.uuid})" if self.uuid else f"GPU at {self.pci_bus_id}"
+        if self.uuid:
+            return f"GPU {self.uuid}"
+        return "a GPU that could not be identified"
 
 
 class FaultKey(NamedTuple):
@@ -178,7 +193,10 @@ class HealthReport:
     ``restore_epoch`` counts the state restores (faults read back from the
     Node) the rules had received when they judged this report: a publisher
     that restored state must not publish a report judged before that, since
-    it lacks the restored (latched) faults.
+    it lacks the restored (latched) faults. ``unjudged`` names the condition
+    types no rule could judge this poll (their source failed, or their rule
+    did): their faults are held as they were, and the absence of a fault
+    there means "unknown", not "healthy".
     """
 
     node: str
@@ -189,6 +207,7 @@ class HealthReport:
     events: tuple[HealthEvent, ...] = ()
     errors: tuple[str, ...] = field(default_factory=tuple)
     restore_epoch: int = 0
+    unjudged: frozenset[ConditionType] = frozenset()
 
     def faults_for(self, condition: ConditionType) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.condition is condition)

@@ -12,12 +12,20 @@ mirroring every value into client objects each poll: the monitor only hands
 over two references, and a GPU or port that disappears stops being exported
 without stale series. Names and labels follow Prometheus conventions with the
 ``gpuwarden_`` prefix: ``gpu`` (index) and ``uuid`` on GPU series, ``link``
-on NVLink series, ``device`` and ``port`` on InfiniBand series. The node is
-not a label here; the scrape adds it (see manifests/monitoring/).
+on NVLink series, ``device`` and ``port`` on InfiniBand series. XID counts
+also carry ``pci_bus_id``: a kernel-log XID seen while NVML is down knows its
+GPU by bus id only, and without that label two GPUs with the same XID would
+render as one duplicate series (``gpu=""``, ``uuid=""``), which Prometheus
+rejects with the whole scrape. The node is not a label here; the scrape adds
+it (see manifests/monitoring/).
+
+A value that is not a finite number (an IB rate sysfs printed as ``inf``) is
+left out rather than exported as NaN or infinity.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +45,7 @@ from gpuwarden.kube import RequestStats
 P = METRICS_PREFIX
 
 GPU_LABELS = ["gpu", "uuid"]
+XID_LABELS = [*GPU_LABELS, "pci_bus_id", "xid"]
 NVLINK_LABELS = ["gpu", "uuid", "link"]
 IB_LABELS = ["device", "port"]
 
@@ -65,9 +74,7 @@ def _doc(name: str, kind: str, help: str, labels: list[str]) -> MetricFamilyDoc:
 
 
 FAMILIES: tuple[MetricFamilyDoc, ...] = (
-    _doc(
-        "xid_events_total", "counter", "XID events seen per GPU and XID since the agent started.", [*GPU_LABELS, "xid"]
-    ),
+    _doc("xid_events_total", "counter", "XID events seen per GPU and XID since the agent started.", XID_LABELS),
     _doc(
         "gpu_remapped_rows_total",
         "counter",
@@ -289,7 +296,8 @@ class MetricsPublisher(Collector):
             gpu = by_uuid.get(c.uuid or "") or by_bus.get(c.pci_bus_id or "")
             index = c.gpu_index if c.gpu_index is not None else (gpu.index if gpu else None)
             uuid = c.uuid or (gpu.uuid if gpu else "")
-            xid.add_metric(["" if index is None else str(index), uuid, str(c.xid)], float(c.count))
+            bus = c.pci_bus_id or (gpu.pci_bus_id if gpu else "")
+            xid.add_metric(["" if index is None else str(index), uuid, bus, str(c.xid)], float(c.count))
         yield xid
 
         remapped = counter("gpu_remapped_rows_total")
@@ -372,7 +380,7 @@ class MetricsPublisher(Collector):
             labels = [p.device, str(p.port)]
             up.add_metric(labels, _flag(p.state == IB_ACTIVE and p.phys_state == IB_LINK_UP))
             info.add_metric([*labels, p.state, p.phys_state, p.link_layer, p.netdev or ""], 1.0)
-            if p.rate_gbps is not None:
+            if p.rate_gbps is not None and math.isfinite(p.rate_gbps):
                 rate.add_metric(labels, p.rate_gbps * 1e9 / 8)
             c = p.counters
             for kind, value in (

@@ -354,11 +354,13 @@ class HealthRules:
                 del self._active[key]
                 events.append(self._cleared_event(active.fault, sample.time, why="cleared"))
                 log.info("fault_cleared", condition=str(active.fault.condition), reason=active.fault.reason)
-        return self._report(sample, tuple(events))
+        return self._report(sample, tuple(events), frozenset(blind))
 
     # -------------------------------------------------------------- report
 
-    def _report(self, sample: NodeSample, events: tuple[HealthEvent, ...]) -> HealthReport:
+    def _report(
+        self, sample: NodeSample, events: tuple[HealthEvent, ...], unjudged: frozenset[ConditionType]
+    ) -> HealthReport:
         faults = tuple(
             sorted(
                 (a.fault for a in self._active.values()),
@@ -433,4 +435,5 @@ class HealthRules:
             faults=faults,
             events=events,
             errors=tuple(errors),
+            unjudged=unjudged,
         )

@@ -8,11 +8,15 @@ For every ``<sysfs_root>/class/infiniband/<dev>/ports/<n>/`` it reads
 operational state and speed come from :mod:`agent.sources.netdev`.
 
 A file that is missing means the HCA does not expose it (RoCE ports lack some
-counters): the field is ``None``, not an error.
+counters): the field is ``None``, not an error. A rate that is no rate (text
+we cannot read, or ``inf``/``nan``, which ``float()`` happily accepts) is
+``None`` too, and logged once per port: a non-finite rate would be exported
+as a metric and compared with as if it were a speed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -46,14 +50,18 @@ def _named(text: str | None) -> str:
 
 
 def parse_rate_gbps(text: str | None) -> float | None:
-    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5."""
+    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5.
+
+    ``None`` for anything that is not a finite, non-negative number.
+    """
     if not text:
         return None
     head = text.split(None, 1)[0]
     try:
-        return float(head)
+        rate = float(head)
     except ValueError:
         return None
+    return rate if math.isfinite(rate) and rate >= 0 else None
 
 
 def _counter(path: Path) -> int | None:
@@ -75,6 +83,8 @@ class SysfsIbSource(IbSource):
         self._netdevs = netdevs
         self._netdev_map: dict[tuple[str, int], str] | None = None
         self._mapped_devices: list[str] = []
+        # Ports whose unreadable rate was logged: once each, not every poll.
+        self._bad_rate_logged: set[tuple[str, int]] = set()
 
     def _map_netdevs(self, devices: list[str]) -> dict[tuple[str, int], str]:
         """(device, port) -> netdev name, from ``device/net/*/dev_port``."""
@@ -90,6 +100,16 @@ class SysfsIbSource(IbSource):
                 port = (dev_port or 0) + 1
                 out.setdefault((dev, port), name)
         return out
+
+    def _rate(self, dev: str, port: int, pdir: Path) -> float | None:
+        text = _read(pdir / "rate")
+        rate = parse_rate_gbps(text)
+        if rate is None and text and (dev, port) not in self._bad_rate_logged:
+            self._bad_rate_logged.add((dev, port))
+            log.warning(
+                "ib_rate_unparsable", device=dev, port=port, value=text[:50], effect="rate unknown for this port"
+            )
+        return rate
 
     def read_ports(self) -> tuple[IbPortSample, ...]:
         try:
@@ -129,7 +149,7 @@ class SysfsIbSource(IbSource):
                     port=port,
                     state=_named(_read(pdir / "state")),
                     phys_state=_named(_read(pdir / "phys_state")),
-                    rate_gbps=parse_rate_gbps(_read(pdir / "rate")),
+                    rate_gbps=self._rate(dev, port, pdir),
                     link_layer=_read(pdir / "link_layer") or "InfiniBand",
                     counters=counters,
                     netdev=netdev,

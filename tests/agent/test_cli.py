@@ -20,10 +20,10 @@ def test_sim_once_prints_a_readable_report(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "node gpu-node-7" in out
     assert "GpuMemoryDegraded    True   RowRemapPending" in out
-    assert "InfinibandDegraded   True   IbRateDegraded" in out
+    assert "InfinibandDegraded   True   IbPortDown" in out
     assert "GpuXidError          False  NoFatalXid" in out
     assert "Xid13" in out and "RESTART_APP" in out
-    assert "mlx5_5/1  ACTIVE LinkUp  200 Gb/s" in out
+    assert "mlx5_5/1  DOWN Polling  400 Gb/s" in out
     assert "Recommended node action: REPLACE" in out
 
 
@@ -84,3 +84,30 @@ def test_nvml_backend_without_nvml_or_kmsg_access_still_reports(tmp_path: Path) 
     if not REAL_NVML:
         assert any(e["event"] == "gpu_backend_unavailable" for e in logs)
         assert "! gpu: NVML could not initialise" in proc.stdout
+        assert "GpuMissing           Unknown" in proc.stdout
+
+
+def test_once_report_says_conditions_are_unknown_while_their_source_is_down() -> None:
+    """With NVML unavailable nothing is known of the GPUs: "GpuMissing False
+    AllGpusPresent" would claim they were all there."""
+    from agent.cli import format_report, report_json
+    from agent.config import config_from_dict
+    from agent.rules.engine import HealthRules
+    from tests.agent.samples_factory import node
+
+    nvml = "NVML could not initialise: Driver Not Loaded"
+    sample = node(
+        gpus=0,
+        ports=0,
+        gpu_source_error=nvml,
+        ib_source_error="Permission denied",
+        errors=(f"gpu: {nvml}", "infiniband: Permission denied"),
+    )
+    report = HealthRules(config_from_dict(None), "n").evaluate(sample)
+    out = format_report(report)
+    assert "GpuMissing           Unknown  not judged: its source failed (see errors above)" in out
+    assert "GpuMemoryDegraded    Unknown" in out and "InfinibandDegraded   Unknown" in out
+    assert "AllGpusPresent" not in out and "InfinibandHealthy" not in out
+    # The kernel log still reports XIDs, and storage was read.
+    assert "GpuXidError          False  NoFatalXid" in out and "StorageDegraded      False" in out
+    assert "GpuMissing" in json.loads(report_json(report))["report"]["unjudged"]

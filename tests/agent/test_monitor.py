@@ -59,7 +59,7 @@ def test_first_poll_of_the_default_scenario(sim: tuple[SimNode, Monitor]) -> Non
     report, sample = monitor.step()
     assert {(f.condition, f.reason) for f in report.faults} == {
         (ConditionType.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_PENDING),
-        (ConditionType.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED),
+        (ConditionType.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN),
     }
     assert "Xid13" in [e.reason for e in report.events]
     assert [(c.gpu_index, c.xid, c.count) for c in sample.xid_counts] == [(1, 13, 1)]
@@ -252,7 +252,7 @@ def test_nvml_missing_keeps_storage_and_infiniband_serving(tmp_path: Path) -> No
         assert wait_for(lambda: monitor.hardware.mounts.check()[0].latency_s is not None)
         report = monitor.poll()
         reasons = {f.reason for f in report.faults}
-        assert Reason.IB_RATE_DEGRADED in reasons and Reason.MOUNT_MISSING in reasons
+        assert Reason.IB_PORT_DOWN in reasons and Reason.MOUNT_MISSING in reasons
         if REAL_NVML:
             assert report.errors == () and report.gpus
         else:

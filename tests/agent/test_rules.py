@@ -154,9 +154,66 @@ CASES = [
         set(),
     ),
     Case(
-        "IB port at half the rate of its peers",
+        "IB port retrains at half the rate it ran at",
+        [node(), node(t=at(10), ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        # Without a configured rate one port's reading is no measure of another's:
+        # a 200 Gb/s port next to 400 Gb/s ones may be cabled so on purpose.
+        "IB ports at different rates from the start, none configured",
+        [node(ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)))],
+        set(),
+    ),
+    Case(
+        "IB port at half the configured rate from the start",
         [node(ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=200.0)))],
         {(C.INFINIBAND_DEGRADED, Reason.IB_RATE_DEGRADED, "ib/mlx5_1/1", Action.REPLACE)},
+        {"infiniband": {"expected_rate_gbps": 400}},
+    ),
+    Case(
+        "an infinite rate on one port sets no expectation for the others",
+        [node(ports=(port("mlx5_0", rate_gbps=float("inf")), port("mlx5_1"))), node(t=at(10))],
+        set(),
+    ),
+    Case(
+        "IB port down from the first read",
+        [node(ports=(port("mlx5_0"), port("mlx5_1", state="DOWN", phys_state="Disabled")))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "RoCE port down from the first read",
+        [node(ports=(port("mlx5_0"), port("mlx5_1", link_layer="Ethernet", state="DOWN", phys_state="Disabled")))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "an ignored port is never judged",
+        [
+            node(ports=(port("mlx5_0"), port("mlx5_1", state="DOWN", phys_state="Disabled"))),
+            node(t=at(10), ports=(port("mlx5_0"), port("mlx5_1", rate_gbps=25.0, counters=IbCounters(5, 0, 0, 0)))),
+            node(t=at(20), ports=(port("mlx5_0"),)),
+        ],
+        set(),
+        {"infiniband": {"ignore_ports": ["mlx5_1/1"], "expected_rate_gbps": 400}},
+    ),
+    Case(
+        "IB port vanishes from sysfs",
+        [node(), node(t=at(10), ports=(port("mlx5_0"),))],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+    ),
+    Case(
+        "every IB port vanishes with the driver",
+        [node(), node(t=at(10), ports=())],
+        {
+            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_0/1", Action.REPLACE),
+            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE),
+        },
+    ),
+    Case(
+        "an expected port that is absent",
+        [node()],
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_7/1", Action.REPLACE)},
+        {"infiniband": {"expected_ports": ["mlx5_7/1"]}},
     ),
     Case(
         "IB ports all below the configured rate",
@@ -321,6 +378,19 @@ def test_follow_on_and_application_nvlink_xids_are_events_only(number: int, acti
     (event,) = report.events
     assert event.reason == f"Xid{number}" and f"recommended action {action}" in event.message
     assert XID_CATALOGUE[number].kind is XidKind.APPLICATION and XID_CATALOGUE[number].action is action
+
+
+@pytest.mark.xfail(strict=True, reason="the XID rule makes a Warning of every XID whose action is not None")
+@pytest.mark.parametrize("number", [45, 63])
+def test_informational_xids_make_normal_events(number: int) -> None:
+    """An XID that asks for nothing is news, not a warning: "recommended
+    action NONE" in a Warning Event sends people looking for a problem."""
+    assert XID_CATALOGUE[number].action is Action.NONE
+    report = HealthRules(config_from_dict(None), "n").evaluate(node(events=(xid(0, number),)))
+    assert report.faults == ()
+    (event,) = report.events
+    assert (event.type, event.reason) == (EventType.NORMAL, f"Xid{number}")
+    assert "recommended action" not in event.message and G0.pci_bus_id in event.message
 
 
 def _kmsg_154(text: str) -> GpuEvent:
@@ -826,7 +896,8 @@ def test_gpu_count_survives_an_agent_restart_within_one_boot(tmp_path: Path) -> 
 
 
 def test_faults_are_held_while_their_source_is_blind() -> None:
-    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 1}}), "n")
+    cfg = {"hysteresis": {"clear_polls": 1}, "infiniband": {"expected_rate_gbps": 400}}
+    rules = HealthRules(config_from_dict(cfg), "n")
     rules.evaluate(
         node(
             gpus=(NARROW, G1),
@@ -900,3 +971,15 @@ def test_a_raised_fault_keeps_its_message_while_the_numbers_behind_it_move() -> 
         Reason.PCIE_GEN_DEGRADED: 2,
         Reason.MOUNT_HUNG: 1,
     }
+
+
+def test_a_gpu_known_by_its_bus_id_only_is_named_by_it() -> None:
+    """A kernel-log XID while NVML is down: the message names the bus id, not "GPU None"."""
+    ev = GpuEvent(GpuEventKind.XID, EventSource.KMSG, T0, pci_bus_id=G1.pci_bus_id, xid=79)
+    report = HealthRules(config_from_dict(None), "n").evaluate(
+        NodeSample(time=T0, gpu_source_error="NVML could not initialise: Driver Not Loaded", events=(ev,))
+    )
+    (fault,) = report.faults
+    assert fault.message.startswith(f"GPU at {G1.pci_bus_id}: XID 79")
+    assert "None" not in fault.message and "unknown" not in fault.message
+    assert all(e.message.startswith(f"GPU at {G1.pci_bus_id}") for e in report.events)

@@ -200,7 +200,7 @@ def test_agent_publishes_as_its_service_account_and_is_refused_the_rest(
         events = core_admin.list_namespaced_event(
             DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
         ).items
-        assert {e.reason for e in events} >= {"RowRemapPending", "IbRateDegraded", "Xid13"}
+        assert {e.reason for e in events} >= {"RowRemapPending", "IbPortDown", "Xid13"}
 
         core = client.CoreV1Api(sa)
         custom = client.CustomObjectsApi(sa)

@@ -114,7 +114,8 @@ def test_metrics_render_raw_signals_and_verdicts(
     assert code == 200
     s = _samples(text)
     g1 = {"gpu": "1", "uuid": "GPU-0001-aaaa"}
-    assert _value(s, "gpuwarden_xid_events_total", **g1, xid="79") == 3
+    bus1 = "00000000:19:00.0"
+    assert _value(s, "gpuwarden_xid_events_total", **g1, pci_bus_id=bus1, xid="79") == 3
     assert _value(s, "gpuwarden_gpu_remapped_rows_total", **g1, type="uncorrectable") == 1
     assert _value(s, "gpuwarden_gpu_row_remap_pending", **g1) == 1
     assert _value(s, "gpuwarden_gpu_row_remap_failure", **g1) == 0
@@ -138,6 +139,44 @@ def test_metrics_render_raw_signals_and_verdicts(
     assert _value(s, "gpuwarden_poll_duration_seconds_count") == 1
     assert _value(s, "gpuwarden_api_requests_total", operation="patch_node_status") == 2
     assert _value(s, "gpuwarden_api_errors_total", operation="patch_node_status") == 1
+
+
+def test_xid_counts_of_gpus_nvml_cannot_name_are_one_series_per_gpu(
+    served: tuple[MetricsPublisher, HealthServer, dict[str, tuple[bool, str]]],
+) -> None:
+    """While NVML is down a kernel-log XID names its GPU by PCI bus id only:
+    without that label two GPUs with the same XID would be one duplicate
+    series, and Prometheus rejects the whole scrape."""
+    metrics, server, _ = served
+    buses = ("00000000:18:00.0", "00000000:2A:00.0")
+    metrics.observe_sample(
+        NodeSample(
+            time=T0,
+            gpu_source_error="NVML could not initialise: Driver Not Loaded",
+            xid_counts=tuple(XidCount(bus, None, None, 79, n) for n, bus in enumerate(buses, 1)),
+        )
+    )
+    text = _get(server, "/metrics")[1]
+    series = [line for line in text.splitlines() if line.startswith("gpuwarden_xid_events_total{")]
+    assert len(series) == len(set(series)) == 2
+    s = _samples(text)
+    for n, bus in enumerate(buses, 1):
+        assert _value(s, "gpuwarden_xid_events_total", gpu="", uuid="", pci_bus_id=bus, xid="79") == n
+
+
+def test_a_rate_that_is_not_a_number_is_not_exported(
+    served: tuple[MetricsPublisher, HealthServer, dict[str, tuple[bool, str]]],
+) -> None:
+    metrics, server, _ = served
+    ports = (
+        IbPortSample("mlx5_0", 1, "ACTIVE", "LinkUp", float("nan"), "InfiniBand"),
+        IbPortSample("mlx5_1", 1, "ACTIVE", "LinkUp", float("inf"), "InfiniBand"),
+        IbPortSample("mlx5_2", 1, "ACTIVE", "LinkUp", 400.0, "InfiniBand"),
+    )
+    metrics.observe_sample(NodeSample(time=T0, ib_ports=ports))
+    s = _samples(_get(server, "/metrics")[1])
+    rates = {dict(labels)["device"]: v for (name, labels), v in s.items() if name.endswith("_rate_bytes_per_second")}
+    assert rates == {"mlx5_2": 50e9}
 
 
 def test_every_metric_the_alert_rules_use_is_exported_and_documented(
