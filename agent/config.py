@@ -275,14 +275,13 @@ def _validate(cfg: AgentConfig) -> None:
         positive("infiniband.expected_rate_gbps", cfg.infiniband.expected_rate_gbps)
     # A negative hold would drop an IbLinkDowned the poll it is raised.
     non_negative("infiniband.link_downed_hold_s", cfg.infiniband.link_downed_hold_s)
-    for i, port in enumerate(cfg.infiniband.expected_ports):
-        dev, sep, num = port.partition("/")
-        if not sep or not dev or not num.isdigit():
-            raise ConfigError(f"infiniband.expected_ports[{i}]: expected 'device/port', got {port!r}")
+    for key in ("expected_ports", "ignore_ports"):
+        for i, port in enumerate(getattr(cfg.infiniband, key)):
+            dev, sep, num = port.partition("/")
+            # ASCII digits only: sysfs names ports 1, 2, ..., never in another script.
+            if not sep or not dev or not (num.isascii() and num.isdigit()):
+                raise ConfigError(f"infiniband.{key}[{i}]: expected 'device/port', got {port!r}")
     for i, port in enumerate(cfg.infiniband.ignore_ports):
-        dev, sep, num = port.partition("/")
-        if not sep or not dev or not num.isdigit():
-            raise ConfigError(f"infiniband.ignore_ports[{i}]: expected 'device/port', got {port!r}")
         # Both required and ignored: a contradiction nobody meant.
         if port in cfg.infiniband.expected_ports:
             raise ConfigError(f"infiniband.ignore_ports[{i}]: {port!r} is also in expected_ports")

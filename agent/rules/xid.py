@@ -100,7 +100,10 @@ class XidRule:
                 action, said = recovery_action(ev.recovery_action, info.action)
                 detail = f"{detail}; {said}"
             what = f"{entity.describe()}: XID {ev.xid} ({info.kind}), {info.meaning}{detail}"
-            if action is None:
+            # No recovery to do (XID 154 back to "none", or an informational
+            # XID such as 45 or 63): news, not a warning that sends people
+            # looking for a problem.
+            if action is None or action is Action.NONE:
                 if not ev.announced:
                     ctx.events.append(
                         HealthEvent(EventType.NORMAL, reason, f"{what}; no recovery needed", entity, ev.time)

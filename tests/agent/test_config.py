@@ -76,6 +76,8 @@ storage:
         ({"gpu": []}, "gpu: expected a mapping"),
         ({"infiniband": {"netdev": "yes"}}, "infiniband.netdev: expected true or false"),
         ({"infiniband": {"expected_ports": ["mlx5_0"]}}, "infiniband.expected_ports[0]: expected 'device/port'"),
+        ({"infiniband": {"expected_ports": ["mlx5_0/\u0661"]}}, "infiniband.expected_ports[0]: expected 'device/port'"),
+        ({"infiniband": {"ignore_ports": ["mlx5_0/\u0661"]}}, "infiniband.ignore_ports[0]: expected 'device/port'"),
         ({"xid": {"unknown": "page"}}, "xid.unknown: must be 'event' or 'condition'"),
         ({"xid": {"overrides": {79: {"kind": "fatal"}}}}, "xid.overrides.79.kind: must be one of"),
         ({"xid": {"overrides": {79: {"kind": "hardware", "action": "PRAY"}}}}, "xid.overrides.79.action"),
