@@ -82,6 +82,7 @@ class Reason(StrEnum):
     PCIE_GEN_DEGRADED = "PcieGenDegraded"
     PCIE_REPLAY_RATE = "PcieReplayRate"
     IB_PORT_DOWN = "IbPortDown"
+    IB_PORT_MISSING = "IbPortMissing"
     IB_RATE_DEGRADED = "IbRateDegraded"
     IB_LINK_DOWNED = "IbLinkDowned"
     GPU_COUNT_MISMATCH = "GpuCountMismatch"

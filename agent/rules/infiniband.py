@@ -106,7 +106,7 @@ class InfinibandRule:
                 why = "its fault was raised before the agent restarted"
             yield Finding(
                 cond,
-                Reason.IB_PORT_DOWN,
+                Reason.IB_PORT_MISSING,
                 f"{entity.describe()} is missing from sysfs ({why}); recommended action {Action.REPLACE}",
                 Action.REPLACE,
                 entity,

@@ -199,20 +199,20 @@ CASES = [
     Case(
         "IB port vanishes from sysfs",
         [node(), node(t=at(10), ports=(port("mlx5_0"),))],
-        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE)},
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_MISSING, "ib/mlx5_1/1", Action.REPLACE)},
     ),
     Case(
         "every IB port vanishes with the driver",
         [node(), node(t=at(10), ports=())],
         {
-            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_0/1", Action.REPLACE),
-            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_1/1", Action.REPLACE),
+            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_MISSING, "ib/mlx5_0/1", Action.REPLACE),
+            (C.INFINIBAND_DEGRADED, Reason.IB_PORT_MISSING, "ib/mlx5_1/1", Action.REPLACE),
         },
     ),
     Case(
         "an expected port that is absent",
         [node()],
-        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_DOWN, "ib/mlx5_7/1", Action.REPLACE)},
+        {(C.INFINIBAND_DEGRADED, Reason.IB_PORT_MISSING, "ib/mlx5_7/1", Action.REPLACE)},
         {"infiniband": {"expected_ports": ["mlx5_7/1"]}},
     ),
     Case(

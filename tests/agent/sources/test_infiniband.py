@@ -148,7 +148,7 @@ def test_an_hca_that_disappears_from_sysfs_is_flagged_missing(tmp_path: Path) ->
     shutil.rmtree(tmp_path / "class" / "infiniband" / "mlx5_1")
     report = rules.evaluate(NodeSample(time=T0 + timedelta(seconds=10), ib_ports=source.read_ports()))
     (fault,) = report.faults
-    assert (fault.entity.key, fault.reason) == ("ib/mlx5_1/1", Reason.IB_PORT_DOWN)
+    assert (fault.entity.key, fault.reason) == ("ib/mlx5_1/1", Reason.IB_PORT_MISSING)
     assert "missing from sysfs" in fault.message and "mlx5_1 port 1" in fault.message
     # The driver brings it back: the fault clears as usual.
     write_port(tmp_path, PortSpec("mlx5_1", 1, netdev="ib1"))
