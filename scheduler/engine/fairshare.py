@@ -16,12 +16,21 @@ leaves. At every level the division is the same two-phase rule:
    quota".
 
 Amounts are handed out in whole units (one GPU, one core, one GiB; see
-``resources.WHOLE_UNIT``): each round gives every child the whole units its
-weight earns, then the units left over one by one by largest fractional
-claim (ties by queue name); a sub-unit remainder (less than one whole unit
-left) goes to the child with the largest weight (ties by queue name). So the
-result is deterministic, and when the children can absorb the parent's share
-they receive exactly all of it.
+``resources.WHOLE_UNIT``), one unit at a time, each to the child whose
+``weight / (units it has + 1/2)`` is largest among those that can still
+take more (ties to the higher weight, then to the queue name). A child
+that is full drops out, so what it cannot take is shared by the others'
+weights alone. This is proportional water-filling rounded to whole units,
+and it keeps three promises that rounding each round's proportional share
+down (and handing out the leftovers) cannot: children with the same weight
+and demand end at most one unit apart, raising a child's weight never lowers
+its share, and more to divide never leaves any child with less. Names only
+decide who gets a unit the others tied for. A part of a unit (a cap or the
+amount left that is not a whole unit) goes the same way: to the child next
+in line, which, when nothing has been handed out yet, is the child with the
+largest weight (ties by queue name). So the result is deterministic, and
+when the children can absorb the parent's share they receive exactly all
+of it.
 
 "What a child can take" is its absorbable demand: for a leaf
 ``min(request, limit)``; for an inner queue ``min(limit, sum over children of
@@ -32,6 +41,8 @@ sum to their parent's whenever there is demand for it.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -163,44 +174,74 @@ def _apportion(
     names: list[str],
     unit: int,
 ) -> list[int]:
-    """Give up to ``amount`` to ``members`` by weight, capped, in whole units."""
+    """Give up to ``amount`` to ``members`` by weight, capped, in whole units.
+
+    Pieces of one unit (less where a cap, or what is left, leaves less) go
+    out one at a time; a member's next piece ranks by ``weight / (pieces it
+    has + 1/2)``, ties to the higher weight, then to the name. Handing out
+    one piece at a time in that order is what keeps the division fair at
+    the edges: a member that is full simply stops ranking, so its unused
+    part is shared by weight alone; more to share never leaves anyone with
+    less; more weight never leaves its owner with less; and members of equal
+    weight and cap end at most one piece apart, names deciding only who gets
+    the last one.
+    """
     grants = [0] * len(caps)
-    remaining = amount
     active = [i for i in members if caps[i] > 0 and weights[i] > 0]
-    while remaining > 0 and active:
-        total_weight = sum(weights[i] for i in active)
-        units = remaining // unit
-        given = 0
-        if units > 0:
-            exact = [units * weights[i] / total_weight for i in active]
-            floors = [int(e) for e in exact]
-            for i, whole in zip(active, floors, strict=True):
-                g = min(whole * unit, caps[i] - grants[i])
-                grants[i] += g
-                given += g
-            left_units = units - sum(floors)
-            order = sorted(range(len(active)), key=lambda j: (floors[j] - exact[j], names[active[j]]))
-            for j in order:
-                if left_units <= 0:
-                    break
-                i = active[j]
-                g = min(unit, caps[i] - grants[i])
-                if g > 0:
-                    grants[i] += g
-                    given += g
-                    left_units -= 1
-        else:
-            for i in sorted(active, key=lambda i: (-weights[i], names[i])):
-                g = min(remaining, caps[i] - grants[i])
-                if g > 0:
-                    grants[i] += g
-                    given += g
-                    break
-        if given == 0:
-            break
-        remaining -= given
-        active = [i for i in active if grants[i] < caps[i]]
+    if amount <= 0 or not active:
+        return grants
+    if sum(caps[i] for i in active) <= amount:
+        for i in active:
+            grants[i] = caps[i]
+        return grants
+    pieces = _pieces_surely_given(amount, active, weights, caps, unit)
+    remaining = amount
+    for i in active:
+        grants[i] = min(pieces[i] * unit, caps[i])
+        remaining -= grants[i]
+    line = [(-2 * weights[i] / (2 * pieces[i] + 1), -weights[i], names[i], i) for i in active if grants[i] < caps[i]]
+    heapq.heapify(line)
+    while remaining > 0 and line:
+        _, _, _, i = heapq.heappop(line)
+        g = min(unit, caps[i] - grants[i], remaining)
+        grants[i] += g
+        remaining -= g
+        pieces[i] += 1
+        if grants[i] < caps[i]:
+            heapq.heappush(line, (-2 * weights[i] / (2 * pieces[i] + 1), -weights[i], names[i], i))
     return grants
+
+
+def _pieces_surely_given(
+    amount: int, active: list[int], weights: list[Fraction], caps: list[int], unit: int
+) -> dict[int, int]:
+    """How many pieces each member gets for certain, computed in one go.
+
+    Handing out a large amount piece by piece would take as many steps as
+    there are units. Instead, take every piece ranked above the level at
+    which proportional water-filling would share ``amount`` less half a unit
+    per member: those pieces come first in the ranking and together never
+    exceed ``amount``, so the piece-by-piece hand-out would give them all;
+    only the last few (about one per member) are left to rank one by one.
+    """
+    pieces = dict.fromkeys(active, 0)
+    target = Fraction(amount, unit) - Fraction(len(active), 2)
+    if target <= 0:
+        return pieces
+    # Water-filling: members whose cap is reached below the level drop out.
+    total_weight = sum(weights[i] for i in active)
+    for i in sorted(active, key=lambda i: caps[i] / weights[i]):
+        level = target / total_weight
+        if Fraction(caps[i], unit) > level * weights[i]:
+            break
+        target -= Fraction(caps[i], unit)
+        total_weight -= weights[i]
+    level = target / total_weight
+    for i in active:
+        # Piece k ranks above 1/level when k - 1/2 < level * weight.
+        count = math.ceil(level * weights[i] + Fraction(1, 2)) - 1
+        pieces[i] = max(0, min(count, -(-caps[i] // unit)))
+    return pieces
 
 
 def _bounded(value: int, bound: int) -> int:
