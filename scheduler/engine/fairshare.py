@@ -42,7 +42,6 @@ sum to their parent's whenever there is demand for it.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -199,17 +198,22 @@ def _apportion(
     for i in active:
         grants[i] = min(pieces[i] * unit, caps[i])
         remaining -= grants[i]
-    line = [(-2 * weights[i] / (2 * pieces[i] + 1), -weights[i], names[i], i) for i in active if grants[i] < caps[i]]
+    line = [_rank(weights[i], pieces[i], names[i], i) for i in active if grants[i] < caps[i]]
     heapq.heapify(line)
     while remaining > 0 and line:
-        _, _, _, i = heapq.heappop(line)
+        i = heapq.heappop(line)[3]
         g = min(unit, caps[i] - grants[i], remaining)
         grants[i] += g
         remaining -= g
         pieces[i] += 1
         if grants[i] < caps[i]:
-            heapq.heappush(line, (-2 * weights[i] / (2 * pieces[i] + 1), -weights[i], names[i], i))
+            heapq.heappush(line, _rank(weights[i], pieces[i], names[i], i))
     return grants
+
+
+def _rank(weight: Fraction, pieces: int, name: str, i: int) -> tuple[Fraction, Fraction, str, int]:
+    """Heap key of a member's next piece: ``weight / (pieces + 1/2)``, highest first."""
+    return (Fraction(-2 * weight.numerator, weight.denominator * (2 * pieces + 1)), -weight, name, i)
 
 
 def _pieces_surely_given(
@@ -220,28 +224,38 @@ def _pieces_surely_given(
     Handing out a large amount piece by piece would take as many steps as
     there are units. Instead, take every piece ranked above the level at
     which proportional water-filling would share ``amount`` less half a unit
-    per member: those pieces come first in the ranking and together never
-    exceed ``amount``, so the piece-by-piece hand-out would give them all;
-    only the last few (about one per member) are left to rank one by one.
+    per member (and one to spare): those pieces come first in the ranking
+    and together do not exceed ``amount``, so the piece-by-piece hand-out
+    would give them all; only the last few (about one per member) are left
+    to rank one by one. The level is found in floating point, which is fast
+    and only has to be close; which pieces rank above it is counted exactly,
+    and checked.
     """
-    pieces = dict.fromkeys(active, 0)
-    target = Fraction(amount, unit) - Fraction(len(active), 2)
+    none = dict.fromkeys(active, 0)
+    target = amount / unit - len(active) / 2 - 1
     if target <= 0:
-        return pieces
+        return none
+    weight = {i: float(weights[i]) for i in active}
+    total_weight = sum(weight.values())
     # Water-filling: members whose cap is reached below the level drop out.
-    total_weight = sum(weights[i] for i in active)
-    for i in sorted(active, key=lambda i: caps[i] / weights[i]):
-        level = target / total_weight
-        if Fraction(caps[i], unit) > level * weights[i]:
+    for i in sorted(active, key=lambda i: caps[i] / weight[i]):
+        cap = caps[i] / unit
+        if cap > target / total_weight * weight[i]:
             break
-        target -= Fraction(caps[i], unit)
-        total_weight -= weights[i]
-    level = target / total_weight
+        target -= cap
+        total_weight -= weight[i]
+    if target <= 0 or total_weight <= 0:
+        return none
+    p, q = (target / total_weight).as_integer_ratio()
+    pieces: dict[int, int] = {}
+    given = 0
     for i in active:
-        # Piece k ranks above 1/level when k - 1/2 < level * weight.
-        count = math.ceil(level * weights[i] + Fraction(1, 2)) - 1
-        pieces[i] = max(0, min(count, -(-caps[i] // unit)))
-    return pieces
+        # Piece k ranks above the level p/q when k - 1/2 < (p/q) * (a/b).
+        a, b = weights[i].numerator, weights[i].denominator
+        count = max(0, min(-(-(2 * p * a + q * b) // (2 * q * b)) - 1, -(-caps[i] // unit)))
+        pieces[i] = count
+        given += min(count * unit, caps[i])
+    return pieces if given <= amount else none
 
 
 def _bounded(value: int, bound: int) -> int:
