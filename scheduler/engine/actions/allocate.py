@@ -102,6 +102,9 @@ def _place_within_share(cluster: Cluster, caches: SessionCaches, queue: QueueSta
         job.reasons = [problem]
         return False
     job.reasons = []
+    if len(job.tasks) <= job.spec.min_member:
+        stmt.commit()  # a placed gang of every pod leaves none waiting
+        return False
     pending = any(t.is_pending for t in job.tasks)
     while pending and all(q.share_ratio() < 1.0 for q in queue.path):
         if place_extra(cluster, caches, stmt, job) is not None:
