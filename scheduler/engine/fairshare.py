@@ -16,12 +16,21 @@ leaves. At every level the division is the same two-phase rule:
    quota".
 
 Amounts are handed out in whole units (one GPU, one core, one GiB; see
-``resources.WHOLE_UNIT``): each round gives every child the whole units its
-weight earns, then the units left over one by one by largest fractional
-claim (ties by queue name); a sub-unit remainder (less than one whole unit
-left) goes to the child with the largest weight (ties by queue name). So the
-result is deterministic, and when the children can absorb the parent's share
-they receive exactly all of it.
+``resources.WHOLE_UNIT``), one unit at a time, each to the child whose
+``weight / (units it has + 1/2)`` is largest among those that can still
+take more (ties to the higher weight, then to the queue name). A child
+that is full drops out, so what it cannot take is shared by the others'
+weights alone. This is proportional water-filling rounded to whole units,
+and it keeps three promises that rounding each round's proportional share
+down (and handing out the leftovers) cannot: children with the same weight
+and demand end at most one unit apart, raising a child's weight never lowers
+its share, and more to divide never leaves any child with less. Names only
+decide who gets a unit the others tied for. A part of a unit (a cap or the
+amount left that is not a whole unit) goes the same way: to the child next
+in line, which, when nothing has been handed out yet, is the child with the
+largest weight (ties by queue name). So the result is deterministic, and
+when the children can absorb the parent's share they receive exactly all
+of it.
 
 "What a child can take" is its absorbable demand: for a leaf
 ``min(request, limit)``; for an inner queue ``min(limit, sum over children of
@@ -32,6 +41,7 @@ sum to their parent's whenever there is demand for it.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -163,44 +173,89 @@ def _apportion(
     names: list[str],
     unit: int,
 ) -> list[int]:
-    """Give up to ``amount`` to ``members`` by weight, capped, in whole units."""
+    """Give up to ``amount`` to ``members`` by weight, capped, in whole units.
+
+    Pieces of one unit (less where a cap, or what is left, leaves less) go
+    out one at a time; a member's next piece ranks by ``weight / (pieces it
+    has + 1/2)``, ties to the higher weight, then to the name. Handing out
+    one piece at a time in that order is what keeps the division fair at
+    the edges: a member that is full simply stops ranking, so its unused
+    part is shared by weight alone; more to share never leaves anyone with
+    less; more weight never leaves its owner with less; and members of equal
+    weight and cap end at most one piece apart, names deciding only who gets
+    the last one.
+    """
     grants = [0] * len(caps)
-    remaining = amount
     active = [i for i in members if caps[i] > 0 and weights[i] > 0]
-    while remaining > 0 and active:
-        total_weight = sum(weights[i] for i in active)
-        units = remaining // unit
-        given = 0
-        if units > 0:
-            exact = [units * weights[i] / total_weight for i in active]
-            floors = [int(e) for e in exact]
-            for i, whole in zip(active, floors, strict=True):
-                g = min(whole * unit, caps[i] - grants[i])
-                grants[i] += g
-                given += g
-            left_units = units - sum(floors)
-            order = sorted(range(len(active)), key=lambda j: (floors[j] - exact[j], names[active[j]]))
-            for j in order:
-                if left_units <= 0:
-                    break
-                i = active[j]
-                g = min(unit, caps[i] - grants[i])
-                if g > 0:
-                    grants[i] += g
-                    given += g
-                    left_units -= 1
-        else:
-            for i in sorted(active, key=lambda i: (-weights[i], names[i])):
-                g = min(remaining, caps[i] - grants[i])
-                if g > 0:
-                    grants[i] += g
-                    given += g
-                    break
-        if given == 0:
-            break
-        remaining -= given
-        active = [i for i in active if grants[i] < caps[i]]
+    if amount <= 0 or not active:
+        return grants
+    if sum(caps[i] for i in active) <= amount:
+        for i in active:
+            grants[i] = caps[i]
+        return grants
+    pieces = _pieces_surely_given(amount, active, weights, caps, unit)
+    remaining = amount
+    for i in active:
+        grants[i] = min(pieces[i] * unit, caps[i])
+        remaining -= grants[i]
+    line = [_rank(weights[i], pieces[i], names[i], i) for i in active if grants[i] < caps[i]]
+    heapq.heapify(line)
+    while remaining > 0 and line:
+        i = heapq.heappop(line)[3]
+        g = min(unit, caps[i] - grants[i], remaining)
+        grants[i] += g
+        remaining -= g
+        pieces[i] += 1
+        if grants[i] < caps[i]:
+            heapq.heappush(line, _rank(weights[i], pieces[i], names[i], i))
     return grants
+
+
+def _rank(weight: Fraction, pieces: int, name: str, i: int) -> tuple[Fraction, Fraction, str, int]:
+    """Heap key of a member's next piece: ``weight / (pieces + 1/2)``, highest first."""
+    return (Fraction(-2 * weight.numerator, weight.denominator * (2 * pieces + 1)), -weight, name, i)
+
+
+def _pieces_surely_given(
+    amount: int, active: list[int], weights: list[Fraction], caps: list[int], unit: int
+) -> dict[int, int]:
+    """How many pieces each member gets for certain, computed in one go.
+
+    Handing out a large amount piece by piece would take as many steps as
+    there are units. Instead, take every piece ranked above the level at
+    which proportional water-filling would share ``amount`` less half a unit
+    per member (and one to spare): those pieces come first in the ranking
+    and together do not exceed ``amount``, so the piece-by-piece hand-out
+    would give them all; only the last few (about one per member) are left
+    to rank one by one. The level is found in floating point, which is fast
+    and only has to be close; which pieces rank above it is counted exactly,
+    and checked.
+    """
+    none = dict.fromkeys(active, 0)
+    target = amount / unit - len(active) / 2 - 1
+    if target <= 0:
+        return none
+    weight = {i: float(weights[i]) for i in active}
+    total_weight = sum(weight.values())
+    # Water-filling: members whose cap is reached below the level drop out.
+    for i in sorted(active, key=lambda i: caps[i] / weight[i]):
+        cap = caps[i] / unit
+        if cap > target / total_weight * weight[i]:
+            break
+        target -= cap
+        total_weight -= weight[i]
+    if target <= 0 or total_weight <= 0:
+        return none
+    p, q = (target / total_weight).as_integer_ratio()
+    pieces: dict[int, int] = {}
+    given = 0
+    for i in active:
+        # Piece k ranks above the level p/q when k - 1/2 < (p/q) * (a/b).
+        a, b = weights[i].numerator, weights[i].denominator
+        count = max(0, min(-(-(2 * p * a + q * b) // (2 * q * b)) - 1, -(-caps[i] // unit)))
+        pieces[i] = count
+        given += min(count * unit, caps[i])
+    return pieces if given <= amount else none
 
 
 def _bounded(value: int, bound: int) -> int:

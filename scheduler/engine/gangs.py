@@ -79,20 +79,42 @@ def place_job(
         in_gang = i < required
         if not in_gang and not beyond_gang:
             break
-        problem = limit_problem(queue, [task.milli, task.cpu, task.mem], job.preemptible)
+        problem = _place_task(cluster, caches, stmt, task)
         if problem is None:
-            found = find_place(cluster, caches, task)
-            if found is None:
-                job.unplaced = task
-                problem = _no_room()
-            else:
-                stmt.allocate(task, *found)
-                continue
+            continue
         if in_gang:
             stmt.rollback(mark)
             return problem
         break
     job.unplaced = None
+    return None
+
+
+def place_extra(cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState) -> PendingReason | None:
+    """Place one more pending task of a job whose gang is already held.
+
+    Returns None when it was placed, else why not (the job keeps its gang
+    and needs no reason of its own for the extras that wait).
+    """
+    pending = job.pending_tasks()
+    if not pending:
+        return None
+    problem = _place_task(cluster, caches, stmt, pending[0])
+    job.unplaced = None
+    return problem
+
+
+def _place_task(cluster: Cluster, caches: SessionCaches, stmt: Statement, task: TaskState) -> PendingReason | None:
+    job = task.job
+    assert job.queue is not None
+    problem = limit_problem(job.queue, [task.milli, task.cpu, task.mem], job.preemptible)
+    if problem is not None:
+        return problem
+    found = find_place(cluster, caches, task)
+    if found is None:
+        job.unplaced = task
+        return _no_room()
+    stmt.allocate(task, *found)
     return None
 
 

@@ -2,53 +2,114 @@
 
 Per node pool, queues take turns: the queue that should go next (below fair
 share first, then lowest dominant-resource share; see
-:mod:`scheduler.engine.ordering`) offers its best job (priority, then age),
-the job is placed whole or not at all, and the queue goes back in line with
-its new standing. Queue keys only grow while allocate runs (nothing is
-released), so a heap with re-check-on-pop keeps the order exact without
-re-sorting every queue after every job.
+:mod:`scheduler.engine.ordering`) acts, and goes back in line with its new
+standing. This happens in two rounds:
+
+1. Each turn offers the queue's best job (priority, then age). Its gang
+   (``minMember`` pods) is placed whole or not at all; its further pods
+   only while the queue, and every queue above it, is still below its fair
+   share.
+2. Once every job has had its turn, the pods beyond ``minMember`` still
+   waiting are placed, one per turn, in the same order.
+
+So a job that could use far more than its gang takes the room beyond its
+queue's share only once no queue below its own share has anything left to
+place in the pool: taken earlier, that room would keep such a queue waiting
+until the next session's reclaim undid it. One pod per turn in the second
+round shares what is left between elastic jobs instead of handing it all to
+the first.
+
+Queue keys only grow while allocate runs (nothing is released), so a heap
+with re-check-on-pop keeps the order exact without re-sorting every queue
+after every turn.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from scheduler.engine.caches import SessionCaches
-from scheduler.engine.gangs import place_job
+from scheduler.engine.gangs import place_extra, place_job
 from scheduler.engine.ordering import job_key, queue_key
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 
 _Key = tuple[tuple[int, float, str], ...]
+# One turn of a queue over its line of jobs (best last); it pops the jobs it is done with.
+_Turn = Callable[[QueueState, list[JobState]], None]
 
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
     for pool_name in sorted(cluster.pools):
-        capacity = cluster.pools[pool_name].capacity
-        waiting: dict[str, list[JobState]] = {}
-        heap: list[tuple[_Key, str, QueueState]] = []
-        for queue in cluster.queues.values():
-            if queue.pool != pool_name:
-                continue
-            jobs = sorted((j for j in queue.jobs if any(t.is_pending for t in j.tasks)), key=job_key, reverse=True)
-            if jobs:
-                waiting[queue.name] = jobs
-                heap.append((queue_key(queue, capacity), queue.name, queue))
-        heapq.heapify(heap)
-        while heap:
-            key, name, queue = heapq.heappop(heap)
-            current = queue_key(queue, capacity)
-            if current != key:
-                heapq.heappush(heap, (current, name, queue))
-                continue
-            jobs = waiting[name]
-            job = jobs.pop()
-            stmt = Statement(cluster)
-            problem = place_job(cluster, caches, stmt, job)
-            if problem is None:
-                stmt.commit()
-                job.reasons = []
-            else:
-                job.reasons = [problem]
-            if jobs:
-                heapq.heappush(heap, (queue_key(queue, capacity), name, queue))
+        _allocate_pool(cluster, caches, pool_name)
+
+
+def _allocate_pool(cluster: Cluster, caches: SessionCaches, pool_name: str) -> None:
+    capacity = cluster.pools[pool_name].capacity
+    waiting: dict[str, list[JobState]] = {}
+    for queue in cluster.queues.values():
+        if queue.pool != pool_name:
+            continue
+        jobs = sorted((j for j in queue.jobs if any(t.is_pending for t in j.tasks)), key=job_key, reverse=True)
+        if jobs:
+            waiting[queue.name] = jobs
+    elastic: dict[str, list[JobState]] = {}
+
+    def offer_job(queue: QueueState, jobs: list[JobState]) -> None:
+        job = jobs.pop()
+        if _place_within_share(cluster, caches, queue, job):
+            elastic.setdefault(queue.name, []).append(job)
+
+    def offer_extra(queue: QueueState, jobs: list[JobState]) -> None:
+        job = jobs[-1]
+        stmt = Statement(cluster)
+        if place_extra(cluster, caches, stmt, job) is None:
+            stmt.commit()
+            if any(t.is_pending for t in job.tasks):
+                return
+        jobs.pop()
+
+    _take_turns(cluster, capacity, waiting, offer_job)
+    for jobs in elastic.values():
+        jobs.reverse()
+    _take_turns(cluster, capacity, elastic, offer_extra)
+
+
+def _take_turns(cluster: Cluster, capacity: list[int], lines: dict[str, list[JobState]], turn: _Turn) -> None:
+    """Give queues turns in queue order until every line is empty."""
+    heap: list[tuple[_Key, str]] = [(queue_key(cluster.queues[name], capacity), name) for name in lines]
+    heapq.heapify(heap)
+    while heap:
+        key, name = heapq.heappop(heap)
+        queue = cluster.queues[name]
+        current = queue_key(queue, capacity)
+        if current != key:
+            heapq.heappush(heap, (current, name))
+            continue
+        jobs = lines[name]
+        turn(queue, jobs)
+        if jobs:
+            heapq.heappush(heap, (queue_key(queue, capacity), name))
+
+
+def _place_within_share(cluster: Cluster, caches: SessionCaches, queue: QueueState, job: JobState) -> bool:
+    """Place the job's gang, then its further pods while its queue is below
+    fair share; True when it has pods left for the second round."""
+    stmt = Statement(cluster)
+    problem = place_job(cluster, caches, stmt, job, beyond_gang=False)
+    if problem is not None:
+        job.reasons = [problem]
+        return False
+    job.reasons = []
+    if len(job.tasks) <= job.spec.min_member:
+        stmt.commit()  # a placed gang of every pod leaves none waiting
+        return False
+    pending = any(t.is_pending for t in job.tasks)
+    while pending and all(q.share_ratio() < 1.0 for q in queue.path):
+        if place_extra(cluster, caches, stmt, job) is not None:
+            stmt.commit()
+            return False
+        pending = any(t.is_pending for t in job.tasks)
+    stmt.commit()
+    return pending

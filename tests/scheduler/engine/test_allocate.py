@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuwarden.contract import LABEL_NODE_POOL, UnschedulableReason
 from scheduler.engine.model import (
+    Decisions,
     Gpu,
     Job,
     PlacementStrategy,
@@ -365,3 +366,54 @@ def test_queue_with_no_fair_share_is_not_below_it() -> None:
     )
     d = run_session(snap)
     assert set(binds_by_job(d)) == {"o"}
+
+
+def _allocated_gpus(d: Decisions) -> dict[str, float]:
+    return {s.queue: s.allocated.gpu / 1000 for s in d.queue_shares}
+
+
+def test_extras_beyond_min_member_wait_for_queues_below_their_share() -> None:
+    # 8 GPUs: a deserves 3, b 5. a's job could use all 8 but needs only 1.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 3), queue("b", 5)),
+        jobs=(
+            job("elastic", "a", *[pending(f"elastic-{i}", 1) for i in range(8)], min_member=1, created=1),
+            *(job(f"b{i}", "b", pending(f"b{i}-0", 1), created=2 + i) for i in range(5)),
+        ),
+    )
+    d = run_session(snap)
+    assert {s.queue: s.fair_share.gpu / 1000 for s in d.queue_shares} == {"a": 3, "b": 5}
+    assert _allocated_gpus(d) == {"a": 3, "b": 5}
+    assert not d.evictions
+
+
+def test_extras_take_what_nobody_below_its_share_can_use() -> None:
+    # b's pods fit nowhere, so its share stays unused: a's extras take it.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 3), queue("b", 5)),
+        jobs=(
+            job("elastic", "a", *[pending(f"elastic-{i}", 1) for i in range(8)], min_member=1, created=1),
+            *(
+                job(f"b{i}", "b", pending(f"b{i}-0", 1, node_selector={"rack": "none"}), created=2 + i)
+                for i in range(5)
+            ),
+        ),
+    )
+    d = run_session(snap)
+    assert _allocated_gpus(d) == {"a": 8, "b": 0}
+    assert pending_codes(d)["b0"] == "NoEligibleNodes"
+
+
+def test_extras_above_share_are_shared_between_queues() -> None:
+    # Both elastic jobs are past their share of 2; the 4 GPUs left go 2 and 2.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 2, weight=0), queue("b", 2, weight=0)),
+        jobs=(
+            job("ea", "a", *[pending(f"ea-{i}", 1) for i in range(8)], min_member=1, created=1),
+            job("eb", "b", *[pending(f"eb-{i}", 1) for i in range(8)], min_member=1, created=2),
+        ),
+    )
+    assert _allocated_gpus(run_session(snap)) == {"a": 4, "b": 4}

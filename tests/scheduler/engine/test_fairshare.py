@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import random
+from dataclasses import replace
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.engine.fairshare import build_tree, divide, fair_shares
 from scheduler.engine.model import UNLIMITED, Queue, QueueResource
-from scheduler.engine.resources import GPU
+from scheduler.engine.resources import GPU, WHOLE_UNIT
 from tests.scheduler.builders import queue
 
 G = 1000  # milli-GPUs per GPU
@@ -69,6 +72,31 @@ def test_remainder_goes_to_largest_fraction_then_name() -> None:
     assert shares == {"a": 4, "b": 3, "c": 3}
 
 
+def test_a_capped_queue_leaves_the_rest_to_split_by_weight_alone() -> None:
+    # b's limit caps it at 1 whatever its weight; a and c are identical and
+    # split the other 2 evenly, whichever names they carry.
+    demand = {"a": 4, "b": 4, "c": 4}
+    shares = gpu_shares(
+        [queue("a"), queue("b", gpu_limit=1, weight=4), queue("c")], capacity_gpus=3, demand_gpus=demand
+    )
+    assert shares == {"a": 1, "b": 1, "c": 1}
+    renamed = gpu_shares(
+        [queue("z"), queue("b", gpu_limit=1, weight=4), queue("c")],
+        capacity_gpus=3,
+        demand_gpus={"z": 4, "b": 4, "c": 4},
+    )
+    assert renamed == {"z": 1, "b": 1, "c": 1}
+
+
+def test_more_weight_never_means_less() -> None:
+    demand = {"a": 1, "b": 4, "c": 6}
+    before = gpu_shares([queue("a", weight=4), queue("b", gpu_limit=3, weight=3), queue("c", weight=3)], 5, demand)
+    after = gpu_shares([queue("a", weight=4), queue("b", gpu_limit=3, weight=5), queue("c", weight=3)], 5, demand)
+    # a is capped at its demand of 1; b and c split the other 4, 3:3 and then 5:3.
+    assert before == {"a": 1, "b": 2, "c": 2}
+    assert after == {"a": 1, "b": 3, "c": 1}
+
+
 def test_zero_weight_never_over_quota() -> None:
     shares = gpu_shares([queue("a", 2, weight=0), queue("b", 2)], capacity_gpus=10, demand_gpus={"a": 10, "b": 4})
     assert shares["a"] == 2
@@ -119,24 +147,59 @@ def test_tree_errors_are_reported_not_raised() -> None:
 
 @st.composite
 def trees(
-    draw: st.DrawFn, *, unbounded: bool = False
+    draw: st.DrawFn, *, unbounded: bool = False, coarse: bool = False
 ) -> tuple[list[Queue], dict[str, tuple[int, int, int]], tuple[int, int, int]]:
+    """Random trees; ``coarse`` ones count in whole units and few of them, so
+    that limits and capacity bind often and the last units are contested."""
     count = draw(st.integers(1, 12))
     queues: list[Queue] = []
     for i in range(count):
-        parent = draw(st.one_of(st.none(), st.sampled_from([q.name for q in queues]))) if queues else None
+        names = [q.name for q in queues]
+        if coarse:
+            # Mostly wide: the contest for the last units is among siblings.
+            parent = draw(st.sampled_from([None, None, None, *names[:2]]))
+        else:
+            parent = draw(st.one_of(st.none(), st.sampled_from(names))) if names else None
         res = []
-        for _ in range(3):
+        for r in range(3):
+            if coarse:
+                unit = WHOLE_UNIT[r]
+                quota = draw(st.sampled_from([0, 0, 0, unit, UNLIMITED]))
+                limit = draw(st.sampled_from([UNLIMITED, UNLIMITED, unit, 2 * unit, 3 * unit]))
+                weight = draw(st.sampled_from([0.0, 1.0, 1.0, 4.0]))
+                res.append(QueueResource(quota, limit, weight))
+                continue
             quota = draw(st.one_of(st.just(UNLIMITED), st.integers(0, 40_000)))
             limit = UNLIMITED if unbounded else draw(st.one_of(st.just(UNLIMITED), st.integers(0, 60_000)))
             weight = draw(st.sampled_from([0.5, 1.0, 3.0] if unbounded else [0.0, 0.5, 1.0, 2.0, 3.0]))
             res.append(QueueResource(quota, limit, weight))
         queues.append(
             Queue(
-                f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 0, 5])), gpu=res[0], cpu=res[1], memory=res[2]
+                f"q{i}",
+                parent=parent,
+                priority=draw(st.sampled_from([0, 0, 0, 5] if coarse else [0, 0, 5])),
+                gpu=res[0],
+                cpu=res[1],
+                memory=res[2],
             )
         )
     parents = {q.parent for q in queues}
+    if coarse:
+        demand = {
+            q.name: (
+                draw(st.integers(0, 6)) * WHOLE_UNIT[0],
+                draw(st.integers(0, 6)) * WHOLE_UNIT[1],
+                draw(st.integers(0, 6)) * WHOLE_UNIT[2],
+            )
+            for q in queues
+            if q.name not in parents
+        }
+        capacity = (
+            draw(st.integers(0, 12)) * WHOLE_UNIT[0],
+            draw(st.integers(0, 12)) * WHOLE_UNIT[1],
+            draw(st.integers(0, 12)) * WHOLE_UNIT[2],
+        )
+        return queues, demand, capacity
     demand = {
         q.name: (draw(st.integers(0, 50_000)), draw(st.integers(0, 50_000)), draw(st.integers(0, 50_000)))
         for q in queues
@@ -144,6 +207,9 @@ def trees(
     }
     capacity = (draw(st.integers(0, 100_000)), draw(st.integers(0, 100_000)), draw(st.integers(0, 100_000)))
     return queues, demand, capacity
+
+
+any_trees = st.one_of(trees(), trees(coarse=True))
 
 
 @settings(max_examples=100, deadline=None)
@@ -184,6 +250,90 @@ def test_capacity_is_handed_out_while_anyone_wants_it(
         total = sum(rows[n.name].fair_share[r] for n in tree.roots["default"])
         wanted = sum(v[r] for v in demand.values())
         assert total == min(capacity[r], wanted)
+
+
+Case = tuple[list[Queue], dict[str, tuple[int, int, int]], tuple[int, int, int]]
+
+
+def _shares(
+    queues: list[Queue], demand: dict[str, tuple[int, int, int]], capacity: tuple[int, int, int]
+) -> dict[str, tuple[int, int, int]]:
+    rows = fair_shares(build_tree(queues), {"default": capacity}, demand)
+    return {name: row.fair_share for name, row in rows.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_trees, st.data())
+def test_identical_siblings_differ_by_at_most_one_unit(case: Case, data: st.DataObject) -> None:
+    queues, demand, capacity = case
+    leaf = data.draw(st.sampled_from(sorted(demand)))
+    original = next(q for q in queues if q.name == leaf)
+    # A name before, between or after the generated q0..q11.
+    twin = replace(original, name=data.draw(st.sampled_from(["a", "q", f"{leaf}x", "zz"])))
+    shares = _shares([*queues, twin], {**demand, twin.name: demand[leaf]}, capacity)
+    for r in range(3):
+        assert abs(shares[leaf][r] - shares[twin.name][r]) <= WHOLE_UNIT[r]
+
+
+def _with_more_weight(spec: Queue, more: float) -> Queue:
+    gpu, cpu, memory = (replace(s, over_quota_weight=s.over_quota_weight + more) for s in spec.resources)
+    return replace(spec, gpu=gpu, cpu=cpu, memory=memory)
+
+
+def _flat_case(specs: list[Queue], gpus: int, demand_gpus: dict[str, int]) -> Case:
+    """A hand-written case in the shape the random trees come in."""
+    return specs, {name: (v * G, 0, 0) for name, v in demand_gpus.items()}, (gpus * G, 0, 0)
+
+
+# Where the old rounding went wrong: a queue capped below its round's share
+# still took part in that round, and what it left went out by name.
+CAPPED_BELOW_ITS_SHARE = _flat_case(
+    [queue("a", weight=4), queue("b", gpu_limit=3, weight=3), queue("c", weight=3)], 5, {"a": 1, "b": 4, "c": 6}
+)
+CAPPED_HEAVY_QUEUE = _flat_case(
+    [queue("a"), queue("b", gpu_limit=1, weight=4), queue("c")], 3, {"a": 4, "b": 4, "c": 4}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_trees)
+@example(CAPPED_BELOW_ITS_SHARE)
+@example(CAPPED_HEAVY_QUEUE)
+def test_raising_a_weight_never_lowers_that_queues_share(case: Case) -> None:
+    queues, demand, capacity = case
+    before = _shares(queues, demand, capacity)
+    # Every queue in turn, each resource at once: a resource's weight only
+    # takes part in dividing that resource.
+    for index, spec in enumerate(queues):
+        for more in (0.5, 1.0, 4.0):
+            raised = [*queues[:index], _with_more_weight(spec, more), *queues[index + 1 :]]
+            after = _shares(raised, demand, capacity)
+            for r in range(3):
+                assert after[spec.name][r] >= before[spec.name][r], (spec.name, r, more)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_trees, st.randoms(use_true_random=False))
+@example(CAPPED_HEAVY_QUEUE, random.Random(0))
+def test_renaming_moves_at_most_the_last_unit_per_level(case: Case, rng: random.Random) -> None:
+    queues, demand, capacity = case
+    names = [q.name for q in queues]
+    shuffled = list(names)
+    rng.shuffle(shuffled)
+    tree = build_tree(queues)
+    before = _shares(queues, demand, capacity)
+    # Reversed names turn every tie around; a shuffle mixes them.
+    reversed_names = dict(zip(sorted(names), sorted(names, reverse=True), strict=True))
+    for rename in (reversed_names, dict(zip(names, shuffled, strict=True))):
+        renamed = [
+            replace(q, name=rename[q.name], parent=None if q.parent is None else rename[q.parent]) for q in queues
+        ]
+        after = _shares(renamed, {rename[n]: v for n, v in demand.items()}, capacity)
+        for name, node in tree.queues.items():
+            # The tie-break may move one unit at each level from the top down
+            # to this queue: a parent's extra unit reaches one of its children.
+            for r in range(3):
+                assert abs(after[rename[name]][r] - before[name][r]) <= (node.depth + 1) * WHOLE_UNIT[r]
 
 
 def test_divide_is_deterministic_and_order_independent() -> None:
