@@ -29,7 +29,7 @@ from agent.monitor import Monitor
 from agent.publish.settings import add_flags as add_publish_flags
 from agent.samples import NodeSample
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
-from gpuwarden.flags import add_flag
+from gpuwarden.flags import add_flag, seconds
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
@@ -56,7 +56,13 @@ def register(sub: Any) -> None:
         default=os.environ.get("NODE_NAME") or socket.gethostname(),
         help="name of this Kubernetes node",
     )
-    add_flag(parser, "--poll-interval", type=float, default=None, help="seconds between polls (overrides config)")
+    add_flag(
+        parser,
+        "--poll-interval",
+        type=seconds(high=3600.0),
+        default=None,
+        help="seconds between polls (overrides config)",
+    )
     add_flag(parser, "--kmsg-path", default=None, help="kernel log to read (overrides config)")
     add_flag(parser, "--sysfs-root", default=None, help="sysfs root for InfiniBand (overrides config)")
     add_flag(parser, "--once", action="store_true", help="poll once, print the report and exit")
@@ -69,9 +75,7 @@ def effective_config(args: argparse.Namespace) -> AgentConfig:
     """The config file with command-line overrides applied."""
     cfg = load_config(args.config)
     overrides: dict[str, Any] = {}
-    if args.poll_interval is not None:
-        if args.poll_interval <= 0:
-            raise ConfigError(f"--poll-interval: must be greater than 0, got {args.poll_interval}")
+    if args.poll_interval is not None:  # range-checked by its flag type
         overrides["poll_interval_s"] = args.poll_interval
     if args.kmsg_path is not None:
         overrides["kmsg_path"] = args.kmsg_path

@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.flags import add_flag
+from gpuwarden.flags import FlagError, add_flag
 from gpuwarden.logconfig import configure_logging
 
 COMMAND_GROUP = "gpuwarden.commands"
@@ -64,7 +64,11 @@ def build_parser(commands: Sequence[tuple[str, Register]] | None = None) -> argp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except FlagError as exc:
+        # The same usage error, and exit status 2, as a bad value on the command line.
+        argparse.ArgumentParser(prog="gpuwarden").error(str(exc))
     args = parser.parse_args(argv)
     try:
         configure_logging(args.log_format, args.log_level)

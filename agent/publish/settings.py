@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from agent.config import ConfigError
-from gpuwarden.flags import add_flag
+from gpuwarden.flags import add_flag, port_number, seconds
 
 # Node Events go where the kubelet puts its own: the default namespace. The
 # API server accepts core/v1 Events about a cluster-scoped object (a Node) in
@@ -45,25 +45,31 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(group, "--kubeconfig", default=None, help="kubeconfig file; in-cluster service account when unset")
     add_flag(group, "--metrics-address", default="0.0.0.0", help="address for /metrics, /healthz, /readyz")
     add_flag(
-        group, "--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="port for /metrics, /healthz, /readyz"
+        group,
+        "--metrics-port",
+        type=port_number,
+        default=DEFAULT_METRICS_PORT,
+        help="port for /metrics, /healthz, /readyz",
     )
     add_flag(
         group,
         "--heartbeat-period",
-        type=float,
+        type=seconds(high=3600.0),
         default=60.0,
         help="seconds between condition heartbeats (lastHeartbeatTime) when nothing changes",
     )
-    add_flag(group, "--api-timeout", type=float, default=10.0, help="seconds before a Kubernetes API request fails")
+    add_flag(
+        group,
+        "--api-timeout",
+        type=seconds(high=600.0),
+        default=10.0,
+        help="seconds before a Kubernetes API request fails",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> DaemonSettings:
-    if args.heartbeat_period <= 0:
-        raise ConfigError(f"--heartbeat-period: must be greater than 0, got {args.heartbeat_period}")
-    if args.api_timeout <= 0:
-        raise ConfigError(f"--api-timeout: must be greater than 0, got {args.api_timeout}")
-    if not 0 <= args.metrics_port <= 65535:
-        raise ConfigError(f"--metrics-port: must be a port number, got {args.metrics_port}")
+    # Numbers are range-checked by their flag types (gpuwarden.flags), from the
+    # command line and the environment alike.
     if not args.node_name:
         raise ConfigError("--node-name: empty; set it, or NODE_NAME from the downward API")
     return DaemonSettings(
