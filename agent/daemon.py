@@ -340,9 +340,17 @@ class AgentDaemon:
 
     def _restore(self) -> None:
         name = self.settings.node_name
-        node = self.api.get_node(name)
-        if node is None:
-            raise ApiError("get_node", 404, f"node {name!r} does not exist")
+        try:
+            node = self.api.get_own_node(name)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            raise ApiError(
+                "get_node",
+                404,
+                f"node {name!r} does not exist: --node-name (NODE_NAME from the downward API) "
+                "must be the Node's name, which is not always the hostname",
+            ) from exc
         gpunode = self.api.get_gpunode(name)
         # Read before the taint is looked at: a quarantine the previous run
         # saw begin keeps its start time.

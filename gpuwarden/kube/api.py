@@ -92,6 +92,15 @@ class KubeApi:
     def get_node(self, name: str) -> JSON | None:
         return self._read("get_node", self._core.read_node, name)
 
+    def get_own_node(self, name: str) -> JSON:
+        """The Node this process runs for: its absence is an error, counted as one.
+
+        For a node agent a missing Node is a misconfiguration (a node name
+        that is the hostname, not the Node's name), so it must show in the
+        error count that alerts fire on, not pass as an ordinary answer.
+        """
+        return self._call("get_node", self._core.read_node, name)
+
     def patch_node_status(self, name: str, patch: JSON) -> JSON:
         """Strategic-merge patch of nodes/status: conditions merge by type."""
         return self._call(

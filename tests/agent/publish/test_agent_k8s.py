@@ -33,7 +33,7 @@ from agent.sim.scenario import load_scenario
 from gpuwarden.contract import RESOURCE_GPU_MEMORY, TAINT_QUARANTINE, ConditionType
 from gpuwarden.kube import ApiError
 from tests.agent.publish.conftest import SimAgent
-from tests.harness import ControlPlane, KubectlError, create_gpu_node, wait_for
+from tests.harness import ControlPlane, KubectlError, create_gpu_node, unique_name, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -470,6 +470,23 @@ def test_a_recreated_node_gets_its_conditions_capacity_and_gpunode_back(
         return [o["uid"] for o in owners] == [new_uid]
 
     wait_for(owned_by_new_node, timeout=30, interval=0.2, description="GPUNode owned by the new Node")
+
+
+def test_a_node_name_that_names_no_node_counts_as_an_api_error(
+    k8s: client.ApiClient, agent_manifests: None, sim_agent: Callable[..., SimAgent], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The commonest misconfiguration (the hostname is not the Node's name) must
+    reach gpuwarden_api_errors_total, or GpuwardenAgentApiErrors never fires."""
+    agent = sim_agent(unique_name("no-such-node"), backoff_cap_s=0.5)
+    wait_for(
+        lambda: agent.daemon.stats.snapshot()[1].get("get_node", 0) >= 2,
+        timeout=20,
+        description="the missing Node counted as failing get_node requests",
+    )
+    metric = [m for m in agent.daemon.metrics.collect() if m.name == "gpuwarden_api_errors"]
+    assert any(s.labels == {"operation": "get_node"} and s.value >= 2 for m in metric for s in m.samples)
+    captured = capsys.readouterr()
+    assert "must be the Node's name" in captured.out + captured.err
 
 
 def _jsonpath_or_empty(control_plane: ControlPlane, node: str) -> str:
