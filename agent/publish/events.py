@@ -55,8 +55,13 @@ def event_message(event: HealthEvent) -> str:
 
 
 def aggregation_key(event: HealthEvent) -> str:
-    """What makes two events "the same": type, reason, entity and message."""
-    return "\x1f".join((event.type.value, event.reason, event.entity.key, event_message(event)))
+    """What makes two events "the same": type, reason (``Xid13``, ``IbPortDown``) and entity.
+
+    Not the message: one XID reads differently from NVML and from the kernel
+    log, whichever reported it first, and two wordings of one occurrence must
+    still count as one Event. The Event keeps the first occurrence's message.
+    """
+    return "\x1f".join((event.type.value, event.reason, event.entity.key))
 
 
 def event_name(node: str, key: str) -> str:

@@ -86,3 +86,14 @@ def test_queued_events_coalesce_and_names_are_stable() -> None:
     assert event_name("gpu-a", key) == event_name("gpu-a", aggregation_key(replace(event, time=T0)))
     assert event_name("gpu-a", key) != event_name("gpu-a", aggregation_key(app_xid_event(1, 13)))
     assert len(event_name("n" * 253, key)) <= 253
+
+
+def test_one_xid_worded_by_either_source_is_one_event() -> None:
+    """NVML's event text and the kernel log's line differ; the occurrence is one."""
+    pub = EventsPublisher(api=None, node_name="gpu-a")  # type: ignore[arg-type]  # no request is made here
+    from_nvml = app_xid_event(0, 13)
+    from_kmsg = replace(from_nvml, message=from_nvml.message + " (pid=4242, name=python, Ch 00000008)")
+    pub.enqueue([from_nvml, from_kmsg])
+    assert pub.pending() == 1
+    assert aggregation_key(from_nvml) == aggregation_key(from_kmsg)
+    assert aggregation_key(from_nvml) != aggregation_key(app_xid_event(0, 31))
