@@ -218,6 +218,13 @@ def desired_conditions(
     its ``lastTransitionTime`` is kept unless the status flips, and a
     condition whose probe failed this poll keeps its previous problem status
     rather than turning healthy.
+
+    A flip is dated when it happened, not when it could be written: a
+    problem from its earliest fault's ``since`` (the detection), a recovery
+    from the report's time. Publishing can lag by a cold start or an API
+    outage's backoff, and ``lastTransitionTime`` is what people and alerts
+    read as "since when". ``now`` only bounds it, so a clock step can never
+    date a transition in the future.
     """
     held = conditions_held_by_errors(report.errors) if report.errors else frozenset()
     out: dict[ConditionType, ConditionState] = {}
@@ -225,12 +232,14 @@ def desired_conditions(
         faults = report.faults_for(ctype)
         before = previous.get(ctype)
         if faults:
-            state = ConditionState(ctype, True, condition_reason(faults), condition_message(faults), now)
+            detected = min(min(f.since for f in faults), now)
+            state = ConditionState(ctype, True, condition_reason(faults), condition_message(faults), detected)
         elif ctype in held and before is not None and before.problem:
             out[ctype] = before
             continue
         else:
-            state = ConditionState(ctype, False, HEALTHY_REASONS[ctype], HEALTHY_MESSAGES[ctype], now)
+            cleared = min(report.time, now)
+            state = ConditionState(ctype, False, HEALTHY_REASONS[ctype], HEALTHY_MESSAGES[ctype], cleared)
         if before is not None and before.problem == state.problem:
             state = replace(state, last_transition=before.last_transition)
         out[ctype] = state

@@ -82,9 +82,22 @@ def test_transition_time_kept_while_status_unchanged_and_moved_on_flip() -> None
     assert second[ConditionType.GPU_XID_ERROR].last_transition == T0
     assert second[ConditionType.GPU_XID_ERROR].reason == Reason.MULTIPLE_FAULTS
     assert second[ConditionType.GPU_PCIE_DEGRADED].last_transition == T0
-    cleared = desired_conditions(report(), second, later)
-    assert cleared[ConditionType.GPU_XID_ERROR].last_transition == later
+    cleared = desired_conditions(report(time=later), second, later + timedelta(seconds=40))
+    assert cleared[ConditionType.GPU_XID_ERROR].last_transition == later  # when it cleared, not when written
     assert cleared[ConditionType.GPU_XID_ERROR].status == "False"
+
+
+def test_a_transition_is_dated_when_it_was_detected_not_when_it_was_written() -> None:
+    """A cold start or an API outage's backoff delays the write, not the fault."""
+    detected = T0 + timedelta(seconds=3)
+    written = T0 + timedelta(seconds=43)
+    states = desired_conditions(
+        report(xid_fault(0, since=detected), xid_fault(1, since=T0 + timedelta(seconds=9))), {}, written
+    )
+    assert states[ConditionType.GPU_XID_ERROR].last_transition == detected  # the earliest fault
+    # A detection time ahead of the writer's clock (a clock step) is never published as the future.
+    ahead = desired_conditions(report(xid_fault(0, since=written + timedelta(hours=1))), {}, written)
+    assert ahead[ConditionType.GPU_XID_ERROR].last_transition == written
 
 
 def test_failed_probe_keeps_a_true_condition_true() -> None:
@@ -146,7 +159,8 @@ def test_transition_times_move_exactly_when_status_flips(polls: list[set[int]]) 
     previous: dict[ConditionType, ConditionState] = {}
     for step, failing in enumerate(polls):
         now = T0 + timedelta(seconds=10 * step)
-        states = desired_conditions(report(*(xid_fault(i) for i in sorted(failing))), previous, now)
+        faults = (xid_fault(i, since=now) for i in sorted(failing))
+        states = desired_conditions(report(*faults, time=now), previous, now)
         xid = states[ConditionType.GPU_XID_ERROR]
         assert xid.problem == bool(failing)
         before = previous.get(ConditionType.GPU_XID_ERROR)
