@@ -188,13 +188,17 @@ class Monitor:
             errors=tuple(errors),
         )
 
-    def step(self) -> tuple[HealthReport, NodeSample]:
-        """One poll: sample everything, judge, and return report and sample."""
+    def step(self, *, scheduled: bool = True) -> tuple[HealthReport, NodeSample]:
+        """One poll: sample everything, judge, and return report and sample.
+
+        ``scheduled`` False marks a poll woken early by a GPU event (see
+        :attr:`NodeSample.scheduled`).
+        """
         with self._lock:
             if not self._started:
                 self.start()
             self._wake.clear()
-            sample = self._gather()
+            sample = replace(self._gather(), scheduled=scheduled)
             report = replace(self.rules.evaluate(sample), restore_epoch=self._restore_epoch)
             self.polls += 1
             self.last_report, self.last_sample = report, sample
@@ -245,7 +249,7 @@ class Monitor:
                 stop.wait(MIN_POLL_GAP_S - gap)
             last_poll = time.monotonic()
             try:
-                report, sample = self.step()
+                report, sample = self.step(scheduled=last_poll >= next_due)
             except Exception:
                 # A bug in judgement must not end detection: log, try next poll.
                 log.exception("poll_failed")

@@ -340,7 +340,9 @@ class NodeSample:
     are the GPU events that arrived
     since the previous poll, de-duplicated across NVML and the kernel log;
     ``xid_counts`` are cumulative since the agent started. ``errors`` names
-    every probe that failed this poll.
+    every probe that failed this poll. ``scheduled`` is False for a poll a
+    GPU event woke early: hysteresis counts only scheduled polls, so "absent
+    for three polls" means three poll intervals however many XIDs arrive.
     """
 
     time: datetime
@@ -353,3 +355,4 @@ class NodeSample:
     mounts: tuple[MountSample, ...] = ()
     mounts_source_error: str | None = None
     errors: tuple[str, ...] = ()
+    scheduled: bool = True

@@ -232,7 +232,7 @@ def desired_conditions(
         faults = report.faults_for(ctype)
         before = previous.get(ctype)
         if faults:
-            detected = min(min(f.since for f in faults), now)
+            detected = min([*(f.since for f in faults), now])
             state = ConditionState(ctype, True, condition_reason(faults), condition_message(faults), detected)
         elif ctype in held and before is not None and before.problem:
             out[ctype] = before

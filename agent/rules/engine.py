@@ -8,7 +8,9 @@ Rules say what they see now; this module decides what is raised:
   growing, or a kernel-log line that scrolled away, does not clear them.
 * **Hysteresis.** Other faults are raised after ``hysteresis.raise_polls``
   consecutive polls with the signal and cleared after
-  ``hysteresis.clear_polls`` consecutive polls without it; rate rules add a
+  ``hysteresis.clear_polls`` consecutive scheduled polls without it (a poll
+  a GPU event woke early does not count, so clearing takes that many poll
+  intervals however many XIDs arrive meanwhile); rate rules add a
   lower clearing threshold on top. So a signal that comes and goes every poll
   raises once and stays raised instead of flapping.
 * **Since-times** are kept from the first raise, across polls and, through
@@ -347,7 +349,7 @@ class HealthRules:
             del self._pending[key]
         for key in [k for k in self._active if k not in findings]:
             active = self._active[key]
-            if active.fault.latched or active.fault.condition in blind:
+            if active.fault.latched or active.fault.condition in blind or not sample.scheduled:
                 continue
             active.absent_polls += 1
             if active.absent_polls >= self._clear_polls:

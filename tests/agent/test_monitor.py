@@ -75,6 +75,7 @@ def test_an_injected_xid_produces_a_report_before_the_next_poll(sim: tuple[SimNo
     thread.start()
     try:
         assert wait_for(lambda: len(got.reports) >= 1)
+        assert got.reports[0][1].scheduled  # the first poll is on schedule
         node.inject("xid", gpu=4, xid=79)
         # The poll interval is an hour: only the event path can deliver this.
         assert wait_for(lambda: (r := got.latest()) is not None and bool(r.faults_for(ConditionType.GPU_XID_ERROR)))
@@ -82,6 +83,9 @@ def test_an_injected_xid_produces_a_report_before_the_next_poll(sim: tuple[SimNo
         assert report is not None
         (fault,) = report.faults_for(ConditionType.GPU_XID_ERROR)
         assert fault.reason == "Xid79" and fault.entity.gpu_index == 4 and fault.latched
+        with got.lock:
+            woken = [sample for r, sample in got.reports if r.faults_for(ConditionType.GPU_XID_ERROR)]
+        assert not woken[0].scheduled  # woken early by the event: hysteresis does not count it
         # Seen by NVML and by the kernel log, counted once.
         assert wait_for(lambda: monitor.hub.duplicates >= 2)  # XID 13 at start and XID 79 now
         _, sample = monitor.step()

@@ -637,6 +637,18 @@ def test_non_latched_fault_clears_after_clear_polls() -> None:
     assert report.faults == () and [e.type for e in report.events] == [EventType.NORMAL]
 
 
+def test_polls_a_gpu_event_woke_early_do_not_count_toward_clearing() -> None:
+    """A burst of XIDs makes many polls in one interval; "absent for three
+    polls" must still mean three poll intervals."""
+    rules = HealthRules(config_from_dict({"hysteresis": {"clear_polls": 3}}), "n")
+    assert rules.evaluate(with_gpu0(NARROW, 0)).faults
+    for t in (1, 2, 3, 4, 5):  # woken by events within the first interval
+        assert rules.evaluate(replace(with_gpu0(G0, t), scheduled=False)).faults
+    assert rules.evaluate(with_gpu0(G0, 10)).faults
+    assert rules.evaluate(with_gpu0(G0, 20)).faults
+    assert rules.evaluate(with_gpu0(G0, 30)).faults == ()
+
+
 def test_since_is_kept_while_raised_and_message_follows_the_signal() -> None:
     rules = HealthRules(config_from_dict(None), "n")
     rules.evaluate(with_gpu0(NARROW, 0))
