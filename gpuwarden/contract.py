@@ -188,3 +188,105 @@ class UnschedulableReason(StrEnum):
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     NO_ELIGIBLE_NODES = "NoEligibleNodes"
     GANG_INCOMPLETE = "GangIncomplete"
+
+
+# --------------------------------------------------------------------------
+# Scheduling objects
+# --------------------------------------------------------------------------
+# Field names of the Queue and PodGroup custom objects
+# (manifests/scheduler/crd-*.yaml), as the API server stores them. The CRDs
+# spell them too; tests check that both agree.
+
+# Queue .spec
+QUEUE_SPEC_PARENT: Final = "parentQueue"
+QUEUE_SPEC_PRIORITY: Final = "priority"
+QUEUE_SPEC_NODE_POOL: Final = "nodePool"
+QUEUE_SPEC_RESOURCES: Final = "resources"
+QUEUE_RESOURCE_QUOTA: Final = "quota"
+QUEUE_RESOURCE_LIMIT: Final = "limit"
+QUEUE_RESOURCE_OVER_QUOTA_WEIGHT: Final = "overQuotaWeight"
+# The resources a queue may govern, the keys under .spec.resources and under
+# every per-resource status field. A GPU amount is a number of GPUs (0.5 is
+# half of one); cpu and memory are Kubernetes quantities ("500m", 8, "64Gi").
+QUEUE_RESOURCE_GPU: Final = "gpu"
+QUEUE_RESOURCE_CPU: Final = "cpu"
+QUEUE_RESOURCE_MEMORY: Final = "memory"
+
+# Queue .status: one amount per resource in each of these.
+QUEUE_STATUS_FAIR_SHARE: Final = "fairShare"
+QUEUE_STATUS_ALLOCATED: Final = "allocated"
+QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: Final = "allocatedNonPreemptible"
+QUEUE_STATUS_REQUESTED: Final = "requested"
+
+# PodGroup .spec
+PODGROUP_SPEC_MIN_MEMBER: Final = "minMember"
+PODGROUP_SPEC_QUEUE: Final = "queue"
+PODGROUP_SPEC_PRIORITY_CLASS_NAME: Final = "priorityClassName"
+PODGROUP_SPEC_PREEMPTIBILITY: Final = "preemptibility"
+
+# PodGroup .status
+PODGROUP_STATUS_PHASE: Final = "phase"
+PODGROUP_STATUS_SCHEDULED: Final = "scheduled"
+
+# Both kinds keep metav1.Condition-shaped entries here.
+STATUS_CONDITIONS: Final = "conditions"
+STATUS_OBSERVED_GENERATION: Final = "observedGeneration"
+
+
+class Preemptibility(StrEnum):
+    """PodGroup .spec.preemptibility; left out, it follows the priority class."""
+
+    PREEMPTIBLE = "preemptible"
+    NON_PREEMPTIBLE = "non-preemptible"
+
+
+class QueueConditionType(StrEnum):
+    """Queue condition types; status True means the problem is present, as
+    with the agent's NodeConditions."""
+
+    # The queue's quota is more than what backs it (the pool's healthy
+    # capacity for a top-level queue, the parent's quota otherwise); the
+    # message names the resource and the shortfall.
+    QUOTA_NOT_BACKED = "QuotaNotBacked"
+    # The queue cannot take work: its spec does not parse, or its place in
+    # the tree is broken (unknown parent, a loop, a parent in another pool).
+    INVALID = "Invalid"
+
+
+class QueueConditionReason(StrEnum):
+    """Reasons on Queue conditions."""
+
+    QUOTA_EXCEEDS_CAPACITY = "QuotaExceedsCapacity"
+    QUOTA_EXCEEDS_PARENT = "QuotaExceedsParent"
+    QUOTA_BACKED = "QuotaBacked"
+    INVALID_SPEC = "InvalidSpec"
+    INVALID_TREE = "InvalidTree"
+    VALID = "Valid"
+
+
+class PodGroupConditionType(StrEnum):
+    """PodGroup condition types.
+
+    ``Unschedulable`` is True while the group waits; its reason is one of
+    :class:`UnschedulableReason` and its message the engine's explanation.
+    """
+
+    UNSCHEDULABLE = "Unschedulable"
+
+
+# Reason on Unschedulable False: the gang (minMember pods) is placed.
+PODGROUP_SCHEDULED_REASON: Final = "Scheduled"
+
+
+class PodGroupPhase(StrEnum):
+    """PodGroup .status.phase.
+
+    Pending: fewer than minMember pods placed. Running: at least minMember
+    placed or running. Succeeded / Failed: every pod has finished, all
+    successfully or not.
+    """
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"

@@ -10,6 +10,13 @@ the way Kubernetes writes them and converted to engine units here:
 - GPU quota/limit/demand: GPUs as a number (``4``, ``2.5``);
 - ``-1`` (or ``unlimited``) for an unbounded quota or limit.
 
+A queue governs only the resources it names: one that leaves out ``cpu:``
+(or ``memory:``, or ``gpu:``) has no quota and no limit for it, and the
+non-preemptible-within-quota rule ignores it, so a queue tree with GPU
+quotas alone admits pods that ask for CPU and memory. A resource that is
+named but leaves out ``quota`` has a quota of 0 (it may only borrow); one
+that leaves out ``limit`` has no limit.
+
 Snapshot file::
 
     now: 1700000000                # seconds since the epoch
@@ -103,6 +110,7 @@ from typing import Any
 from gpuwarden.contract import DEFAULT_NODE_POOL, Action
 from gpuwarden.yamlfile import load_yaml, unknown_keys, yaml_number
 from scheduler.engine.model import (
+    UNGOVERNED,
     UNLIMITED,
     Gpu,
     Job,
@@ -433,6 +441,10 @@ class _Reader:
         data = self.mapping(data, where, "queue")
         resources: list[QueueResource] = []
         for resource, key in ((GPU, "gpu"), (CPU, "cpu"), (MEMORY, "memory")):
+            if data.get(key) is None:
+                # Not named: not governed (no quota, no limit) for this queue.
+                resources.append(UNGOVERNED)
+                continue
             setting = self.mapping(data.get(key), f"{where}.{key}", "queue resource")
             quota = self.bound(setting.get("quota", 0), resource, f"{where}.{key}.quota")
             limit = self.bound(setting.get("limit", -1), resource, f"{where}.{key}.limit")

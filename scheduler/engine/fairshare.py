@@ -5,7 +5,9 @@ its top-level queues, each queue's share among its children, and so on to the
 leaves. At every level the division is the same two-phase rule:
 
 1. **Quota.** Each child gets its *deserved* amount: ``min(quota, request,
-   limit)`` (a quota of -1 deserves all it requests). If the parent's share
+   limit)`` (a quota of -1 deserves all it requests, and so does a
+   resource the queue does not govern: its siblings' quotas and its
+   requests alone decide its share). If the parent's share
    cannot cover every deserved amount (capacity lost to faults), higher
    priority children are covered first and the last tier that only partly
    fits is divided in proportion to what each deserves.

@@ -2,6 +2,9 @@
 
 Checked before any node is looked at, for every queue on the path from the
 top level down, so a refusal names the queue and the limit that was hit.
+A resource a queue does not govern (quota and limit both unbounded, see
+``model.UNGOVERNED``) passes both checks for that queue: a GPU-only queue
+admits non-preemptible pods whatever CPU and memory they ask for.
 """
 
 from __future__ import annotations

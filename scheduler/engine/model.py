@@ -132,25 +132,44 @@ class QueueResource:
     """Quota (deserved), limit and over-quota weight for one resource.
 
     ``quota`` and ``limit`` are in engine units (see the module docstring);
-    ``UNLIMITED`` (-1) means no bound.
+    ``UNLIMITED`` (-1) means no bound. A resource with neither bound is not
+    governed for the queue (see :data:`UNGOVERNED`).
     """
 
     quota: int = 0
     limit: int = UNLIMITED
     over_quota_weight: float = 1.0
 
+    @property
+    def governed(self) -> bool:
+        """False when the queue puts no bound on this resource at all."""
+        return self.quota != UNLIMITED or self.limit != UNLIMITED
+
+
+# A resource a queue does not name: no quota to stay within, no limit, and
+# a fair share of whatever it asks for (as much as siblings leave). Quota
+# and limit both unbounded say exactly that to every check (limits, the
+# non-preemptible-within-quota rule, fair share), so a GPU-only queue tree
+# needs no CPU or memory numbers and the hot paths need no extra branch.
+UNGOVERNED = QueueResource(quota=UNLIMITED, limit=UNLIMITED)
+
 
 @dataclass(frozen=True, slots=True)
 class Queue:
-    """A node of the queue tree; only leaves (queues nobody names as parent) take jobs."""
+    """A node of the queue tree; only leaves (queues nobody names as parent) take jobs.
+
+    A resource left at its default is not governed for this queue
+    (:data:`UNGOVERNED`): a queue that only sets ``gpu`` bounds GPUs and
+    nothing else.
+    """
 
     name: str
     parent: str | None = None
     priority: int = 0
     node_pool: str = DEFAULT_NODE_POOL
-    gpu: QueueResource = QueueResource()
-    cpu: QueueResource = QueueResource()
-    memory: QueueResource = QueueResource()
+    gpu: QueueResource = UNGOVERNED
+    cpu: QueueResource = UNGOVERNED
+    memory: QueueResource = UNGOVERNED
 
     @property
     def resources(self) -> tuple[QueueResource, QueueResource, QueueResource]:

@@ -92,9 +92,9 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             draw(st.sampled_from([UNLIMITED, UNLIMITED, 3000, 6000])),
             draw(st.sampled_from([0.0, 1.0, 2.0])),
         )
-        # CPU and memory quotas too: with the default of 0 every
-        # non-preemptible pod (they all ask for CPU) would be refused, and
-        # "non-preemptible work within quota" would never be exercised.
+        # CPU and memory quotas too, often ungoverned (every pod asks for
+        # CPU) and sometimes small, so that "non-preemptible work within
+        # quota" is exercised on every resource and not on GPUs alone.
         cpu = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 2000, 16000])), UNLIMITED, 1.0)
         memory = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 4096])), UNLIMITED, 1.0)
         queues.append(

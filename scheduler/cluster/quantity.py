@@ -1,0 +1,129 @@
+"""Kubernetes quantities ("500m", "64Gi", "1.5Ti", "1e3") to engine units and back.
+
+Custom objects are not normalised by the API server the way a pod's
+resources are: a Queue keeps ``cpu: "1.5"`` or ``memory: 68719476736`` as
+written. So the scheduler reads the quantity grammar itself, exactly (as a
+:class:`~fractions.Fraction`, never through a float, so ``0.1`` of a GPU is
+100 milli-GPUs and not 100.00000000000001), and rounds up to engine units
+the way Kubernetes rounds a request up: a quota never reads as less than
+what was written.
+
+Only amounts (nothing negative, nothing not finite) are accepted; a problem
+comes back as a sentence, never as an exception, so that one bad Queue
+marks that queue rather than stopping the watch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Final
+
+from scheduler.engine.resources import MIB_PER_GIB, MILLI
+
+_SUFFIX: Final[dict[str, Fraction]] = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+# The CRDs' pattern for quantity strings says the same (manifests/scheduler/).
+_QUANTITY: Final = re.compile(
+    r"\+?(?P<number>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
+)
+# No amount a cluster holds needs an exponent beyond this; refusing larger
+# ones keeps "1e999999999" from building a number with a billion digits.
+_MAX_EXPONENT: Final = 30
+_BYTES_PER_MIB: Final = 2**20
+
+MAX_GPUS: Final = 1_000_000
+MAX_CORES: Final = 100_000_000
+MAX_BYTES: Final = 2**60  # 1Ei
+
+
+def parse_quantity(value: object) -> Fraction | str:
+    """The exact amount a quantity (string) or JSON number stands for, or
+    why it is none."""
+    if isinstance(value, bool):
+        return f"expected a quantity, got {value!r}"
+    if isinstance(value, int):
+        return Fraction(value) if value >= 0 else f"must not be negative, got {value}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        if value < 0:
+            return f"must not be negative, got {value!r}"
+        # The shortest decimal that reads back as this float: what was written.
+        return Fraction(Decimal(repr(value)))
+    if not isinstance(value, str):
+        return f"expected a quantity, got {value!r}"
+    text = value.strip()
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        if text.startswith("-"):
+            return f"must not be negative, got {value!r}"
+        return f"not a quantity: {value!r} (write e.g. 8, 500m, 1.5, 64Gi)"
+    number = Fraction(Decimal(match["number"]))
+    exp = match["exp"]
+    if exp is not None:
+        power = int(exp)
+        if abs(power) > _MAX_EXPONENT:
+            return f"exponent out of range in {value!r}"
+        return number * Fraction(10) ** power
+    return number * _SUFFIX[match["suffix"] or ""]
+
+
+def _bounded(amount: Fraction | str, maximum: int, unit: str) -> Fraction | str:
+    if isinstance(amount, Fraction) and amount > maximum:
+        return f"{float(amount):g} {unit} is beyond any cluster (at most {maximum:g})"
+    return amount
+
+
+def milli_gpus(value: object) -> int | str:
+    """GPUs (a number, fractions allowed) -> milli-GPUs, rounded up."""
+    amount = _bounded(parse_quantity(value), MAX_GPUS, "GPUs")
+    return amount if isinstance(amount, str) else math.ceil(amount * MILLI)
+
+
+def millicores(value: object) -> int | str:
+    """Cores or a CPU quantity ("500m") -> millicores, rounded up."""
+    amount = _bounded(parse_quantity(value), MAX_CORES, "cores")
+    return amount if isinstance(amount, str) else math.ceil(amount * MILLI)
+
+
+def mebibytes(value: object) -> int | str:
+    """Bytes or a memory quantity ("64Gi") -> MiB, rounded up."""
+    amount = _bounded(parse_quantity(value), MAX_BYTES, "bytes")
+    return amount if isinstance(amount, str) else math.ceil(amount / _BYTES_PER_MIB)
+
+
+def format_gpus(milli: int) -> int | float:
+    """Milli-GPUs as the number of GPUs a Queue's status shows (4, 0.5)."""
+    return milli // MILLI if milli % MILLI == 0 else milli / MILLI
+
+
+def format_cpu(milli: int) -> str:
+    """Millicores as Kubernetes writes them: whole cores ("8") or "1500m"."""
+    return str(milli // MILLI) if milli % MILLI == 0 else f"{milli}m"
+
+
+def format_memory(mib: int) -> str:
+    """MiB as the largest exact binary quantity ("64Gi", "1536Mi", "2Ti")."""
+    for suffix, per in (("Pi", MIB_PER_GIB**3), ("Ti", MIB_PER_GIB**2), ("Gi", MIB_PER_GIB)):
+        if mib and mib % per == 0:
+            return f"{mib // per}{suffix}"
+    return f"{mib}Mi"
