@@ -227,6 +227,7 @@ def test_failed_binds_leave_their_pods_pending_and_the_others_bind(
         BindOutcome.FAILED,
     ]
     assert "no-such-node" in (results[1].error or "")
+    assert "UID" in (results[5].error or ""), results[5].error
     assert "not found" in (results[4].error or "")
     assert "GPU 9" in (results[8].error or "")
     core = client.CoreV1Api(k8s)
@@ -336,7 +337,9 @@ def test_a_new_pod_under_an_evicted_pods_name_is_left_alone(
 
     result = Evictor(_api(k8s), retry=NO_WAIT).evict_all([stale])[0]
 
-    assert not result.ok
+    assert (result.outcome, result.attempts) == (EvictOutcome.FAILED, 1)
+    assert "HTTP 409" in (result.error or ""), result.error
+    assert "UID" in (result.error or ""), result.error
     assert client.CoreV1Api(k8s).read_namespaced_pod("reused-name", namespace).metadata.deletion_timestamp is None
 
 
