@@ -161,6 +161,91 @@ class KubeApi:
             _content_type=MERGE_PATCH,
         )
 
+    # -- Pod ----------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> JSON | None:
+        return self._read("get_pod", self._core.read_namespaced_pod, name, namespace)
+
+    def list_pods_on_node(self, node: str) -> list[JSON]:
+        """Every pod bound to ``node``, in all namespaces (one request, a field selector)."""
+        reply = self._call(
+            "list_pods_on_node",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node}",
+        )
+        items = reply.get("items") or []
+        return [item for item in items if isinstance(item, dict)]
+
+    def patch_pod(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge patch of a pod (annotations: a null value removes the key)."""
+        return self._call(
+            "patch_pod",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=MERGE_PATCH,
+        )
+
+    def create_pod_binding(self, namespace: str, name: str, body: JSON) -> JSON:
+        """POST pods/binding: sets spec.nodeName, once; the reply is a Status.
+
+        The generated client would try to parse that Status as a Binding and
+        fail on the missing ``target`` after the bind was applied; ``_request``
+        reads the raw reply, so the HTTP status alone decides.
+        """
+        return self._call(
+            "create_pod_binding",
+            self._core.create_namespaced_pod_binding,
+            name,
+            namespace,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def create_pod_eviction(self, namespace: str, name: str, body: JSON) -> JSON:
+        """POST pods/eviction (policy/v1): the API server checks PodDisruptionBudgets (429 when one refuses)."""
+        return self._call(
+            "create_pod_eviction",
+            self._core.create_namespaced_pod_eviction,
+            name,
+            namespace,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    # -- Queue and PodGroup -------------------------------------------------
+
+    def patch_queue_status(self, name: str, patch: JSON) -> JSON:
+        """Merge patch of a Queue's status subresource (Queues are cluster-scoped)."""
+        return self._call(
+            "patch_queue_status",
+            self._custom.patch_cluster_custom_object_status,
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            contract.QUEUE_PLURAL,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=MERGE_PATCH,
+        )
+
+    def patch_podgroup_status(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge patch of a PodGroup's status subresource."""
+        return self._call(
+            "patch_podgroup_status",
+            self._custom.patch_namespaced_custom_object_status,
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            namespace,
+            contract.PODGROUP_PLURAL,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=MERGE_PATCH,
+        )
+
     # -- Events -------------------------------------------------------------
 
     def create_event(self, namespace: str, body: JSON) -> JSON:

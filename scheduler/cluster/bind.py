@@ -1,0 +1,206 @@
+"""Executing the engine's binds: pods/binding, with the GPU assignment, many at once.
+
+The GPU assignment (:mod:`.assignment`) travels in the Binding's own
+annotations. The API server copies a Binding's annotations onto the pod in
+the same write that sets ``spec.nodeName``, so a pod is either bound with its
+assignment or unbound without one: never half-bound, with nothing to undo
+after a failed bind. Writing the annotation first with a separate patch would
+cost a second request per pod and, on a bind refused because the pod was
+already bound, would have overwritten the assignment of a running pod.
+
+Binds run in a bounded pool of threads (the API server answers each in
+milliseconds, so the time of a large cycle is round trips). Every bind of a
+gang is attempted and reported on its own: the engine decided the gang fits,
+and a pod left out by an API failure is placed again next cycle, into room
+the engine keeps for it. Transient failures are retried a few times with
+backoff; a pod that keeps failing holds up only its own worker.
+
+A pipelined bind uses room that evictions on its node are still freeing. It
+waits (is reported deferred) while any pod on that node is terminating or any
+eviction passed along is still there; the next cycle decides it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.assignment import encode_assignment
+from scheduler.cluster.retrying import RetryPolicy, call_with_retries
+from scheduler.engine.model import Bind, Eviction, Node
+
+log = get_logger(__name__)
+
+DEFAULT_BIND_WORKERS = 16
+# Pods that no longer hold resources on their node, terminating or not.
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class BindOutcome(StrEnum):
+    BOUND = "Bound"
+    # Not attempted this cycle (a pipelined bind whose room is still being freed).
+    DEFERRED = "Deferred"
+    # The pod is bound to another node already (or was replaced by a new pod).
+    CONFLICT = "Conflict"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    """What became of one bind; ``error`` says why it did not happen."""
+
+    bind: Bind
+    outcome: BindOutcome
+    error: str | None = None
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is BindOutcome.BOUND
+
+
+def binding_body(bind: Bind, assignment: str | None) -> JSON:
+    """The Binding object: the pod's UID as a precondition, the assignment as an annotation."""
+    metadata: JSON = {"name": bind.pod, "namespace": bind.namespace}
+    if bind.uid:
+        # A pod deleted and recreated under the same name is not the pod the
+        # engine placed: the API server refuses the bind (409) instead.
+        metadata["uid"] = bind.uid
+    if assignment is not None:
+        metadata["annotations"] = {ANNOTATION_GPU_ASSIGNMENT: assignment}
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": metadata,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": bind.node},
+    }
+
+
+class Binder:
+    """Binds pods through the pods/binding subresource; thread-safe, one per scheduler."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        workers: int = DEFAULT_BIND_WORKERS,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self._api = api
+        self._workers = workers
+        self._retry = retry or RetryPolicy()
+
+    def bind_all(
+        self,
+        binds: Sequence[Bind],
+        nodes: Mapping[str, Node],
+        *,
+        evictions: Sequence[Eviction] = (),
+    ) -> list[BindResult]:
+        """Execute ``binds``; one result per bind, in the same order.
+
+        ``nodes`` is the snapshot's view (by name): a bind to a node missing
+        from it fails without a request. ``evictions`` are the ones executed
+        in the same cycle; pipelined binds on their nodes wait for them.
+        """
+        if not binds:
+            return []
+        deferred = self._nodes_still_releasing(binds, evictions)
+        results: list[BindResult | None] = [None] * len(binds)
+        todo: list[int] = []
+        for i, bind in enumerate(binds):
+            why = deferred.get(bind.node) if bind.pipelined else None
+            if why is not None:
+                results[i] = BindResult(bind, BindOutcome.DEFERRED, why)
+            else:
+                todo.append(i)
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(self._workers, len(todo)), thread_name_prefix="bind") as pool:
+                futures = {i: pool.submit(self._bind_one, binds[i], nodes.get(binds[i].node)) for i in todo}
+                for i, future in futures.items():
+                    results[i] = future.result()
+        done = [r for r in results if r is not None]
+        counts = {o.value: sum(1 for r in done if r.outcome is o) for o in BindOutcome}
+        log.info("binds_executed", **{k.lower(): v for k, v in counts.items()})
+        return done
+
+    # -- one pod ------------------------------------------------------------
+
+    def _bind_one(self, bind: Bind, node: Node | None) -> BindResult:
+        if node is None:
+            return self._failed(bind, f"node {bind.node!r} is not in the scheduler's view", 0)
+        assignment = None
+        if bind.gpu_indices:
+            try:
+                assignment = encode_assignment(bind, node)
+            except ValueError as err:
+                return self._failed(bind, f"GPU assignment: {err}", 0)
+        body = binding_body(bind, assignment)
+        answer, tries = call_with_retries(
+            self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)
+        )
+        if not isinstance(answer, ApiError):
+            log.debug("pod_bound", namespace=bind.namespace, pod=bind.pod, node=bind.node, job=bind.job)
+            return BindResult(bind, BindOutcome.BOUND, attempts=tries)
+        if answer.status == 409:
+            return self._after_conflict(bind, answer, tries)
+        if answer.status == 404:
+            return self._failed(bind, "pod not found (deleted since the snapshot)", tries)
+        return self._failed(bind, str(answer), tries)
+
+    def _after_conflict(self, bind: Bind, error: ApiError, tries: int) -> BindResult:
+        """A 409 after a retried bind may be our own earlier attempt whose reply was lost."""
+        try:
+            pod = self._api.get_pod(bind.namespace, bind.pod)
+        except ApiError:
+            pod = None
+        if pod is not None:
+            meta = pod.get("metadata") or {}
+            same_pod = not bind.uid or meta.get("uid") == bind.uid
+            if same_pod and (pod.get("spec") or {}).get("nodeName") == bind.node:
+                return BindResult(bind, BindOutcome.BOUND, attempts=tries)
+        log.warning(
+            "bind_conflict", namespace=bind.namespace, pod=bind.pod, node=bind.node, job=bind.job, error=error.detail
+        )
+        return BindResult(bind, BindOutcome.CONFLICT, f"conflict: {error.detail}", tries)
+
+    @staticmethod
+    def _failed(bind: Bind, error: str, tries: int) -> BindResult:
+        log.warning("bind_failed", namespace=bind.namespace, pod=bind.pod, node=bind.node, job=bind.job, error=error)
+        return BindResult(bind, BindOutcome.FAILED, error, tries)
+
+    # -- pipelined binds ----------------------------------------------------
+
+    def _nodes_still_releasing(self, binds: Sequence[Bind], evictions: Sequence[Eviction]) -> dict[str, str]:
+        """For each node of a pipelined bind whose room is not free yet: why not."""
+        nodes = sorted({b.node for b in binds if b.pipelined})
+        evicted: dict[str, set[str]] = {}
+        for ev in evictions:
+            evicted.setdefault(ev.node, set()).add(ev.uid or f"{ev.namespace}/{ev.pod}")
+        waiting: dict[str, str] = {}
+        for name in nodes:
+            why = self._releasing(name, evicted.get(name, set()))
+            if why is not None:
+                waiting[name] = why
+        return waiting
+
+    def _releasing(self, node: str, evicted: Collection[str]) -> str | None:
+        try:
+            pods = self._api.list_pods_on_node(node)
+        except ApiError as err:
+            return f"cannot tell whether evictions on {node} finished: {err}"
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+                continue
+            ident = {meta.get("uid"), f"{meta.get('namespace')}/{meta.get('name')}"}
+            if meta.get("deletionTimestamp") or ident & set(evicted):
+                return f"evictions on {node} have not finished ({meta.get('namespace')}/{meta.get('name')})"
+        return None

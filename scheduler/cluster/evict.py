@@ -1,0 +1,171 @@
+"""Executing the engine's evictions through the Eviction API, never by deleting pods.
+
+The API server checks PodDisruptionBudgets for an Eviction and answers 429
+when one refuses: that is reported as refused and left for a later cycle,
+never bypassed with a delete. A pod already gone (404) is what the eviction
+wanted, so it counts as done. Each Eviction carries the pod's UID as a
+precondition, so a new pod that took the old one's name is left alone.
+
+Evictions are rate limited (a token bucket, evictions per second) because each
+one restarts someone's work and can wake a controller that makes a
+replacement; a burst of reclaims must not turn into a storm. A gang's pods
+are taken from the bucket together and submitted together: a gang that loses
+one pod is broken anyway, so it should not lose the rest a minute later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.retrying import RetryPolicy, call_with_retries
+from scheduler.engine.model import Eviction
+
+log = get_logger(__name__)
+
+DEFAULT_EVICT_WORKERS = 8
+DEFAULT_EVICTIONS_PER_S = 10.0
+DEFAULT_EVICTION_BURST = 20
+_PDB_REFUSED = 429
+
+
+class EvictOutcome(StrEnum):
+    EVICTED = "Evicted"
+    # 404: the pod had gone already; the room the engine wanted is free or freeing.
+    GONE = "Gone"
+    # A PodDisruptionBudget does not allow it now; try again in a later cycle.
+    REFUSED = "Refused"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    eviction: Eviction
+    outcome: EvictOutcome
+    error: str | None = None
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The pod is leaving or left."""
+        return self.outcome in (EvictOutcome.EVICTED, EvictOutcome.GONE)
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` saved up; thread-safe.
+
+    :meth:`take` of more tokens than the burst waits for a full bucket and
+    then goes into debt, so a gang larger than the burst is still evicted in
+    one go, and the evictions after it wait for the debt to be paid.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be positive and burst at least 1")
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = threading.Lock()
+
+    def take(self, n: int = 1) -> float:
+        """Take ``n`` tokens, waiting as long as needed; returns the seconds waited."""
+        waited = 0.0
+        need = min(n, self.burst)
+        while True:
+            with self._lock:
+                now = self._clock()
+                self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+                self._stamp = now
+                if self._tokens >= need:
+                    self._tokens -= n
+                    return waited
+                delay = (need - self._tokens) / self.rate
+            self._sleep(delay)
+            waited += delay
+
+
+def eviction_body(ev: Eviction) -> JSON:
+    body: JSON = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": ev.pod, "namespace": ev.namespace},
+    }
+    if ev.uid:
+        body["deleteOptions"] = {"preconditions": {"uid": ev.uid}}
+    return body
+
+
+class Evictor:
+    """Evicts pods through pods/eviction, rate limited, gangs together; one per scheduler."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        evictions_per_s: float = DEFAULT_EVICTIONS_PER_S,
+        burst: int = DEFAULT_EVICTION_BURST,
+        workers: int = DEFAULT_EVICT_WORKERS,
+        retry: RetryPolicy | None = None,
+        bucket: TokenBucket | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self._api = api
+        self._workers = workers
+        # A PDB's 429 is an answer, not overload: asking again at once is the
+        # retry the budget exists to stop.
+        policy = retry or RetryPolicy()
+        self._retry = replace(policy, never_retry=policy.never_retry | {_PDB_REFUSED})
+        # The bucket outlives one call, so the rate holds across cycles too.
+        self._bucket = bucket or TokenBucket(evictions_per_s, burst)
+
+    def evict_all(self, evictions: Sequence[Eviction]) -> list[EvictResult]:
+        """Execute ``evictions``; one result per eviction, in the same order."""
+        if not evictions:
+            return []
+        gangs: dict[str, list[int]] = {}
+        for i, ev in enumerate(evictions):
+            gangs.setdefault(ev.job, []).append(i)
+        futures: dict[int, Future[EvictResult]] = {}
+        with ThreadPoolExecutor(max_workers=min(self._workers, len(evictions)), thread_name_prefix="evict") as pool:
+            for members in gangs.values():
+                self._bucket.take(len(members))
+                for i in members:
+                    futures[i] = pool.submit(self._evict_one, evictions[i])
+            results = [futures[i].result() for i in range(len(evictions))]
+        counts = {o.value.lower(): sum(1 for r in results if r.outcome is o) for o in EvictOutcome}
+        log.info("evictions_executed", **counts)
+        return results
+
+    def _evict_one(self, ev: Eviction) -> EvictResult:
+        body = eviction_body(ev)
+        answer, tries = call_with_retries(
+            self._retry, lambda: self._api.create_pod_eviction(ev.namespace, ev.pod, body)
+        )
+        fields = {"namespace": ev.namespace, "pod": ev.pod, "job": ev.job, "action": ev.action.value}
+        if not isinstance(answer, ApiError):
+            log.info("pod_evicted", node=ev.node, reason=ev.reason, beneficiary=ev.beneficiary, **fields)
+            return EvictResult(ev, EvictOutcome.EVICTED, attempts=tries)
+        if answer.status == 404:
+            return EvictResult(ev, EvictOutcome.GONE, attempts=tries)
+        if answer.status == _PDB_REFUSED:
+            log.info("eviction_refused", error=answer.detail, **fields)
+            return EvictResult(ev, EvictOutcome.REFUSED, f"refused: {answer.detail}", tries)
+        log.warning("eviction_failed", error=answer.detail, status=answer.status, **fields)
+        return EvictResult(ev, EvictOutcome.FAILED, str(answer), tries)

@@ -1,0 +1,319 @@
+"""PodGroup and Queue status from the engine's decisions, and Events for pending pod groups.
+
+Every cycle produces a status for every pending group and every queue, but
+almost all of them equal the last cycle's. The writer keeps what it last
+wrote per object and sends a merge patch to the status subresource only when
+that changed, so a steady cluster costs no status requests. Times are kept
+out of the comparison: a condition's ``lastTransitionTime`` moves only when
+its status flips.
+
+A pending group's explanation also goes into one Warning Event per group
+whose name is derived from the group, so the explanation's history reads as
+one Event whose message and count change, written when the explanation
+changes and never merely because a cycle ran. Kubernetes keeps Events an
+hour; the condition holds the current explanation for as long as it lasts.
+
+PodGroup phase, as far as one cycle's decisions tell: ``Pending`` while the
+engine has pods of the group to place and placed none this cycle,
+``Scheduled`` once it placed some (the ``Unschedulable`` condition stays True
+while pods beyond those are still waiting). A group the decisions say nothing
+about keeps what was written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from threading import Lock
+
+from gpuwarden import contract
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.engine.model import Decisions, JobStatus, QueueShare, Resources
+
+log = get_logger(__name__)
+
+PHASE_PENDING = "Pending"
+PHASE_SCHEDULED = "Scheduled"
+CONDITION_UNSCHEDULABLE = "Unschedulable"
+# Reason of a False Unschedulable condition.
+REASON_SCHEDULED = "Scheduled"
+# Reason of a True condition with several different reason codes.
+REASON_MULTIPLE = "MultipleReasons"
+MAX_MESSAGE = 1024
+_MILLI = 1000
+_MIB_PER_GIB = 1024
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def format_time(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- pure: what to write ------------------------------------------------------
+
+
+def milli_quantity(value: int) -> str:
+    """Milli-units (milli-GPU, millicores) as a Kubernetes quantity: ``2``, ``1500m``."""
+    return str(value // _MILLI) if value % _MILLI == 0 else f"{value}m"
+
+
+def mib_quantity(value: int) -> str:
+    """MiB as a Kubernetes quantity: ``16Gi``, ``1536Mi``, ``0``."""
+    if value == 0:
+        return "0"
+    return f"{value // _MIB_PER_GIB}Gi" if value % _MIB_PER_GIB == 0 else f"{value}Mi"
+
+
+def resource_list(res: Resources) -> dict[str, str]:
+    return {"gpu": milli_quantity(res.gpu), "cpu": milli_quantity(res.cpu), "memory": mib_quantity(res.memory)}
+
+
+def queue_status(shares: Sequence[QueueShare]) -> JSON:
+    """One queue's status; a queue with shares in several node pools shows their sums."""
+
+    def total(pick: Callable[[QueueShare], Resources]) -> Resources:
+        return Resources(
+            gpu=sum(pick(s).gpu for s in shares),
+            cpu=sum(pick(s).cpu for s in shares),
+            memory=sum(pick(s).memory for s in shares),
+        )
+
+    return {
+        "fairShare": resource_list(total(lambda s: s.fair_share)),
+        "allocated": resource_list(total(lambda s: s.allocated)),
+        "requested": resource_list(total(lambda s: s.request)),
+    }
+
+
+def explanation(status: JobStatus) -> tuple[str, str]:
+    """(reason, message) of a pending group: the engine's reasons, in its order."""
+    codes = list(dict.fromkeys(r.code.value for r in status.reasons))
+    reason = codes[0] if len(codes) == 1 else REASON_MULTIPLE if codes else "Pending"
+    message = "; ".join(f"{r.code.value}: {r.message}" for r in status.reasons) or "waiting to be placed"
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    return reason, message
+
+
+def pod_group_status(pending: JobStatus | None, placed_now: bool) -> JSON:
+    """The status of one group, without times; None ``pending`` means nothing of it waits."""
+    if pending is None:
+        condition = {"type": CONDITION_UNSCHEDULABLE, "status": "False", "reason": REASON_SCHEDULED, "message": ""}
+    else:
+        reason, message = explanation(pending)
+        condition = {"type": CONDITION_UNSCHEDULABLE, "status": "True", "reason": reason, "message": message}
+    return {"phase": PHASE_SCHEDULED if placed_now else PHASE_PENDING, "conditions": [condition]}
+
+
+def event_name(group: str) -> str:
+    """The one Event name of a group: stable across cycles and restarts."""
+    name = group.partition("/")[2]
+    digest = hashlib.sha256(f"{group}\x1f{CONDITION_UNSCHEDULABLE}".encode()).hexdigest()[:10]
+    return f"{name[:200]}.{digest}"
+
+
+# -- writing --------------------------------------------------------------------
+
+
+@dataclass
+class StatusReport:
+    """What one :meth:`StatusWriter.write` sent; ``unchanged`` objects cost nothing."""
+
+    pod_groups_patched: int = 0
+    queues_patched: int = 0
+    events_written: int = 0
+    unchanged: int = 0
+    # Objects that do not exist (no PodGroup for a job, a Queue deleted).
+    missing: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    status: JSON
+    transition: str
+    uid: str = ""
+    explanation: tuple[str, str] | None = None
+    event_count: int = 0
+
+
+class StatusWriter:
+    """Writes PodGroup/Queue status and pending Events, each only when it changed.
+
+    One per scheduler (the last-written state is its memory); calls are
+    serialized. After a restart the first cycle writes every object once.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        clock: Callable[[], datetime] = now_utc,
+        instance: str | None = None,
+    ) -> None:
+        self._api = api
+        self._clock = clock
+        self._instance = instance or socket.gethostname()
+        self._groups: dict[str, _Group] = {}
+        self._queues: dict[str, JSON] = {}
+        self._lock = Lock()
+
+    def write(self, decisions: Decisions) -> StatusReport:
+        """Statuses and Events for one cycle's decisions."""
+        report = StatusReport()
+        with self._lock:
+            self._write_groups(decisions.pending, (b.job for b in decisions.binds), report)
+            self._write_queues(decisions.queue_shares, report)
+        log.info(
+            "status_written",
+            pod_groups=report.pod_groups_patched,
+            queues=report.queues_patched,
+            events=report.events_written,
+            unchanged=report.unchanged,
+            errors=len(report.errors),
+        )
+        return report
+
+    def forget(self, *, pod_group: str | None = None, queue: str | None = None) -> None:
+        """Drop what was written for a deleted object, so a new one of that name is written afresh."""
+        with self._lock:
+            if pod_group is not None:
+                self._groups.pop(pod_group, None)
+            if queue is not None:
+                self._queues.pop(queue, None)
+
+    # -- PodGroups ------------------------------------------------------------
+
+    def _write_groups(self, pending: Sequence[JobStatus], placed: Iterable[str], report: StatusReport) -> None:
+        by_job = {s.job: s for s in pending}
+        placed_now = set(placed)
+        for group in sorted(set(by_job) | placed_now):
+            self._write_group(group, by_job.get(group), group in placed_now, report)
+
+    def _write_group(self, group: str, pending: JobStatus | None, placed_now: bool, report: StatusReport) -> None:
+        namespace, _, name = group.partition("/")
+        desired = pod_group_status(pending, placed_now)
+        known = self._groups.get(group)
+        if known is not None and known.status == desired:
+            report.unchanged += 1
+        else:
+            condition = desired["conditions"][0]
+            transition = format_time(self._clock())
+            if known is not None and known.status["conditions"][0]["status"] == condition["status"]:
+                transition = known.transition
+            body = {**desired, "conditions": [{**condition, "lastTransitionTime": transition}]}
+            try:
+                reply = self._api.patch_podgroup_status(namespace, name, {"status": body})
+            except ApiError as err:
+                self._record_error(group, err, report)
+                return
+            uid = str((reply.get("metadata") or {}).get("uid") or "")
+            if known is None:
+                known = self._groups[group] = _Group(desired, transition, uid)
+            known.status, known.transition, known.uid = desired, transition, uid or known.uid
+            report.pod_groups_patched += 1
+        self._write_event(group, known, explanation(pending) if pending is not None else None, report)
+
+    def _record_error(self, what: str, err: ApiError, report: StatusReport) -> None:
+        if err.status == 404:
+            report.missing.append(what)
+            log.debug("status_object_missing", object=what)
+        else:
+            report.errors.append(f"{what}: {err}")
+            log.warning("status_write_failed", object=what, status=err.status, error=err.detail)
+
+    # -- Events ---------------------------------------------------------------
+
+    def _write_event(self, group: str, known: _Group, now: tuple[str, str] | None, report: StatusReport) -> None:
+        if now == known.explanation:
+            return
+        if now is None:
+            known.explanation = None
+            return
+        namespace = group.partition("/")[0]
+        reason, message = now
+        stamp = format_time(self._clock())
+        ev_name = event_name(group)
+        try:
+            if known.event_count == 0:
+                try:
+                    self._api.create_event(namespace, self._event_body(group, known, now, stamp))
+                    known.event_count = 1
+                except ApiError as err:
+                    if err.status != 409:
+                        raise
+                    # Written by an earlier run of the scheduler: continue it
+                    # (its count is not ours to know, so it is left alone).
+                    self._api.patch_event(
+                        namespace, ev_name, {"reason": reason, "message": message, "lastTimestamp": stamp}
+                    )
+                    known.event_count = 1
+            else:
+                count = known.event_count + 1
+                self._api.patch_event(
+                    namespace,
+                    ev_name,
+                    {"reason": reason, "message": message, "lastTimestamp": stamp, "count": count},
+                )
+                known.event_count = count
+        except ApiError as err:
+            # The explanation stays unrecorded, so the next cycle tries again.
+            if err.status == 404 and known.event_count:
+                known.event_count = 0  # expired (Events live an hour): create it anew next time
+            report.errors.append(f"event {namespace}/{ev_name}: {err}")
+            log.warning("pending_event_failed", pod_group=group, status=err.status, error=err.detail)
+            return
+        known.explanation = now
+        report.events_written += 1
+
+    def _event_body(self, group: str, known: _Group, now: tuple[str, str], stamp: str) -> JSON:
+        namespace, _, name = group.partition("/")
+        involved: JSON = {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.PODGROUP_KIND,
+            "name": name,
+            "namespace": namespace,
+        }
+        if known.uid:
+            involved["uid"] = known.uid
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": event_name(group), "namespace": namespace},
+            "involvedObject": involved,
+            "type": "Warning",
+            "reason": now[0],
+            "message": now[1],
+            "source": {"component": contract.SCHEDULER_COMPONENT},
+            "reportingComponent": contract.SCHEDULER_COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+
+    # -- Queues ---------------------------------------------------------------
+
+    def _write_queues(self, shares: Sequence[QueueShare], report: StatusReport) -> None:
+        by_queue: dict[str, list[QueueShare]] = {}
+        for share in shares:
+            by_queue.setdefault(share.queue, []).append(share)
+        for queue, mine in sorted(by_queue.items()):
+            desired = queue_status(mine)
+            if self._queues.get(queue) == desired:
+                report.unchanged += 1
+                continue
+            try:
+                self._api.patch_queue_status(queue, {"status": desired})
+            except ApiError as err:
+                self._record_error(f"queue {queue}", err, report)
+                continue
+            self._queues[queue] = desired
+            report.queues_patched += 1

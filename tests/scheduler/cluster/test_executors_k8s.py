@@ -1,0 +1,616 @@
+"""The executors against the real API server: binds, evictions, status, Events, RBAC.
+
+Nodes here have no kubelet, so a test marks pods running and finishes
+graceful deletions itself (tests.harness.kubelet). The Queue and PodGroup
+CRDs are created minimal (any spec and status, status subresource on) unless
+the real ones are installed already; they are left in place because CRD
+deletion is slow and another test may apply the real ones over them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
+from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.bind import Binder, BindOutcome
+from scheduler.cluster.evict import Evictor, EvictOutcome
+from scheduler.cluster.retrying import RetryPolicy
+from scheduler.cluster.status import StatusWriter, event_name
+from scheduler.engine.model import (
+    Bind,
+    Decisions,
+    Eviction,
+    Gpu,
+    JobStatus,
+    Node,
+    PendingReason,
+    QueueShare,
+    Resources,
+)
+from tests.harness import (
+    ControlPlane,
+    complete_pod_deletion,
+    create_gpu_node,
+    mark_pod_running,
+    simple_pod,
+    unique_name,
+    wait_for,
+)
+
+pytestmark = pytest.mark.k8s
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEDULER_RBAC = REPO / "manifests" / "scheduler" / "rbac.yaml"
+NAMESPACE_MANIFEST = REPO / "manifests" / "namespace.yaml"
+SCHEDULER_NAMESPACE = "gpuwarden"
+SCHEDULER_SERVICE_ACCOUNT = "gpuwarden-scheduler"
+GPUS = 8
+GPU_MIB = 81920
+NO_WAIT = RetryPolicy(attempts=3, sleep=lambda _s: None)
+
+
+# -- fixtures -------------------------------------------------------------------
+
+
+def _minimal_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    open_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{contract.SCHEDULING_API_GROUP}"},
+        "spec": {
+            "group": contract.SCHEDULING_API_GROUP,
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": contract.SCHEDULING_API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": open_object, "status": open_object},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def scheduling_crds(control_plane: ControlPlane) -> None:
+    """Queue and PodGroup served, whichever CRD serves them (apply-or-ignore)."""
+    with control_plane.api_client() as api:
+        ext = client.ApiextensionsV1Api(api)
+        for kind, plural, scope in (
+            (contract.QUEUE_KIND, contract.QUEUE_PLURAL, "Cluster"),
+            (contract.PODGROUP_KIND, contract.PODGROUP_PLURAL, "Namespaced"),
+        ):
+            try:
+                ext.create_custom_resource_definition(_minimal_crd(kind, plural, scope))
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+    for plural in (contract.QUEUE_PLURAL, contract.PODGROUP_PLURAL):
+        control_plane.kubectl(
+            "wait", "--for=condition=Established", f"crd/{plural}.{contract.SCHEDULING_API_GROUP}", "--timeout=60s"
+        )
+
+
+@pytest.fixture
+def nodes(k8s: client.ApiClient) -> Iterator[Callable[[], Node]]:
+    """Makes 8-GPU nodes (API and engine view alike), deleted after the test."""
+    made: list[str] = []
+
+    def make() -> Node:
+        name = unique_name("sched-node")
+        create_gpu_node(k8s, name, gpus=GPUS)
+        made.append(name)
+        return Node(
+            name=name, gpus=tuple(Gpu(index=i, uuid=f"GPU-{name}-{i}", memory_mib=GPU_MIB) for i in range(GPUS))
+        )
+
+    yield make
+    core = client.CoreV1Api(k8s)
+    for name in made:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)
+
+
+def _pod(
+    k8s: client.ApiClient, namespace: str, name: str, *, labels: dict[str, str] | None = None, node: str | None = None
+) -> client.V1Pod:
+    body = simple_pod(name, labels=labels, node_name=node)
+    body.spec.scheduler_name = contract.SCHEDULER_NAME
+    return client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+
+
+def _bind(pod: client.V1Pod, node: str, *, job: str = "job", gpus: tuple[int, ...] = (), **kw: Any) -> Bind:
+    ns = pod.metadata.namespace
+    return Bind(
+        job=f"{ns}/{job}", namespace=ns, pod=pod.metadata.name, uid=pod.metadata.uid, node=node, gpu_indices=gpus, **kw
+    )
+
+
+def _eviction(pod: client.V1Pod, node: str, *, job: str = "victim") -> Eviction:
+    ns = pod.metadata.namespace
+    return Eviction(
+        job=f"{ns}/{job}",
+        namespace=ns,
+        pod=pod.metadata.name,
+        uid=pod.metadata.uid,
+        node=node,
+        action=contract.EvictionAction.RECLAIM,
+        reason="queue over its fair share",
+    )
+
+
+def _api(k8s: client.ApiClient) -> KubeApi:
+    return KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+
+
+# -- binds ------------------------------------------------------------------------
+
+
+def test_eight_pods_bind_at_once_each_with_its_assignment(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    pods = [_pod(k8s, namespace, f"worker-{i}") for i in range(GPUS)]
+    binds = [_bind(p, node.name, gpus=(i,)) for i, p in enumerate(pods)]
+    # One of them takes a quarter of its GPU.
+    binds[7] = _bind(pods[7], node.name, gpus=(7,), gpu_memory_mib=(GPU_MIB // 4,))
+    api = _api(k8s)
+
+    results = Binder(api, workers=8, retry=NO_WAIT).bind_all(binds, {node.name: node})
+
+    assert [r.outcome for r in results] == [BindOutcome.BOUND] * GPUS
+    assert api.stats.snapshot() == ({"create_pod_binding": GPUS}, {})
+    core = client.CoreV1Api(k8s)
+    for i, pod in enumerate(pods):
+        stored = core.read_namespaced_pod(pod.metadata.name, namespace)
+        assert stored.spec.node_name == node.name
+        text = stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]
+        assert decode_assignment(text, node=node.name) == (i,)
+        gpu = json.loads(text)["gpus"][0]
+        assert gpu["uuid"] == f"GPU-{node.name}-{i}"
+        assert gpu["memoryMiB"] == (GPU_MIB // 4 if i == 7 else GPU_MIB)
+
+
+def test_failed_binds_leave_their_pods_pending_and_the_others_bind(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node, other = nodes(), nodes()
+    good = [_pod(k8s, namespace, f"good-{i}") for i in range(3)]
+    ghost = _pod(k8s, namespace, "to-a-ghost-node")
+    taken = _pod(k8s, namespace, "already-bound", node=other.name)
+    replaced = _pod(k8s, namespace, "replaced")
+    stale_uid = replace(_bind(replaced, node.name, gpus=(6,)), uid="not-the-pods-uid")
+    binds = [
+        _bind(good[0], node.name, gpus=(0,)),
+        _bind(ghost, "no-such-node", gpus=(1,)),
+        _bind(good[1], node.name, gpus=(2,)),
+        _bind(taken, node.name, gpus=(3,)),
+        Bind(job=f"{namespace}/job", namespace=namespace, pod="never-created", uid="", node=node.name),
+        stale_uid,
+        _bind(good[2], node.name, gpus=(4,)),
+        _bind(good[0], node.name, gpus=(0,)),  # twice: the second finds it bound here already
+        _bind(good[1], node.name, gpus=(9,)),  # a GPU the node does not have
+    ]
+    nodes_view = {node.name: node, other.name: other}
+
+    results = Binder(_api(k8s), workers=4, retry=NO_WAIT).bind_all(binds, nodes_view)
+
+    assert [r.outcome for r in results] == [
+        BindOutcome.BOUND,
+        BindOutcome.FAILED,
+        BindOutcome.BOUND,
+        BindOutcome.CONFLICT,
+        BindOutcome.FAILED,
+        BindOutcome.CONFLICT,
+        BindOutcome.BOUND,
+        BindOutcome.BOUND,
+        BindOutcome.FAILED,
+    ]
+    assert "no-such-node" in (results[1].error or "")
+    assert "UID" in (results[5].error or ""), results[5].error
+    assert "not found" in (results[4].error or "")
+    assert "GPU 9" in (results[8].error or "")
+    core = client.CoreV1Api(k8s)
+    for pod in (ghost, replaced):
+        stored = core.read_namespaced_pod(pod.metadata.name, namespace)
+        assert stored.spec.node_name is None
+        assert contract.ANNOTATION_GPU_ASSIGNMENT not in (stored.metadata.annotations or {})
+    stored_taken = core.read_namespaced_pod(taken.metadata.name, namespace)
+    assert stored_taken.spec.node_name == other.name
+    assert contract.ANNOTATION_GPU_ASSIGNMENT not in (stored_taken.metadata.annotations or {})
+    for pod in good:
+        assert core.read_namespaced_pod(pod.metadata.name, namespace).spec.node_name == node.name
+
+
+def test_a_pipelined_bind_waits_until_the_evictions_on_its_node_finish(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    victim = _pod(k8s, namespace, "victim", node=node.name)
+    mark_pod_running(k8s, victim.metadata.name, namespace)
+    newcomer = _pod(k8s, namespace, "newcomer")
+    eviction = _eviction(victim, node.name)
+    pipelined = _bind(newcomer, node.name, gpus=(0,), pipelined=True)
+    api = _api(k8s)
+    binder = Binder(api, retry=NO_WAIT)
+
+    # Not evicted yet (say a budget refused): the room is not free.
+    first = binder.bind_all([pipelined], {node.name: node}, evictions=[eviction])
+    assert first[0].outcome is BindOutcome.DEFERRED
+    assert Evictor(api, retry=NO_WAIT).evict_all([eviction])[0].outcome is EvictOutcome.EVICTED
+    # Terminating, still holding its GPU until the kubelet is done.
+    assert binder.bind_all([pipelined], {node.name: node})[0].outcome is BindOutcome.DEFERRED
+    complete_pod_deletion(k8s, victim.metadata.name, namespace)
+    wait_for(lambda: not api.list_pods_on_node(node.name), description="the victim gone")
+
+    assert binder.bind_all([pipelined], {node.name: node}, evictions=[eviction])[0].outcome is BindOutcome.BOUND
+    assert client.CoreV1Api(k8s).read_namespaced_pod("newcomer", namespace).spec.node_name == node.name
+
+
+# -- evictions ----------------------------------------------------------------------
+
+
+def _pdb(k8s: client.ApiClient, namespace: str, name: str, labels: dict[str, str]) -> None:
+    """A budget of minAvailable 1 over one healthy pod, with the status the disruption controller would write.
+
+    The test control plane runs no disruption controller; without a status
+    the API server refuses every eviction as "still being processed", which
+    would prove less than a budget that has counted its pods and says no.
+    """
+    policy = client.PolicyV1Api(k8s)
+    created = policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+        },
+    )
+    status = {
+        "observedGeneration": created.metadata.generation,
+        "currentHealthy": 1,
+        "desiredHealthy": 1,
+        "expectedPods": 1,
+        "disruptionsAllowed": 0,
+    }
+    policy.patch_namespaced_pod_disruption_budget_status(name, namespace, {"status": status})
+
+
+def test_a_disruption_budget_refuses_and_is_never_bypassed_then_the_pod_goes(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    labels = {"app": "guarded"}
+    pod = _pod(k8s, namespace, "guarded", labels=labels, node=node.name)
+    mark_pod_running(k8s, pod.metadata.name, namespace)
+    _pdb(k8s, namespace, "keep-one", labels)
+    policy = client.PolicyV1Api(k8s)
+    api = _api(k8s)
+    evictor = Evictor(api, retry=NO_WAIT)
+    eviction = _eviction(pod, node.name)
+
+    refused = evictor.evict_all([eviction])[0]
+    assert refused.outcome is EvictOutcome.REFUSED
+    assert refused.attempts == 1  # a budget's no is not retried at once
+    assert "disruption budget" in (refused.error or "")
+    core = client.CoreV1Api(k8s)
+    assert core.read_namespaced_pod(pod.metadata.name, namespace).metadata.deletion_timestamp is None
+    assert "delete_pod" not in api.stats.snapshot()[0]
+
+    policy.delete_namespaced_pod_disruption_budget("keep-one", namespace)
+    gone = evictor.evict_all([eviction])[0]
+    assert gone.outcome is EvictOutcome.EVICTED
+    assert core.read_namespaced_pod(pod.metadata.name, namespace).metadata.deletion_timestamp is not None
+    complete_pod_deletion(k8s, pod.metadata.name, namespace)
+    wait_for(lambda: api.get_pod(namespace, pod.metadata.name) is None, description="the pod deleted")
+    assert evictor.evict_all([eviction])[0].outcome is EvictOutcome.GONE
+
+
+def test_a_new_pod_under_an_evicted_pods_name_is_left_alone(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    pod = _pod(k8s, namespace, "reused-name", node=node.name)
+    mark_pod_running(k8s, pod.metadata.name, namespace)
+    stale = replace(_eviction(pod, node.name), uid="old")
+
+    result = Evictor(_api(k8s), retry=NO_WAIT).evict_all([stale])[0]
+
+    assert (result.outcome, result.attempts) == (EvictOutcome.FAILED, 1)
+    assert "HTTP 409" in (result.error or ""), result.error
+    assert "UID" in (result.error or ""), result.error
+    assert client.CoreV1Api(k8s).read_namespaced_pod("reused-name", namespace).metadata.deletion_timestamp is None
+
+
+def test_gangs_are_evicted_together_within_the_rate(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    pods = [_pod(k8s, namespace, f"member-{i}", node=node.name) for i in range(4)]
+    for p in pods:
+        mark_pod_running(k8s, p.metadata.name, namespace)
+    evictions = [_eviction(p, node.name, job=f"gang-{i % 2}") for i, p in enumerate(pods)]
+
+    results = Evictor(_api(k8s), evictions_per_s=50, burst=2, retry=NO_WAIT).evict_all(evictions)
+
+    assert [r.outcome for r in results] == [EvictOutcome.EVICTED] * 4
+    core = client.CoreV1Api(k8s)
+    assert all(core.read_namespaced_pod(p.metadata.name, namespace).metadata.deletion_timestamp for p in pods)
+
+
+# -- status and Events ----------------------------------------------------------------
+
+
+def _create_queue(k8s: client.ApiClient, name: str) -> None:
+    client.CustomObjectsApi(k8s).create_cluster_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        contract.QUEUE_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.QUEUE_KIND,
+            "metadata": {"name": name},
+            "spec": {},
+        },
+    )
+
+
+def _delete_queue(k8s: client.ApiClient, name: str) -> None:
+    with contextlib.suppress(client.ApiException):
+        client.CustomObjectsApi(k8s).delete_cluster_custom_object(
+            contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+        )
+
+
+def _create_pod_group(k8s: client.ApiClient, namespace: str, name: str, queue: str) -> dict[str, Any]:
+    created: dict[str, Any] = client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        namespace,
+        contract.PODGROUP_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.PODGROUP_KIND,
+            "metadata": {"name": name},
+            "spec": {"minMember": 2, "queue": queue},
+        },
+    )
+    return created
+
+
+def _status(k8s: client.ApiClient, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(k8s)
+    g, v = contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION
+    obj = (
+        custom.get_namespaced_custom_object(g, v, namespace, plural, name)
+        if namespace
+        else custom.get_cluster_custom_object(g, v, plural, name)
+    )
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def _pending(group: str, queue: str, *reasons: tuple[contract.UnschedulableReason, str]) -> JobStatus:
+    return JobStatus(job=group, queue=queue, reasons=tuple(PendingReason(c, m) for c, m in reasons))
+
+
+def _share(queue: str, gpu: int) -> QueueShare:
+    return QueueShare(
+        queue=queue,
+        pool=contract.DEFAULT_NODE_POOL,
+        fair_share=Resources(gpu=gpu, cpu=8000, memory=65536),
+        allocated=Resources(gpu=1500, cpu=4000, memory=1536),
+        request=Resources(gpu=4000, cpu=16000, memory=131072),
+    )
+
+
+def _events(k8s: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    found: list[client.CoreV1Event] = (
+        client.CoreV1Api(k8s)
+        .list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name},involvedObject.kind={contract.PODGROUP_KIND}"
+        )
+        .items
+    )
+    return found
+
+
+def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
+    k8s: client.ApiClient, namespace: str, scheduling_crds: None
+) -> None:
+    queue = unique_name("team-a")
+    _create_queue(k8s, queue)
+    try:
+        group = _create_pod_group(k8s, namespace, "train", queue)
+        key = f"{namespace}/train"
+        no_room = _pending(key, queue, (contract.UnschedulableReason.INSUFFICIENT_RESOURCES, "needs 4 GPUs, 2 free"))
+        decisions = Decisions(pending=(no_room,), queue_shares=(_share(queue, 2000),))
+        api = _api(k8s)
+        writer = StatusWriter(api, instance="test-scheduler")
+
+        first = writer.write(decisions)
+
+        assert (first.pod_groups_patched, first.queues_patched, first.events_written) == (1, 1, 1)
+        assert first.errors == []
+        assert _status(k8s, contract.QUEUE_PLURAL, queue) == {
+            "fairShare": {"gpu": "2", "cpu": "8", "memory": "64Gi"},
+            "allocated": {"gpu": "1500m", "cpu": "4", "memory": "1536Mi"},
+            "requested": {"gpu": "4", "cpu": "16", "memory": "128Gi"},
+        }
+        status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
+        assert status["phase"] == "Pending"
+        [condition] = status["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "Unschedulable",
+            "True",
+            "InsufficientResources",
+        )
+        assert "needs 4 GPUs, 2 free" in condition["message"]
+        transition = condition["lastTransitionTime"]
+        [event] = _events(k8s, namespace, "train")
+        assert (event.type, event.reason, event.count) == ("Warning", "InsufficientResources", 1)
+        assert event.involved_object.uid == group["metadata"]["uid"]
+        assert event.metadata.name == event_name(key)
+        assert event.source.component == contract.SCHEDULER_COMPONENT
+
+        # Unchanged cycles send nothing at all.
+        sent = api.stats.total_requests()
+        for _ in range(5):
+            again = writer.write(decisions)
+            assert (again.pod_groups_patched, again.queues_patched, again.events_written) == (0, 0, 0)
+            assert again.unchanged == 2
+        assert api.stats.total_requests() == sent
+
+        # A new explanation: one status patch, the same Event continued.
+        gang = _pending(
+            key,
+            queue,
+            (contract.UnschedulableReason.GANG_INCOMPLETE, "1 of 2 pods fit"),
+            (contract.UnschedulableReason.NO_ELIGIBLE_NODES, "node pool empty"),
+        )
+        changed = writer.write(Decisions(pending=(gang,), queue_shares=(_share(queue, 2000),)))
+        assert (changed.pod_groups_patched, changed.queues_patched, changed.events_written) == (1, 0, 1)
+        assert api.stats.total_requests() == sent + 2
+        [condition] = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)["conditions"]
+        assert condition["reason"] == "MultipleReasons"
+        assert condition["lastTransitionTime"] == transition  # still True: no transition
+        [event] = _events(k8s, namespace, "train")
+        assert (event.reason, event.count) == ("MultipleReasons", 2)
+        assert "GangIncomplete: 1 of 2 pods fit" in event.message
+
+        # Placed: the condition turns False, no Event, and the queue's figures move.
+        placed = Bind(job=key, namespace=namespace, pod="train-0", uid="", node="n")
+        done = writer.write(Decisions(binds=(placed,), queue_shares=(_share(queue, 3000),)))
+        assert (done.pod_groups_patched, done.queues_patched, done.events_written) == (1, 1, 0)
+        status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
+        assert status["phase"] == "Scheduled"
+        assert status["conditions"][0]["status"] == "False"
+        assert _status(k8s, contract.QUEUE_PLURAL, queue)["fairShare"]["gpu"] == "3"
+        assert len(_events(k8s, namespace, "train")) == 1
+    finally:
+        _delete_queue(k8s, queue)
+
+
+def test_status_of_objects_that_do_not_exist_is_reported_missing(
+    k8s: client.ApiClient, namespace: str, scheduling_crds: None
+) -> None:
+    ghost_queue = unique_name("no-such-queue")
+    decisions = Decisions(
+        pending=(_pending(f"{namespace}/no-group", ghost_queue),),
+        queue_shares=(_share(ghost_queue, 1000),),
+    )
+    report = StatusWriter(_api(k8s)).write(decisions)
+    assert sorted(report.missing) == sorted([f"{namespace}/no-group", f"queue {ghost_queue}"])
+    assert report.errors == []
+
+
+# -- RBAC ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduler_rbac(control_plane: ControlPlane) -> Iterator[None]:
+    control_plane.kubectl("apply", "-f", str(NAMESPACE_MANIFEST))
+    control_plane.kubectl("apply", "-f", str(SCHEDULER_RBAC))
+    try:
+        yield
+    finally:
+        control_plane.kubectl("delete", "-f", str(SCHEDULER_RBAC), "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
+    docs = [d for d in yaml.safe_load_all(SCHEDULER_RBAC.read_text()) if d]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+        assert "delete" not in rule["verbs"]
+    assert not any(r in {"secrets", "configmaps"} for _, r, _ in granted)
+    assert {("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "pods", "patch")} <= granted
+    leases = next(d for d in docs if d["kind"] == "Role")
+    assert leases["metadata"]["namespace"] == SCHEDULER_NAMESPACE
+    assert leases["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+
+
+def _refused(call: Callable[[], object]) -> int | None:
+    try:
+        call()
+    except client.ApiException as exc:
+        status: int | None = exc.status
+        return status
+    return None
+
+
+@pytest.mark.usefixtures("scheduling_crds", "scheduler_rbac")
+def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_secret(
+    control_plane: ControlPlane, k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    to_bind = _pod(k8s, namespace, "to-bind")
+    victim = _pod(k8s, namespace, "victim", node=node.name)
+    mark_pod_running(k8s, victim.metadata.name, namespace)
+    queue = unique_name("sa-queue")
+    _create_queue(k8s, queue)
+    _create_pod_group(k8s, namespace, "sa-group", queue)
+    core_admin = client.CoreV1Api(k8s)
+    core_admin.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="token"), string_data={"k": "v"})
+    )
+    try:
+        with control_plane.impersonate(SCHEDULER_SERVICE_ACCOUNT, SCHEDULER_NAMESPACE) as sa:
+            api = _api(sa)
+            bound = Binder(api, retry=NO_WAIT).bind_all([_bind(to_bind, node.name, gpus=(1,))], {node.name: node})
+            evicted = Evictor(api, retry=NO_WAIT).evict_all([_eviction(victim, node.name)])
+            pending = _pending(
+                f"{namespace}/sa-group", queue, (contract.UnschedulableReason.OVER_LIMIT, "queue at its limit")
+            )
+            report = StatusWriter(api).write(Decisions(pending=(pending,), queue_shares=(_share(queue, 1000),)))
+            pipelined = _bind(to_bind, node.name, pipelined=True)
+            Binder(api, retry=NO_WAIT).bind_all([pipelined], {node.name: node})  # lists the node's pods
+
+            assert [r.outcome for r in bound] == [BindOutcome.BOUND]
+            assert [r.outcome for r in evicted] == [EvictOutcome.EVICTED]
+            assert (report.pod_groups_patched, report.queues_patched, report.events_written) == (1, 1, 1)
+            assert report.errors == []
+            assert api.stats.snapshot()[1] == {}, "a request of the scheduler was refused"
+
+            core = client.CoreV1Api(sa)
+            coordination = client.CoordinationV1Api(sa)
+            lease = client.V1Lease(metadata=client.V1ObjectMeta(name=unique_name("lease")), spec=client.V1LeaseSpec())
+            coordination.create_namespaced_lease(SCHEDULER_NAMESPACE, lease)
+            refused = {
+                "read a secret": _refused(lambda: core.read_namespaced_secret("token", namespace)),
+                "list secrets": _refused(core.list_secret_for_all_namespaces),
+                "delete a pod": _refused(lambda: core.delete_namespaced_pod("to-bind", namespace)),
+                "create a pod": _refused(lambda: core.create_namespaced_pod(namespace, simple_pod("spawned"))),
+                "patch a node": _refused(lambda: core.patch_node(node.name, {"spec": {"unschedulable": True}})),
+                "a lease elsewhere": _refused(lambda: coordination.create_namespaced_lease(namespace, lease)),
+                "read an Event": _refused(lambda: core.list_namespaced_event(namespace)),
+            }
+            assert refused == dict.fromkeys(refused, 403)
+    finally:
+        _delete_queue(k8s, queue)

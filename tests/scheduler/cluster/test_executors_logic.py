@@ -1,0 +1,173 @@
+"""The executors' pure parts: retries, the eviction rate, and what status and Events say."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.contract import UnschedulableReason
+from gpuwarden.kube import ApiError, Backoff
+from scheduler.cluster.bind import binding_body
+from scheduler.cluster.evict import TokenBucket, eviction_body
+from scheduler.cluster.retrying import RetryPolicy, call_with_retries
+from scheduler.cluster.status import (
+    MAX_MESSAGE,
+    event_name,
+    explanation,
+    mib_quantity,
+    milli_quantity,
+    pod_group_status,
+    queue_status,
+)
+from scheduler.engine.model import Bind, Eviction, EvictionAction, JobStatus, PendingReason, QueueShare, Resources
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class Flaky:
+    """Fails with the given statuses in turn, then answers."""
+
+    def __init__(self, *statuses: int | None) -> None:
+        self.statuses = list(statuses)
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.statuses:
+            raise ApiError("op", self.statuses.pop(0), "boom")
+        return "answer"
+
+
+def _policy(attempts: int = 3, never: frozenset[int] = frozenset()) -> tuple[RetryPolicy, FakeTime]:
+    t = FakeTime()
+    return RetryPolicy(
+        attempts=attempts, backoff=lambda: Backoff(base_s=1, cap_s=4), sleep=t.sleep, never_retry=never
+    ), t
+
+
+def test_transient_failures_are_retried_with_growing_waits() -> None:
+    policy, t = _policy()
+    request = Flaky(503, None)
+    assert call_with_retries(policy, request) == ("answer", 3)
+    assert len(t.slept) == 2
+    assert 0.5 <= t.slept[0] <= 1 < t.slept[1] <= 2
+
+
+def test_retries_are_bounded_and_the_last_error_is_returned() -> None:
+    policy, t = _policy(attempts=2)
+    answer, tries = call_with_retries(policy, Flaky(500, 502, 504))
+    assert isinstance(answer, ApiError)
+    assert (answer.status, tries, len(t.slept)) == (502, 2, 1)
+
+
+@pytest.mark.parametrize(("status", "never"), [(409, frozenset()), (403, frozenset()), (429, frozenset({429}))])
+def test_answers_that_a_retry_cannot_change_are_not_retried(status: int, never: frozenset[int]) -> None:
+    policy, t = _policy(never=never)
+    answer, tries = call_with_retries(policy, Flaky(status))
+    assert isinstance(answer, ApiError)
+    assert (tries, t.slept) == (1, [])
+
+
+def test_a_policy_needs_one_attempt() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        RetryPolicy(attempts=0)
+
+
+def test_the_bucket_spends_its_burst_then_waits_for_the_rate() -> None:
+    t = FakeTime()
+    bucket = TokenBucket(rate=2.0, burst=3, clock=t.clock, sleep=t.sleep)
+    assert [bucket.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take() == pytest.approx(0.5)
+    t.now += 10  # idle: saves up to the burst, no more
+    assert [bucket.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take() == pytest.approx(0.5)
+
+
+def test_a_gang_larger_than_the_burst_goes_at_once_and_the_next_pays_the_debt() -> None:
+    t = FakeTime()
+    bucket = TokenBucket(rate=1.0, burst=2, clock=t.clock, sleep=t.sleep)
+    assert bucket.take(5) == 0.0  # a full bucket lets the whole gang through
+    # 2 - 5 = -3 tokens: the next eviction waits for 4 to accrue.
+    assert bucket.take() == pytest.approx(4.0)
+
+
+def test_a_bucket_needs_a_rate_and_a_burst() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        TokenBucket(rate=0, burst=1)
+
+
+def test_binding_and_eviction_bodies_carry_the_uid_as_a_precondition() -> None:
+    bind = Bind(job="ns/j", namespace="ns", pod="p", uid="u-1", node="n")
+    body = binding_body(bind, None)
+    assert body["metadata"] == {"name": "p", "namespace": "ns", "uid": "u-1"}
+    assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n"}
+    with_gpus = binding_body(bind, '{"node":"n","gpus":[]}')
+    assert with_gpus["metadata"]["annotations"] == {"gpuwarden.io/gpu-assignment": '{"node":"n","gpus":[]}'}
+    ev = Eviction(job="ns/j", namespace="ns", pod="p", uid="u-2", node="n", action=EvictionAction.PREEMPT, reason="r")
+    assert eviction_body(ev)["deleteOptions"] == {"preconditions": {"uid": "u-2"}}
+    assert "deleteOptions" not in eviction_body(Eviction("ns/j", "ns", "p", "", "n", EvictionAction.PREEMPT, "r"))
+
+
+@pytest.mark.parametrize(("milli", "text"), [(0, "0"), (1000, "1"), (2500, "2500m"), (250, "250m"), (64000, "64")])
+def test_milli_units_read_as_kubernetes_quantities(milli: int, text: str) -> None:
+    assert milli_quantity(milli) == text
+
+
+@pytest.mark.parametrize(("mib", "text"), [(0, "0"), (1024, "1Gi"), (1536, "1536Mi"), (81920, "80Gi")])
+def test_mib_read_as_kubernetes_quantities(mib: int, text: str) -> None:
+    assert mib_quantity(mib) == text
+
+
+def test_a_queue_in_several_pools_shows_the_sums() -> None:
+    a = QueueShare("q", "a", Resources(1000, 1000, 1024), Resources(500, 0, 0), Resources(2000, 0, 0))
+    b = QueueShare("q", "b", Resources(2000, 0, 1024), Resources(0, 0, 0), Resources(0, 500, 0))
+    assert queue_status([a, b]) == {
+        "fairShare": {"gpu": "3", "cpu": "1", "memory": "2Gi"},
+        "allocated": {"gpu": "500m", "cpu": "0", "memory": "0"},
+        "requested": {"gpu": "2", "cpu": "500m", "memory": "0"},
+    }
+
+
+def test_the_explanation_keeps_the_engines_order_and_fits_an_event() -> None:
+    one = JobStatus("ns/j", "q", (PendingReason(UnschedulableReason.OVER_LIMIT, "at limit"),))
+    assert explanation(one) == ("OverLimit", "OverLimit: at limit")
+    two = JobStatus(
+        "ns/j",
+        "q",
+        (
+            PendingReason(UnschedulableReason.GANG_INCOMPLETE, "1 of 4"),
+            PendingReason(UnschedulableReason.GANG_INCOMPLETE, "x" * 2000),
+        ),
+    )
+    reason, message = explanation(two)
+    assert reason == "GangIncomplete"
+    assert message.startswith("GangIncomplete: 1 of 4; GangIncomplete: xxx")
+    assert len(message) == MAX_MESSAGE
+    assert explanation(JobStatus("ns/j", "q", ())) == ("Pending", "waiting to be placed")
+
+
+def test_pod_group_phase_and_condition() -> None:
+    pending = JobStatus("ns/j", "q", (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),))
+    assert pod_group_status(pending, placed_now=False)["phase"] == "Pending"
+    partly = pod_group_status(pending, placed_now=True)
+    assert (partly["phase"], partly["conditions"][0]["status"]) == ("Scheduled", "True")
+    placed = pod_group_status(None, placed_now=True)
+    assert placed["conditions"] == [{"type": "Unschedulable", "status": "False", "reason": "Scheduled", "message": ""}]
+
+
+def test_event_names_are_stable_per_group_and_valid() -> None:
+    assert event_name("ns/train") == event_name("ns/train")
+    assert event_name("ns/train") != event_name("other/train")
+    long = event_name("ns/" + "a" * 253)
+    assert len(long) <= 253
+    assert long.startswith("a" * 200 + ".")
