@@ -126,7 +126,7 @@ def test_transition_time_moves_only_when_the_status_flips(k8s: client.ApiClient,
     assert "GPU 0" in cond["message"]
     assert "GPU 1" in cond["message"]
     clocks.advance(10)
-    pub.publish(report())
+    pub.publish(report(time=clocks.wall))  # the report that saw the XIDs cleared
     cond = _conditions(_node(k8s, gpu_node))["GpuXidError"]
     assert (cond["status"], cond["lastTransitionTime"]) == ("False", format_time(clocks.wall))
 
