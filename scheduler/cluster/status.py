@@ -32,6 +32,7 @@ from threading import Lock
 from gpuwarden import contract
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
+from scheduler.cluster.quantity import format_cpu, format_gpus, format_memory
 from scheduler.engine.model import Decisions, JobStatus, QueueShare, Resources
 
 log = get_logger(__name__)
@@ -44,8 +45,6 @@ REASON_SCHEDULED = "Scheduled"
 # Reason of a True condition with several different reason codes.
 REASON_MULTIPLE = "MultipleReasons"
 MAX_MESSAGE = 1024
-_MILLI = 1000
-_MIB_PER_GIB = 1024
 
 
 def now_utc() -> datetime:
@@ -59,20 +58,9 @@ def format_time(ts: datetime) -> str:
 # -- pure: what to write ------------------------------------------------------
 
 
-def milli_quantity(value: int) -> str:
-    """Milli-units (milli-GPU, millicores) as a Kubernetes quantity: ``2``, ``1500m``."""
-    return str(value // _MILLI) if value % _MILLI == 0 else f"{value}m"
-
-
-def mib_quantity(value: int) -> str:
-    """MiB as a Kubernetes quantity: ``16Gi``, ``1536Mi``, ``0``."""
-    if value == 0:
-        return "0"
-    return f"{value // _MIB_PER_GIB}Gi" if value % _MIB_PER_GIB == 0 else f"{value}Mi"
-
-
-def resource_list(res: Resources) -> dict[str, str]:
-    return {"gpu": milli_quantity(res.gpu), "cpu": milli_quantity(res.cpu), "memory": mib_quantity(res.memory)}
+def resource_list(res: Resources) -> dict[str, int | float | str]:
+    """A resource vector as the Queue CRD's status holds it: GPUs as a number, CPU and memory as quantities."""
+    return {"gpu": format_gpus(res.gpu), "cpu": format_cpu(res.cpu), "memory": format_memory(res.memory)}
 
 
 def queue_status(shares: Sequence[QueueShare]) -> JSON:

@@ -454,9 +454,9 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         assert (first.pod_groups_patched, first.queues_patched, first.events_written) == (1, 1, 1)
         assert first.errors == []
         assert _status(k8s, contract.QUEUE_PLURAL, queue) == {
-            "fairShare": {"gpu": "2", "cpu": "8", "memory": "64Gi"},
-            "allocated": {"gpu": "1500m", "cpu": "4", "memory": "1536Mi"},
-            "requested": {"gpu": "4", "cpu": "16", "memory": "128Gi"},
+            "fairShare": {"gpu": 2, "cpu": "8", "memory": "64Gi"},
+            "allocated": {"gpu": 1.5, "cpu": "4", "memory": "1536Mi"},
+            "requested": {"gpu": 4, "cpu": "16", "memory": "128Gi"},
         }
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
         assert status["phase"] == "Pending"
@@ -506,7 +506,7 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
         assert status["phase"] == "Scheduled"
         assert status["conditions"][0]["status"] == "False"
-        assert _status(k8s, contract.QUEUE_PLURAL, queue)["fairShare"]["gpu"] == "3"
+        assert _status(k8s, contract.QUEUE_PLURAL, queue)["fairShare"]["gpu"] == 3
         assert len(_events(k8s, namespace, "train")) == 1
     finally:
         _delete_queue(k8s, queue)

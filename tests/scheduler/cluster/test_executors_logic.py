@@ -13,8 +13,6 @@ from scheduler.cluster.status import (
     MAX_MESSAGE,
     event_name,
     explanation,
-    mib_quantity,
-    milli_quantity,
     pod_group_status,
     queue_status,
 )
@@ -118,23 +116,13 @@ def test_binding_and_eviction_bodies_carry_the_uid_as_a_precondition() -> None:
     assert "deleteOptions" not in eviction_body(Eviction("ns/j", "ns", "p", "", "n", EvictionAction.PREEMPT, "r"))
 
 
-@pytest.mark.parametrize(("milli", "text"), [(0, "0"), (1000, "1"), (2500, "2500m"), (250, "250m"), (64000, "64")])
-def test_milli_units_read_as_kubernetes_quantities(milli: int, text: str) -> None:
-    assert milli_quantity(milli) == text
-
-
-@pytest.mark.parametrize(("mib", "text"), [(0, "0"), (1024, "1Gi"), (1536, "1536Mi"), (81920, "80Gi")])
-def test_mib_read_as_kubernetes_quantities(mib: int, text: str) -> None:
-    assert mib_quantity(mib) == text
-
-
 def test_a_queue_in_several_pools_shows_the_sums() -> None:
     a = QueueShare("q", "a", Resources(1000, 1000, 1024), Resources(500, 0, 0), Resources(2000, 0, 0))
     b = QueueShare("q", "b", Resources(2000, 0, 1024), Resources(0, 0, 0), Resources(0, 500, 0))
     assert queue_status([a, b]) == {
-        "fairShare": {"gpu": "3", "cpu": "1", "memory": "2Gi"},
-        "allocated": {"gpu": "500m", "cpu": "0", "memory": "0"},
-        "requested": {"gpu": "2", "cpu": "500m", "memory": "0"},
+        "fairShare": {"gpu": 3, "cpu": "1", "memory": "2Gi"},
+        "allocated": {"gpu": 0.5, "cpu": "0", "memory": "0Mi"},
+        "requested": {"gpu": 2, "cpu": "500m", "memory": "0Mi"},
     }
 
 
