@@ -37,11 +37,9 @@ from scheduler.engine.model import Decisions, JobStatus, QueueShare, Resources
 
 log = get_logger(__name__)
 
-PHASE_PENDING = "Pending"
-PHASE_SCHEDULED = "Scheduled"
-CONDITION_UNSCHEDULABLE = "Unschedulable"
+CONDITION_UNSCHEDULABLE = contract.PodGroupConditionType.UNSCHEDULABLE.value
 # Reason of a False Unschedulable condition.
-REASON_SCHEDULED = "Scheduled"
+REASON_SCHEDULED = contract.PODGROUP_SCHEDULED_REASON
 # Reason of a True condition with several different reason codes.
 REASON_MULTIPLE = "MultipleReasons"
 MAX_MESSAGE = 1024
@@ -97,7 +95,9 @@ def pod_group_status(pending: JobStatus | None, placed_now: bool) -> JSON:
     else:
         reason, message = explanation(pending)
         condition = {"type": CONDITION_UNSCHEDULABLE, "status": "True", "reason": reason, "message": message}
-    return {"phase": PHASE_SCHEDULED if placed_now else PHASE_PENDING, "conditions": [condition]}
+    running = pending is None or placed_now
+    phase = contract.PodGroupPhase.RUNNING if running else contract.PodGroupPhase.PENDING
+    return {"phase": phase.value, "conditions": [condition]}
 
 
 def event_name(group: str) -> str:
@@ -153,11 +153,16 @@ class StatusWriter:
         self._queues: dict[str, JSON] = {}
         self._lock = Lock()
 
-    def write(self, decisions: Decisions) -> StatusReport:
-        """Statuses and Events for one cycle's decisions."""
+    def write(self, decisions: Decisions, gang_met: Iterable[str] = ()) -> StatusReport:
+        """Statuses and Events for one cycle's decisions.
+
+        ``gang_met`` names the groups whose minMember already runs: one with
+        more pods waiting (an elastic job's extras) is Running, not Pending.
+        """
         report = StatusReport()
         with self._lock:
-            self._write_groups(decisions.pending, (b.job for b in decisions.binds), report)
+            placed = {b.job for b in decisions.binds} | set(gang_met)
+            self._write_groups(decisions.pending, placed, report)
             self._write_queues(decisions.queue_shares, report)
         log.info(
             "status_written",

@@ -504,7 +504,7 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         done = writer.write(Decisions(binds=(placed,), queue_shares=(_share(queue, 3000),)))
         assert (done.pod_groups_patched, done.queues_patched, done.events_written) == (1, 1, 0)
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
-        assert status["phase"] == "Scheduled"
+        assert status["phase"] == "Running"
         assert status["conditions"][0]["status"] == "False"
         assert _status(k8s, contract.QUEUE_PLURAL, queue)["fairShare"]["gpu"] == 3
         assert len(_events(k8s, namespace, "train")) == 1

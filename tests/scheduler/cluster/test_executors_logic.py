@@ -148,7 +148,7 @@ def test_pod_group_phase_and_condition() -> None:
     pending = JobStatus("ns/j", "q", (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),))
     assert pod_group_status(pending, placed_now=False)["phase"] == "Pending"
     partly = pod_group_status(pending, placed_now=True)
-    assert (partly["phase"], partly["conditions"][0]["status"]) == ("Scheduled", "True")
+    assert (partly["phase"], partly["conditions"][0]["status"]) == ("Running", "True")
     placed = pod_group_status(None, placed_now=True)
     assert placed["conditions"] == [{"type": "Unschedulable", "status": "False", "reason": "Scheduled", "message": ""}]
 
