@@ -60,6 +60,8 @@ LABEL_LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 MAX_CHAIN = 16
 # Kubernetes object names are DNS subdomains: at most 253 characters.
 MAX_NAME = 253
+# A uid is 36 characters; anything longer in a malformed object is cut.
+MAX_UID = 64
 
 _BATCH = "batch"
 _JOBSET = "jobset.x-k8s.io"
@@ -256,7 +258,7 @@ def _ray_size(cluster_spec: Mapping[str, Any]) -> int:
             continue
         minimum = group.get("minReplicas")
         replicas = group.get("replicas")
-        chosen = minimum if autoscaling or replicas is None else replicas
+        chosen = minimum if (autoscaling and minimum is not None) or replicas is None else replicas
         hosts = max(1, _count(group.get("numOfHosts"), 1))
         total += _count(chosen, _count(minimum, 1)) * hosts
     return total
@@ -288,7 +290,7 @@ def _group_name(base: str, uid: str, kind: str) -> str:
     tail = f"-{uid}" if uid else ""
     head = GROUP_NAME_PREFIX if uid else f"{GROUP_NAME_PREFIX}{kind}-"
     text = _INVALID_NAME_CHARS.sub("-", f"{head}{base}".lower())
-    tail = _INVALID_NAME_CHARS.sub("-", tail.lower())
+    tail = _INVALID_NAME_CHARS.sub("-", tail.lower())[:MAX_UID]
     text = text[: MAX_NAME - len(tail)] + tail
     return text.strip("-.") or GROUP_NAME_PREFIX.rstrip("-")
 
