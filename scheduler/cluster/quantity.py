@@ -19,6 +19,7 @@ import math
 import re
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import Final
 
 from scheduler.engine.resources import MIB_PER_GIB, MILLI
@@ -109,6 +110,69 @@ def mebibytes(value: object) -> int | str:
     """Bytes or a memory quantity ("64Gi") -> MiB, rounded up."""
     amount = _bounded(parse_quantity(value), MAX_BYTES, "bytes")
     return amount if isinstance(amount, str) else math.ceil(amount / _BYTES_PER_MIB)
+
+
+# -- objects the API server normalises (pods, nodes) ---------------------------
+#
+# A pod's requests and a node's allocatable are read for every object of a
+# large cluster, from a small set of distinct spellings, so these convert
+# through a cache and raise (the caller logs once per object and reads the
+# field conservatively). What a pod asks rounds up, what a node offers down,
+# so the engine never places more than fits.
+
+
+class QuantityError(ValueError):
+    """The text is not a Kubernetes quantity (or not an amount)."""
+
+
+def _exact(text: str | int | float) -> Fraction:
+    amount = parse_quantity(text)
+    if isinstance(amount, str):
+        raise QuantityError(amount)
+    return amount
+
+
+def _ceil(value: Fraction) -> int:
+    return -((-value.numerator) // value.denominator)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def cpu_milli_ceil(text: str | int | float) -> int:
+    """Millicores, rounded up (what a pod asks)."""
+    return _ceil(_exact(text) * MILLI)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def cpu_milli_floor(text: str | int | float) -> int:
+    """Millicores, rounded down (what a node offers)."""
+    return math.floor(_exact(text) * MILLI)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def mib_ceil(text: str | int | float) -> int:
+    """Bytes as MiB, rounded up (what a pod asks)."""
+    return _ceil(_exact(text) / _BYTES_PER_MIB)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def mib_floor(text: str | int | float) -> int:
+    """Bytes as MiB, rounded down (what a node offers)."""
+    return math.floor(_exact(text) / _BYTES_PER_MIB)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def count_ceil(text: str | int | float) -> int:
+    """A count (GPUs, MiB of an extended resource), rounded up."""
+    return _ceil(_exact(text))
+
+
+@lru_cache(maxsize=4096, typed=True)
+def count_floor(text: str | int | float) -> int:
+    """A count, rounded down."""
+    return math.floor(_exact(text))
+
+
+# -- back to text, for status -----------------------------------------------
 
 
 def format_gpus(milli: int) -> int | float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
@@ -9,10 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.cluster.quantity import (
+    QuantityError,
+    count_ceil,
+    count_floor,
+    cpu_milli_ceil,
+    cpu_milli_floor,
     format_cpu,
     format_gpus,
     format_memory,
     mebibytes,
+    mib_ceil,
+    mib_floor,
     milli_gpus,
     millicores,
     parse_quantity,
@@ -141,3 +149,26 @@ def test_gpus_written_back_read_the_same(milli: int) -> None:
 def test_no_negative_number_is_an_amount(value: float) -> None:
     assert isinstance(parse_quantity(value), str)
     assert isinstance(parse_quantity(repr(value)), str)
+
+
+@pytest.mark.parametrize(
+    ("fn", "text", "value"),
+    [
+        (cpu_milli_ceil, "1500m", 1500),
+        (cpu_milli_ceil, "0.0001", 1),  # a pod asking a sliver asks a millicore
+        (cpu_milli_floor, "0.0001", 0),  # a node offering a sliver offers none
+        (mib_ceil, "1Gi", 1024),
+        (mib_ceil, 1, 1),
+        (mib_floor, "1500Ki", 1),
+        (count_ceil, "2", 2),
+        (count_floor, 7, 7),
+    ],
+)
+def test_pod_amounts_round_up_and_node_amounts_down(fn: Callable[[object], int], text: object, value: int) -> None:
+    assert fn(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "nan", "-1", "1.5.5", "12Q", True])
+def test_the_cached_converters_raise_on_what_is_no_amount(text: object) -> None:
+    with pytest.raises(QuantityError):
+        cpu_milli_ceil(text)  # type: ignore[arg-type]

@@ -1,0 +1,811 @@
+"""Watched Kubernetes objects (raw JSON dicts) to the engine's Snapshot.
+
+The watch cache holds objects exactly as the API server returns them
+(``json.loads`` of the body, or a watch event's ``object``); this module
+turns them into :mod:`scheduler.engine.model` data, and nothing here talks
+to the API server. Three rules hold throughout:
+
+- **Bad input never raises.** A field of the wrong type or an unparsable
+  value is logged once per object and field (:class:`WarnOnce`) and read
+  conservatively: an unreadable GPU health is unhealthy, an unreadable
+  node capacity is none, an agent condition with an odd status is a problem.
+- **Rounding favours safety.** What a pod asks is rounded up, what a node
+  offers is rounded down.
+- **Free text is parsed once, here.** The agent's condition messages name
+  GPUs and a recommended action (``agent/publish/conditions.py``); they are
+  read into :class:`NodeCondition` fields so the engine never reads prose.
+
+Pods of other schedulers hold capacity that gpuwarden must neither hand out
+nor divide. They are given to the engine as one synthetic job per node, in a
+reserved per-pool queue (:func:`external_queue_name`) that deserves exactly
+what they hold, ranks above every real queue and takes nothing beyond, with
+every such pod in status ``RELEASING``. Why this shape, given how the engine
+treats running work:
+
+- A running task is seated on its node, so its CPU, memory and GPUs are not
+  offered again, whatever its queue.
+- A job whose queue does not exist is seated but charged to nobody, while
+  its node's GPUs still count in the capacity fair share divides: real
+  queues would be promised GPUs that are not there, and reclaim would
+  evict for them in vain. A queue with an unlimited quota deserves what it
+  requests, and the highest priority is covered first, so the reserved
+  queue takes exactly the held amount off the top and the real queues share
+  the rest honestly.
+- ``RELEASING`` tasks are never evicted (not by health eviction, reclaim,
+  preemption, consolidation or stale gangs): another scheduler's pods are
+  not ours to move. The job is non-preemptible as well.
+
+The reserved queues appear in ``Decisions.queue_shares``; the status writer
+skips them (:func:`is_external_queue`): there is no Queue object behind
+them. Their names contain ``:``, which no Kubernetes object name may, so
+they can never collide with a user's queue; likewise the synthetic jobs.
+Pods of other schedulers on nodes that take no work (cordoned, not Ready,
+or with a node-wide fatal fault) are left out: those nodes add nothing to
+the capacity being divided, so their pods must not be charged against it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from gpuwarden.contract import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_POD_GROUP,
+    DEFAULT_NODE_POOL,
+    LABEL_NODE_POOL,
+    RESOURCE_NVIDIA_GPU,
+    SCHEDULER_NAME,
+    Action,
+    ConditionType,
+)
+from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.logonce import WarnOnce
+from scheduler.cluster.quantity import (
+    QuantityError,
+    count_ceil,
+    count_floor,
+    cpu_milli_ceil,
+    cpu_milli_floor,
+    mib_ceil,
+    mib_floor,
+)
+from scheduler.engine.health import judge
+from scheduler.engine.model import (
+    NON_PREEMPTIBLE_PRIORITY,
+    UNLIMITED,
+    Gpu,
+    Job,
+    Node,
+    NodeCondition,
+    Queue,
+    QueueResource,
+    SchedulerConfig,
+    Snapshot,
+    Taint,
+    TaintEffect,
+    Task,
+    TaskStatus,
+    Toleration,
+)
+
+warn = WarnOnce(__name__)
+
+# The memory of a GPU known only from the device plugin's count (no GPUNode
+# yet): an 80 GiB device, the common data-centre size. NVIDIA's GPU feature
+# discovery label, when present, says better.
+DEFAULT_GPU_MEMORY_MIB = 81920
+LABEL_GFD_GPU_MEMORY = "nvidia.com/gpu.memory"
+
+# Reserved names for the capacity other schedulers' pods hold (see the
+# module docstring). ':' cannot appear in a Kubernetes object name.
+EXTERNAL_QUEUE_PREFIX = "external:"
+EXTERNAL_JOB_PREFIX = "external:"
+# Above any priority a Queue object can carry (an int32).
+EXTERNAL_QUEUE_PRIORITY = 2**31
+
+_AGENT_CONDITIONS = frozenset(t.value for t in ConditionType)
+_ACTIONS = {a.value: a for a in Action}
+_EFFECTS = {e.value: e for e in TaintEffect}
+_MIG_MODES = {"Enabled": True, "Disabled": False, "Unknown": False}
+
+_ACTION_TAIL = re.compile(r"Recommended action:\s*([A-Za-z_]+)\s*\.?\s*$")
+# Fault texts in a condition message are joined by "; " and start with the
+# entity's description (agent.model.Entity.describe).
+_GPU_BY_INDEX = re.compile(r"(?:^|; )GPU (\d+)\b")
+_GPU_BY_BUS = re.compile(r"(?:^|; )GPU at ([0-9A-Fa-f:.]+)")
+_GPU_BY_UUID = re.compile(r"(?:^|; )GPU ((?:GPU|MIG)-[0-9A-Za-z-]+)")
+_GPU_UNIDENTIFIED = "a GPU that could not be identified"
+_MORE = re.compile(r"; and \d+ more\b")
+
+
+def external_queue_name(pool: str) -> str:
+    """The reserved queue holding other schedulers' pods in ``pool``."""
+    return f"{EXTERNAL_QUEUE_PREFIX}{pool}"
+
+
+def is_external_queue(name: str) -> bool:
+    """True for a reserved queue (no Queue object: its status is not written)."""
+    return name.startswith(EXTERNAL_QUEUE_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What the snapshot needs of one pod group, read off its PodGroup.
+
+    ``priority`` is the value of the group's priority class (the caller
+    resolves the name); ``below_min_member_since`` is when the caller first
+    saw the running gang short (None while whole), kept across cycles.
+    """
+
+    queue: str
+    min_member: int = 1
+    priority: int = 0
+    preemptible: bool | None = None
+    uid: str = ""
+    below_min_member_since: float | None = None
+
+
+# --------------------------------------------------------------------------
+# Small readers: a field of the wrong type is logged and replaced
+# --------------------------------------------------------------------------
+
+
+def _dict(value: object, what: str, ident: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if value is not None:
+        warn.warning("object field malformed", (ident, what), object=ident, field=what, value=repr(value)[:200])
+    return {}
+
+
+def _list(value: object, what: str, ident: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if value is not None:
+        warn.warning("object field malformed", (ident, what), object=ident, field=what, value=repr(value)[:200])
+    return []
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _str_map(value: object, what: str, ident: str) -> dict[str, str]:
+    """A string-to-string map (labels, annotations); other entries are dropped."""
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        warn.warning("object field malformed", (ident, what), object=ident, field=what, value=repr(value)[:200])
+        return {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            warn.warning("object field malformed", (ident, what), object=ident, field=what, key=repr(k)[:100])
+            return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+    return value
+
+
+def _amount(
+    resources: Mapping[str, Any], key: str, convert: Callable[[str | int | float], int], ident: str, default: int = 0
+) -> int:
+    raw = resources.get(key)
+    if raw is None:
+        return default
+    try:
+        if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            value = convert(raw)
+            if value >= 0:
+                return value
+    except (QuantityError, ValueError, OverflowError):
+        pass
+    warn.warning("quantity malformed", (ident, key), object=ident, resource=key, value=repr(raw)[:100])
+    return default
+
+
+# --------------------------------------------------------------------------
+# Nodes
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _GpuInventory:
+    gpus: tuple[Gpu, ...]
+    by_uuid: dict[str, int]
+    by_bus: dict[str, int]
+    # GPU indices whose GPUNode faults name each condition type.
+    faulted: dict[str, set[int]]
+
+
+def _bus_key(bus: str) -> str:
+    """PCI bus ids compared without case and without a leading domain's extra zeros."""
+    bus = bus.lower()
+    domain, sep, rest = bus.partition(":")
+    if sep and len(domain) == 8:
+        bus = domain[4:] + ":" + rest
+    return bus
+
+
+def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory | None:
+    status = _dict(gpunode.get("status"), "status", ident)
+    raw = status.get("gpus")
+    if raw is None:
+        return None  # not published yet: fall back to the device plugin's count
+    entries = _list(raw, "status.gpus", ident)
+    gpus: list[Gpu] = []
+    seen: set[int] = set()
+    by_uuid: dict[str, int] = {}
+    by_bus: dict[str, int] = {}
+    faulted: dict[str, set[int]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            warn.warning("gpunode gpu malformed", (ident, "entry"), gpunode=ident, value=repr(entry)[:200])
+            continue
+        index = entry.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            warn.warning("gpunode gpu without index", (ident, repr(index)), gpunode=ident, index=repr(index)[:50])
+            continue
+        if index in seen:
+            warn.warning("gpunode gpu listed twice", (ident, index), gpunode=ident, gpu=index)
+            continue
+        seen.add(index)
+        healthy = entry.get("healthy")
+        if not isinstance(healthy, bool):
+            warn.warning(
+                "gpunode gpu health unreadable; unhealthy", (ident, index, "healthy"), gpunode=ident, gpu=index
+            )
+            healthy = False
+        memory = entry.get("memoryMiB")
+        if not isinstance(memory, int) or isinstance(memory, bool) or memory <= 0:
+            warn.warning("gpunode gpu memory unreadable; unhealthy", (ident, index, "memory"), gpunode=ident, gpu=index)
+            memory = DEFAULT_GPU_MEMORY_MIB
+            healthy = False
+        mode = entry.get("migMode", "Unknown")
+        mig = _MIG_MODES.get(mode) if isinstance(mode, str) else None
+        if mig is None:
+            # An unknown mode may be MIG: such a GPU is not ours to place.
+            warn.warning("gpunode gpu MIG mode unreadable", (ident, index, "mig"), gpunode=ident, gpu=index)
+            mig = True
+        uuid = _str(entry.get("uuid"))
+        if uuid:
+            by_uuid[uuid] = index
+        bus = _str(entry.get("pciBusId"))
+        if bus:
+            by_bus[_bus_key(bus)] = index
+        faults = entry.get("faults")
+        if faults:
+            for fault in _list(faults, f"status.gpus[{index}].faults", ident):
+                if isinstance(fault, dict) and isinstance(fault.get("condition"), str):
+                    faulted.setdefault(fault["condition"], set()).add(index)
+        gpus.append(Gpu(index=index, uuid=uuid, memory_mib=memory, healthy=healthy, mig_enabled=mig))
+    gpus.sort(key=_gpu_index)
+    return _GpuInventory(tuple(gpus), by_uuid, by_bus, faulted)
+
+
+def _gpu_index(gpu: Gpu) -> int:
+    return gpu.index
+
+
+@lru_cache(maxsize=256)
+def _plugin_gpus(count: int, memory: int) -> tuple[Gpu, ...]:
+    return tuple(Gpu(index=i, memory_mib=memory) for i in range(count))
+
+
+def _gpus_from_allocatable(
+    allocatable: Mapping[str, Any], labels: Mapping[str, str], ident: str, default_memory: int
+) -> _GpuInventory:
+    count = _amount(allocatable, RESOURCE_NVIDIA_GPU, count_floor, ident)
+    memory = default_memory
+    label = labels.get(LABEL_GFD_GPU_MEMORY)
+    if label is not None:
+        if label.isdigit() and int(label) > 0:
+            memory = int(label)
+        else:
+            warn.warning("gpu memory label malformed", (ident, "gfd"), node=ident, value=label[:50])
+    return _GpuInventory(_plugin_gpus(min(count, 1024), memory), {}, {}, {})
+
+
+def _taints(raw: object, ident: str) -> tuple[Taint, ...]:
+    out: list[Taint] = []
+    for entry in _list(raw, "spec.taints", ident):
+        if not isinstance(entry, dict):
+            warn.warning("taint malformed", (ident, "taint"), node=ident, value=repr(entry)[:200])
+            continue
+        raw_effect = entry.get("effect")
+        effect = _EFFECTS.get(raw_effect) if isinstance(raw_effect, str) else None
+        if effect is None:
+            warn.warning("taint effect unknown; NoSchedule", (ident, "effect"), node=ident, taint=repr(entry)[:200])
+            effect = TaintEffect.NO_SCHEDULE
+        out.append(Taint(key=_str(entry.get("key")), value=_str(entry.get("value")), effect=effect))
+    return tuple(out)
+
+
+def _action_of(message: str, ident: str, ctype: str) -> Action:
+    match = _ACTION_TAIL.search(message)
+    if match is not None:
+        action = _ACTIONS.get(match.group(1).upper())
+        if action is not None:
+            return action
+    warn.warning("condition names no known action", (ident, ctype, message), node=ident, condition=ctype)
+    return Action.NONE
+
+
+def _named_gpus(message: str, inventory: _GpuInventory, ctype: str) -> tuple[int, ...]:
+    """The GPUs a problem condition is about; () when it must be read as node-wide.
+
+    The message lists faults by GPU index, bus id or UUID; the GPUNode's
+    per-GPU faults for the same condition are added (they may be newer,
+    and the message lists only the first few). When the message names a GPU
+    that cannot be identified, or says "and N more" and the GPUNode adds
+    nothing the message did not list, the GPUs at fault are not all known,
+    and only the whole node is a safe answer.
+    """
+    named: set[int] = {int(m) for m in _GPU_BY_INDEX.findall(message)}
+    complete = _GPU_UNIDENTIFIED not in message
+    for bus in _GPU_BY_BUS.findall(message):
+        index = inventory.by_bus.get(_bus_key(bus.rstrip(".:")))
+        if index is None:
+            complete = False
+        else:
+            named.add(index)
+    for uuid in _GPU_BY_UUID.findall(message):
+        index = inventory.by_uuid.get(uuid)
+        if index is None:
+            complete = False
+        else:
+            named.add(index)
+    extra = inventory.faulted.get(ctype, set()) - named
+    if _MORE.search(message) and not extra:
+        complete = False
+    if not complete:
+        return ()
+    return tuple(sorted(named | extra))
+
+
+def _conditions(raw: object, inventory: _GpuInventory, ident: str) -> tuple[tuple[NodeCondition, ...], bool]:
+    """The agent's conditions and whether the kubelet says the node is Ready."""
+    out: list[NodeCondition] = []
+    ready = False
+    for entry in _list(raw, "status.conditions", ident):
+        if not isinstance(entry, dict):
+            continue
+        ctype = entry.get("type")
+        status = entry.get("status")
+        if ctype == "Ready":
+            ready = status == "True"
+            continue
+        if not isinstance(ctype, str) or ctype not in _AGENT_CONDITIONS:
+            continue
+        if status == "False":
+            out.append(NodeCondition(type=ctype, status=False, reason=_str(entry.get("reason"))))
+            continue
+        if status != "True":
+            warn.warning("agent condition status unreadable; a problem", (ident, ctype), node=ident, condition=ctype)
+        message = _str(entry.get("message"))
+        out.append(
+            NodeCondition(
+                type=ctype,
+                status=True,
+                reason=_str(entry.get("reason")),
+                message=message,
+                action=_action_of(message, ident, ctype),
+                gpu_indices=_named_gpus(message, inventory, ctype),
+            )
+        )
+    return tuple(out), ready
+
+
+def node_from_objects(
+    node: Mapping[str, Any],
+    gpunode: Mapping[str, Any] | None,
+    *,
+    default_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB,
+) -> Node:
+    """A Node (and its GPUNode, when the agent has published one) as the engine sees it.
+
+    GPUs come from the GPUNode (the agent's per-GPU index, UUID, memory,
+    MIG mode and health); without one, from the device plugin's
+    ``nvidia.com/gpu`` allocatable, each with ``default_gpu_memory_mib``
+    (or NVIDIA's ``nvidia.com/gpu.memory`` label). A node is unschedulable
+    when cordoned or when its kubelet is not Ready (a missing Ready
+    condition counts as not Ready). Of the other kubelet conditions none is
+    read: the node lifecycle controller turns them into taints.
+    """
+    meta = _dict(node.get("metadata"), "metadata", "node")
+    name = _str(meta.get("name"))
+    ident = f"node/{name}"
+    labels = _str_map(meta.get("labels"), "metadata.labels", ident)
+    spec = _dict(node.get("spec"), "spec", ident)
+    status = _dict(node.get("status"), "status", ident)
+    allocatable = _dict(status.get("allocatable"), "status.allocatable", ident)
+    inventory = _gpus_from_gpunode(gpunode, f"gpunode/{name}") if gpunode is not None else None
+    if inventory is None:
+        inventory = _gpus_from_allocatable(allocatable, labels, ident, default_gpu_memory_mib)
+    conditions, ready = _conditions(status.get("conditions"), inventory, ident)
+    unschedulable = spec.get("unschedulable", False)
+    if not isinstance(unschedulable, bool):
+        warn.warning("object field malformed", (ident, "unschedulable"), object=ident, field="spec.unschedulable")
+        unschedulable = True
+    return Node(
+        name=name,
+        pool=labels.get(LABEL_NODE_POOL) or DEFAULT_NODE_POOL,
+        cpu_milli=_amount(allocatable, "cpu", cpu_milli_floor, ident),
+        memory_mib=_amount(allocatable, "memory", mib_floor, ident),
+        gpus=inventory.gpus,
+        labels=labels,
+        taints=_taints(spec.get("taints"), ident),
+        schedulable=ready and not unschedulable,
+        conditions=conditions,
+    )
+
+
+# --------------------------------------------------------------------------
+# Pods
+# --------------------------------------------------------------------------
+
+
+def _container_amounts(container: Any, ident: str) -> tuple[int, int, int, bool]:
+    """(millicores, MiB, GPUs, is a sidecar) that one container asks for."""
+    if not isinstance(container, dict):
+        warn.warning("container malformed", (ident, "container"), pod=ident)
+        return 0, 0, 0, False
+    sidecar = container.get("restartPolicy") == "Always"
+    resources = container.get("resources")
+    if not resources:
+        return 0, 0, 0, sidecar
+    resources = _dict(resources, "resources", ident)
+    requests = _dict(resources.get("requests"), "resources.requests", ident)
+    limits = _dict(resources.get("limits"), "resources.limits", ident)
+    # The API server defaults a missing request to the limit; an object
+    # that skipped defaulting is read the same way.
+    cpu = _amount(requests if "cpu" in requests else limits, "cpu", cpu_milli_ceil, ident)
+    mem = _amount(requests if "memory" in requests else limits, "memory", mib_ceil, ident)
+    gpu = _amount(limits if RESOURCE_NVIDIA_GPU in limits else requests, RESOURCE_NVIDIA_GPU, count_ceil, ident)
+    return cpu, mem, gpu, sidecar
+
+
+def _pod_amounts(spec: Mapping[str, Any], ident: str) -> tuple[int, int, int]:
+    """A pod's effective request, as the kube-scheduler computes it.
+
+    The sum over its containers and restartable init containers (sidecars,
+    which run alongside), or the largest one-shot init container plus the
+    sidecars started before it, whichever is larger; then the pod overhead.
+    """
+    cpu = mem = gpu = 0
+    for container in _list(spec.get("containers"), "spec.containers", ident):
+        c, m, g, _ = _container_amounts(container, ident)
+        cpu += c
+        mem += m
+        gpu += g
+    init = spec.get("initContainers")
+    if init:
+        side_cpu = side_mem = side_gpu = 0
+        peak_cpu = peak_mem = peak_gpu = 0
+        for container in _list(init, "spec.initContainers", ident):
+            c, m, g, sidecar = _container_amounts(container, ident)
+            if sidecar:
+                side_cpu += c
+                side_mem += m
+                side_gpu += g
+                c, m, g = side_cpu, side_mem, side_gpu
+            else:
+                c, m, g = c + side_cpu, m + side_mem, g + side_gpu
+            peak_cpu = max(peak_cpu, c)
+            peak_mem = max(peak_mem, m)
+            peak_gpu = max(peak_gpu, g)
+        cpu = max(cpu + side_cpu, peak_cpu)
+        mem = max(mem + side_mem, peak_mem)
+        gpu = max(gpu + side_gpu, peak_gpu)
+    overhead = spec.get("overhead")
+    if overhead:
+        overhead = _dict(overhead, "spec.overhead", ident)
+        cpu += _amount(overhead, "cpu", cpu_milli_ceil, ident)
+        mem += _amount(overhead, "memory", mib_ceil, ident)
+    return cpu, mem, gpu
+
+
+def _tolerations(raw: object, ident: str) -> tuple[Toleration, ...]:
+    out: list[Toleration] = []
+    for entry in _list(raw, "spec.tolerations", ident):
+        if not isinstance(entry, dict):
+            warn.warning("toleration malformed", (ident, "toleration"), pod=ident)
+            continue
+        operator = entry.get("operator") or "Equal"
+        if operator not in ("Equal", "Exists"):
+            # Kubernetes knows no other operator: the toleration matches nothing.
+            warn.warning("toleration operator unknown", (ident, "operator"), pod=ident, operator=repr(operator)[:50])
+            continue
+        out.append(
+            Toleration(
+                key=_str(entry.get("key")),
+                operator=operator,
+                value=_str(entry.get("value")),
+                effect=_str(entry.get("effect")),
+            )
+        )
+    return tuple(out)
+
+
+def _task(pod: Mapping[str, Any], external: bool) -> Task:
+    meta = _dict(pod.get("metadata"), "metadata", "pod")
+    name = _str(meta.get("name"))
+    namespace = _str(meta.get("namespace")) or "default"
+    ident = f"pod/{namespace}/{name}"
+    spec = _dict(pod.get("spec"), "spec", ident)
+    cpu, mem, gpus = _pod_amounts(spec, ident)
+    node = spec.get("nodeName")
+    node = node if isinstance(node, str) and node else None
+    if external:
+        # Another scheduler's pod holds what the kubelet admitted: whole
+        # devices. Its GPU annotations (KAI's fractions, say) describe
+        # sharing done by that scheduler and must not be read as ours.
+        return Task(
+            name=name,
+            namespace=namespace,
+            uid=_str(meta.get("uid")),
+            status=TaskStatus.RELEASING,
+            cpu_milli=cpu,
+            memory_mib=mem,
+            gpus=gpus,
+            node=node,
+        )
+    annotations = _str_map(meta.get("annotations"), "metadata.annotations", ident)
+    if meta.get("deletionTimestamp"):
+        status = TaskStatus.RELEASING
+    elif node is not None:
+        status = TaskStatus.RUNNING
+    else:
+        status = TaskStatus.PENDING
+    indices: tuple[int, ...] = ()
+    if node is not None:
+        text = annotations.get(ANNOTATION_GPU_ASSIGNMENT)
+        if text is not None:
+            decoded = decode_assignment(text, node=node)
+            if decoded is None:
+                warn.warning("gpu assignment unreadable", (ident, text), pod=ident, value=text[:200])
+            else:
+                indices = decoded
+    selector = spec.get("nodeSelector")
+    tolerations = spec.get("tolerations")
+    return Task(
+        name=name,
+        namespace=namespace,
+        uid=_str(meta.get("uid")),
+        status=status,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
+        annotations=annotations,
+        node_selector=_str_map(selector, "spec.nodeSelector", ident) if selector else {},
+        tolerations=_tolerations(tolerations, ident) if tolerations else (),
+        node=node,
+        gpu_indices=indices,
+    )
+
+
+def task_from_pod(pod: Mapping[str, Any]) -> Task:
+    """A pod as the engine sees it.
+
+    Status: ``RELEASING`` once a deletion timestamp is set (it holds its
+    resources until gone), ``RUNNING`` once bound to a node (bound pods hold
+    resources whether or not their containers have started), else
+    ``PENDING``. Held GPUs come from the assignment annotation
+    (:mod:`scheduler.cluster.assignment`). Whether a pod belongs in the
+    snapshot at all (finished, gated, another scheduler's) is
+    :func:`snapshot_from`'s business.
+    """
+    return _task(pod, external=False)
+
+
+# --------------------------------------------------------------------------
+# Snapshot
+# --------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _external_queue(pool: str) -> Queue:
+    unbounded = QueueResource(quota=UNLIMITED, limit=UNLIMITED, over_quota_weight=0.0)
+    return Queue(
+        name=external_queue_name(pool),
+        priority=EXTERNAL_QUEUE_PRIORITY,
+        node_pool=pool,
+        gpu=unbounded,
+        cpu=unbounded,
+        memory=unbounded,
+    )
+
+
+def _takes_work(node: Node) -> bool:
+    return node.schedulable and judge(node).node_fatal is None
+
+
+def _seat_external(tasks: list[Task], node: Node, held: set[int]) -> list[Task]:
+    """Name GPUs for other schedulers' pods: those no pod of ours holds, healthy ones first.
+
+    The device plugin, not gpuwarden, chose them, and it does not say which;
+    the count is what matters, and naming them here keeps the engine from
+    warning about every such pod every cycle. The device plugin hands out
+    healthy devices, so those are assumed taken first.
+    """
+    free = [g.index for g in node.gpus if g.index not in held and g.healthy and not g.mig_enabled]
+    free += [g.index for g in node.gpus if g.index not in held and not (g.healthy and not g.mig_enabled)]
+    out: list[Task] = []
+    for original in tasks:
+        task = original
+        if task.gpus and free:
+            take, free = free[: task.gpus], free[task.gpus :]
+            task = Task(
+                name=task.name,
+                namespace=task.namespace,
+                uid=task.uid,
+                status=task.status,
+                cpu_milli=task.cpu_milli,
+                memory_mib=task.memory_mib,
+                gpus=task.gpus,
+                node=task.node,
+                gpu_indices=tuple(take),
+            )
+        out.append(task)
+    return out
+
+
+def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
+    nodes: Mapping[str, Mapping[str, Any]],
+    gpunodes: Mapping[str, Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    queues: Sequence[Queue],
+    groups: Mapping[tuple[str, str], GroupInfo],
+    now: float,
+    config: SchedulerConfig,
+    *,
+    pod_groups: Mapping[str, str] | None = None,
+) -> Snapshot:
+    """The engine's Snapshot from the watch cache's raw objects.
+
+    ``nodes`` and ``gpunodes`` are keyed by node name (a GPUNode is named
+    after its node). A pod of ours belongs to the group its
+    ``ANNOTATION_POD_GROUP`` annotation names, else to ``pod_groups[uid]``
+    (what the pod-grouper derived, :func:`scheduler.cluster.grouping.derive_group`),
+    and ``groups`` says what that group is. One Job per group with pods;
+    created is its earliest pod's creation time.
+
+    Left out: finished pods (Succeeded, Failed), pending pods that are being
+    deleted or are held by scheduling gates, and pending pods whose group is
+    not known yet (the next cycle has it). A bound pod of ours without a
+    known group still holds its resources, as other schedulers' pods do (see
+    the module docstring).
+    """
+    engine_nodes: dict[str, Node] = {}
+    for name, obj in nodes.items():
+        converted = node_from_objects(obj, gpunodes.get(name))
+        if converted.name != name:
+            warn.warning("node name differs from its key", ("node-key", name), key=name, name=converted.name)
+            converted = Node(
+                name=name,
+                pool=converted.pool,
+                cpu_milli=converted.cpu_milli,
+                memory_mib=converted.memory_mib,
+                gpus=converted.gpus,
+                labels=converted.labels,
+                taints=converted.taints,
+                schedulable=converted.schedulable,
+                conditions=converted.conditions,
+            )
+        engine_nodes[name] = converted
+
+    by_uid = pod_groups or {}
+    members: dict[tuple[str, str], list[Task]] = {}
+    earliest: dict[tuple[str, str], str] = {}
+    foreign: dict[str, list[Mapping[str, Any]]] = {}
+    # GPU indices held by our pods, per node, for naming foreign pods' GPUs.
+    held: dict[str, set[int]] = {}
+    for pod in pods:
+        if not isinstance(pod, dict):
+            warn.warning("pod malformed", ("pod", type(pod).__name__), value=repr(pod)[:200])
+            continue
+        spec = pod.get("spec")
+        status = pod.get("status")
+        if not isinstance(spec, dict):
+            spec = {}
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if isinstance(phase, str) and phase in _TERMINAL_PHASES:
+            continue
+        raw_node = spec.get("nodeName")
+        node_name = raw_node if isinstance(raw_node, str) else ""
+        bound = bool(node_name)
+        if spec.get("schedulerName") != SCHEDULER_NAME:
+            if bound:
+                foreign.setdefault(node_name, []).append(pod)
+            continue
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict):
+            meta = {}
+        if not bound and (meta.get("deletionTimestamp") or spec.get("schedulingGates")):
+            continue
+        namespace = _str(meta.get("namespace")) or "default"
+        annotations = meta.get("annotations")
+        group = annotations.get(ANNOTATION_POD_GROUP) if isinstance(annotations, dict) else None
+        if not isinstance(group, str) or not group:
+            group = by_uid.get(_str(meta.get("uid")))
+        key = (namespace, group) if group else None
+        if key is None or key not in groups:
+            ident = f"{namespace}/{_str(meta.get('name'))}"
+            if bound:
+                foreign.setdefault(node_name, []).append(pod)
+                warn.warning("bound pod has no known pod group; counted as held", ("nogroup", ident), pod=ident)
+            else:
+                warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
+            continue
+        task = _task(pod, external=False)
+        members.setdefault(key, []).append(task)
+        if task.gpu_indices and task.node is not None:
+            held.setdefault(task.node, set()).update(task.gpu_indices)
+        # RFC 3339 in UTC at one-second precision, as the API server writes
+        # it, orders as text: only each group's earliest is parsed.
+        created = meta.get("creationTimestamp")
+        if isinstance(created, str):
+            first = earliest.get(key)
+            if first is None or created < first:
+                earliest[key] = created
+
+    jobs: list[Job] = []
+    for key, tasks in members.items():
+        info = groups[key]
+        stamp = earliest.get(key)
+        created = _epoch(stamp) if stamp is not None else None
+        jobs.append(
+            Job(
+                name=key[1],
+                queue=info.queue,
+                namespace=key[0],
+                uid=info.uid,
+                priority=info.priority,
+                preemptible=info.preemptible,
+                min_member=max(1, info.min_member),
+                created=created if created is not None else now,
+                tasks=tuple(tasks),
+                below_min_member_since=info.below_min_member_since,
+            )
+        )
+
+    external_pools: set[str] = set()
+    for node_name, node_pods in foreign.items():
+        engine_node = engine_nodes.get(node_name)
+        if engine_node is None or not _takes_work(engine_node):
+            continue
+        tasks = [_task(p, external=True) for p in node_pods]
+        if engine_node.gpus and any(t.gpus for t in tasks):
+            tasks = _seat_external(tasks, engine_node, held.get(node_name, set()))
+        external_pools.add(engine_node.pool)
+        jobs.append(
+            Job(
+                name=f"{EXTERNAL_JOB_PREFIX}{node_name}",
+                queue=external_queue_name(engine_node.pool),
+                namespace="",
+                priority=NON_PREEMPTIBLE_PRIORITY,
+                preemptible=False,
+                tasks=tuple(tasks),
+                created=now,
+            )
+        )
+    all_queues = (*queues, *(_external_queue(pool) for pool in sorted(external_pools)))
+    return Snapshot(
+        nodes=tuple(engine_nodes.values()),
+        queues=all_queues,
+        jobs=tuple(jobs),
+        now=now,
+        config=config,
+    )
