@@ -246,6 +246,33 @@ class KubeApi:
             _content_type=MERGE_PATCH,
         )
 
+    def create_podgroup(self, namespace: str, body: JSON) -> JSON:
+        return self._call(
+            "create_podgroup",
+            self._custom.create_namespaced_custom_object,
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            namespace,
+            contract.PODGROUP_PLURAL,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    # -- Any namespaced object of an API group (a pod's owners) ---------------
+
+    def get_namespaced_object(self, group: str, version: str, plural: str, namespace: str, name: str) -> JSON | None:
+        """An object of any non-core API group (apps, batch, or a CRD's): owners are read this way,
+        so a cluster without the Kubeflow or Ray CRDs answers 404 instead of failing an import."""
+        return self._read(
+            f"get_{plural}",
+            self._custom.get_namespaced_custom_object,
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+        )
+
     # -- Events -------------------------------------------------------------
 
     def create_event(self, namespace: str, body: JSON) -> JSON:

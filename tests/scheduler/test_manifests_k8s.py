@@ -36,18 +36,6 @@ QUEUE_CRD = f"{contract.QUEUE_PLURAL}.{GROUP}"
 PODGROUP_CRD = f"{contract.PODGROUP_PLURAL}.{GROUP}"
 
 
-@pytest.fixture(scope="module")
-def scheduler_crds(control_plane: ControlPlane) -> Iterator[None]:
-    """The CRD base applied as a user would (kubectl apply -k), removed afterwards."""
-    control_plane.kubectl("apply", "-k", str(MANIFESTS))
-    for crd in (QUEUE_CRD, PODGROUP_CRD):
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    try:
-        yield
-    finally:
-        control_plane.kubectl("delete", "-k", str(MANIFESTS), "--ignore-not-found", "--wait=false", check=False)
-
-
 @pytest.fixture
 def custom(k8s: client.ApiClient, scheduler_crds: None) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(k8s)

@@ -63,54 +63,6 @@ NO_WAIT = RetryPolicy(attempts=3, sleep=lambda _s: None)
 # -- fixtures -------------------------------------------------------------------
 
 
-def _minimal_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
-    open_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{contract.SCHEDULING_API_GROUP}"},
-        "spec": {
-            "group": contract.SCHEDULING_API_GROUP,
-            "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-            "versions": [
-                {
-                    "name": contract.SCHEDULING_API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {"spec": open_object, "status": open_object},
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-@pytest.fixture(scope="module")
-def scheduling_crds(control_plane: ControlPlane) -> None:
-    """Queue and PodGroup served, whichever CRD serves them (apply-or-ignore)."""
-    with control_plane.api_client() as api:
-        ext = client.ApiextensionsV1Api(api)
-        for kind, plural, scope in (
-            (contract.QUEUE_KIND, contract.QUEUE_PLURAL, "Cluster"),
-            (contract.PODGROUP_KIND, contract.PODGROUP_PLURAL, "Namespaced"),
-        ):
-            try:
-                ext.create_custom_resource_definition(_minimal_crd(kind, plural, scope))
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
-    for plural in (contract.QUEUE_PLURAL, contract.PODGROUP_PLURAL):
-        control_plane.kubectl(
-            "wait", "--for=condition=Established", f"crd/{plural}.{contract.SCHEDULING_API_GROUP}", "--timeout=60s"
-        )
-
-
 @pytest.fixture
 def nodes(k8s: client.ApiClient) -> Iterator[Callable[[], Node]]:
     """Makes 8-GPU nodes (API and engine view alike), deleted after the test."""
@@ -437,7 +389,7 @@ def _events(k8s: client.ApiClient, namespace: str, name: str) -> list[client.Cor
 
 
 def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
-    k8s: client.ApiClient, namespace: str, scheduling_crds: None
+    k8s: client.ApiClient, namespace: str, scheduler_crds: None
 ) -> None:
     queue = unique_name("team-a")
     _create_queue(k8s, queue)
@@ -513,7 +465,7 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
 
 
 def test_status_of_objects_that_do_not_exist_is_reported_missing(
-    k8s: client.ApiClient, namespace: str, scheduling_crds: None
+    k8s: client.ApiClient, namespace: str, scheduler_crds: None
 ) -> None:
     ghost_queue = unique_name("no-such-queue")
     decisions = Decisions(
@@ -565,7 +517,7 @@ def _refused(call: Callable[[], object]) -> int | None:
     return None
 
 
-@pytest.mark.usefixtures("scheduling_crds", "scheduler_rbac")
+@pytest.mark.usefixtures("scheduler_crds", "scheduler_rbac")
 def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_secret(
     control_plane: ControlPlane, k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
 ) -> None:

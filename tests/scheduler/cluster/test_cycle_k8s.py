@@ -1,0 +1,374 @@
+"""Whole scheduling cycles against the real API server: objects in, pods bound, evicted, explained.
+
+Nodes carry what the agent publishes (NodeConditions and a GPUNode written by
+the agent's own publisher functions), Queues and PodGroups are the shipped
+CRDs' objects, and every cycle reads a fresh listing of them, as the watch
+cache would hand it over. There is no kubelet: a bound pod is marked Running
+by the test, as the harness's stand-in does elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from agent.publish.conditions import desired_conditions
+from agent.publish.gpunode import gpunode_object, gpunode_status
+from gpuwarden import contract
+from gpuwarden.contract import Action
+from gpuwarden.kube import KubeApi
+from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.bind import Binder
+from scheduler.cluster.cycle import ClusterView, SchedulingCycle
+from scheduler.cluster.retrying import RetryPolicy
+from tests.agent.publish.reports import report, xid_fault
+from tests.harness import complete_pod_deletion, create_gpu_node, mark_pod_running, unique_name
+
+pytestmark = pytest.mark.k8s
+
+GPUS = 8
+NO_WAIT = RetryPolicy(attempts=3, sleep=lambda _s: None)
+
+
+def _raw(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+def view(k8s: client.ApiClient, node_names: set[str]) -> ClusterView:
+    """What the watch cache would hold, listed now, limited to this test's nodes."""
+    core = client.CoreV1Api(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    nodes = {
+        n["metadata"]["name"]: n
+        for n in _raw(core.list_node(_preload_content=False))["items"]
+        if n["metadata"]["name"] in node_names
+    }
+    gpunodes = {
+        g["metadata"]["name"]: g
+        for g in _raw(
+            custom.list_cluster_custom_object(
+                contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, _preload_content=False
+            )
+        )["items"]
+        if g["metadata"]["name"] in node_names
+    }
+    pods = {
+        p["metadata"]["uid"]: p
+        for p in _raw(core.list_pod_for_all_namespaces(_preload_content=False))["items"]
+        if p["spec"].get("schedulerName") == contract.SCHEDULER_NAME or p["spec"].get("nodeName") in node_names
+    }
+    queues = {
+        q["metadata"]["name"]: q
+        for q in _raw(
+            custom.list_cluster_custom_object(
+                contract.SCHEDULING_API_GROUP,
+                contract.SCHEDULING_API_VERSION,
+                contract.QUEUE_PLURAL,
+                _preload_content=False,
+            )
+        )["items"]
+    }
+    podgroups = {
+        (g["metadata"]["namespace"], g["metadata"]["name"]): g
+        for g in _raw(
+            custom.list_cluster_custom_object(
+                contract.SCHEDULING_API_GROUP,
+                contract.SCHEDULING_API_VERSION,
+                contract.PODGROUP_PLURAL,
+                _preload_content=False,
+            )
+        )["items"]
+    }
+    return ClusterView(nodes=nodes, gpunodes=gpunodes, pods=pods, queues=queues, podgroups=podgroups)
+
+
+def publish_health(k8s: client.ApiClient, node: str, *faults: Any) -> None:
+    """What the agent would publish for ``node``: its GPUNode and its NodeConditions."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    rep = report(*faults, node=node, time=now)
+    custom = client.CustomObjectsApi(k8s)
+    try:
+        custom.create_cluster_custom_object(
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            gpunode_object(node, None),
+        )
+    except client.ApiException as exc:
+        if exc.status != 409:  # it exists: this is an update
+            raise
+    custom.patch_cluster_custom_object_status(
+        contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node, {"status": gpunode_status(rep)}
+    )
+    conditions = [state.to_json(now) for state in desired_conditions(rep, {}, now).values()]
+    client.CoreV1Api(k8s).patch_node_status(node, {"status": {"conditions": conditions}})
+
+
+@pytest.fixture
+def cluster(k8s: client.ApiClient, scheduler_crds: None, gpunode_crd: None) -> Iterator[Callable[[int], list[str]]]:
+    """Makes healthy 8-GPU nodes with their GPUNode, removed after the test."""
+    made: list[str] = []
+
+    def make(count: int) -> list[str]:
+        names = [unique_name("cycle-node") for _ in range(count)]
+        for name in names:
+            create_gpu_node(k8s, name, gpus=GPUS)
+            publish_health(k8s, name)
+            made.append(name)
+        return names
+
+    yield make
+    core = client.CoreV1Api(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    for name in made:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)
+        with contextlib.suppress(client.ApiException):
+            custom.delete_cluster_custom_object(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, name)
+
+
+@pytest.fixture
+def queue(k8s: client.ApiClient, scheduler_crds: None) -> Iterator[Callable[..., str]]:
+    made: list[str] = []
+
+    def make(gpu_quota: float, **extra: Any) -> str:
+        name = unique_name("q")
+        client.CustomObjectsApi(k8s).create_cluster_custom_object(
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            contract.QUEUE_PLURAL,
+            {
+                "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+                "kind": contract.QUEUE_KIND,
+                "metadata": {"name": name},
+                "spec": {"resources": {"gpu": {"quota": gpu_quota, **extra}}},
+            },
+        )
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(k8s).delete_cluster_custom_object(
+                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+            )
+
+
+def podgroup(k8s: client.ApiClient, namespace: str, name: str, queue: str, min_member: int) -> None:
+    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        namespace,
+        contract.PODGROUP_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.PODGROUP_KIND,
+            "metadata": {"name": name},
+            "spec": {"minMember": min_member, "queue": queue},
+        },
+    )
+
+
+def pod(
+    k8s: client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    group: str | None = None,
+    queue: str | None = None,
+    gpus: int = 1,
+    annotations: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> client.V1Pod:
+    notes = dict(annotations or {})
+    if group is not None:
+        notes[contract.ANNOTATION_POD_GROUP] = group
+    labels = {contract.LABEL_QUEUE: queue} if queue else None
+    limits = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=name, annotations=notes or None, labels=labels, owner_references=[owner] if owner else None
+        ),
+        spec=client.V1PodSpec(
+            scheduler_name=contract.SCHEDULER_NAME,
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image="registry.invalid/train:1",
+                    resources=client.V1ResourceRequirements(
+                        requests={"cpu": "1", "memory": "4Gi", **limits}, limits=limits or None
+                    ),
+                )
+            ],
+        ),
+    )
+    return client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+
+
+def node_of(k8s: client.ApiClient, namespace: str, name: str) -> str | None:
+    node: str | None = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace).spec.node_name
+    return node
+
+
+def new_cycle(k8s: client.ApiClient, default_queue: str = "default") -> SchedulingCycle:
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    return SchedulingCycle(api, default_queue=default_queue, binder=Binder(api, retry=NO_WAIT))
+
+
+def podgroup_status(k8s: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL, name
+    )
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def test_a_gang_waits_until_all_of_it_fits_then_binds_whole(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(2))
+    q = queue(16)
+    podgroup(k8s, namespace, "big", q, 24)
+    for i in range(24):
+        pod(k8s, namespace, f"big-{i}", group="big")
+    cycle = new_cycle(k8s)
+
+    result = cycle.run(view(k8s, nodes))
+    assert result.decisions.binds == ()
+    assert all(node_of(k8s, namespace, f"big-{i}") is None for i in range(24))
+    status = podgroup_status(k8s, namespace, "big")
+    (condition,) = status["conditions"]
+    assert status["phase"] == "Pending" and condition["type"] == "Unschedulable" and condition["status"] == "True"
+
+    # Room for the whole gang: a third node. All 24 bind in one cycle, 8 per node.
+    nodes |= set(cluster(1))
+    result = cycle.run(view(k8s, nodes))
+    assert sum(1 for r in result.binds if r.ok) == 24
+    placed = [node_of(k8s, namespace, f"big-{i}") for i in range(24)]
+    assert sorted(placed.count(n) for n in nodes) == [8, 8, 8]
+    assert podgroup_status(k8s, namespace, "big")["phase"] == "Running"
+
+
+def test_four_quarter_slices_share_one_gpu_each_with_its_assignment(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    for i in range(4):
+        podgroup(k8s, namespace, f"slice-{i}", q, 1)
+        pod(
+            k8s,
+            namespace,
+            f"slice-{i}",
+            group=f"slice-{i}",
+            gpus=0,
+            annotations={contract.ANNOTATION_GPU_FRACTION: "0.25"},
+        )
+    new_cycle(k8s).run(view(k8s, nodes))
+    core = client.CoreV1Api(k8s)
+    assigned = set()
+    for i in range(4):
+        stored = core.read_namespaced_pod(f"slice-{i}", namespace)
+        assert stored.spec.node_name in nodes
+        text = stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]
+        assigned.add(decode_assignment(text, node=stored.spec.node_name))
+        assert json.loads(text)["gpus"][0]["memoryMiB"] == 81559 // 4
+    assert len(assigned) == 1  # bin-packed onto one GPU
+
+
+def test_a_malformed_gpu_annotation_leaves_the_pod_pending_with_an_event_saying_why(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    podgroup(k8s, namespace, "bad", q, 1)
+    pod(k8s, namespace, "bad-0", group="bad", gpus=0, annotations={contract.ANNOTATION_GPU_FRACTION: "1.5"})
+    new_cycle(k8s).run(view(k8s, nodes))
+    assert node_of(k8s, namespace, "bad-0") is None
+    events = client.CoreV1Api(k8s).list_namespaced_event(namespace).items
+    messages = [e.message for e in events if e.involved_object.name == "bad"]
+    assert messages and "must be above 0 and at most 1" in messages[0]
+
+
+def test_pods_of_a_job_get_a_pod_group_derived_from_the_job(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    job = client.BatchV1Api(k8s).create_namespaced_job(
+        namespace,
+        client.V1Job(
+            metadata=client.V1ObjectMeta(name="train", labels={contract.LABEL_QUEUE: q}),
+            spec=client.V1JobSpec(
+                parallelism=4,
+                completions=4,
+                manual_selector=True,
+                selector=client.V1LabelSelector(match_labels={"job": "train"}),
+                template=client.V1PodTemplateSpec(
+                    metadata=client.V1ObjectMeta(labels={"job": "train"}),
+                    spec=client.V1PodSpec(
+                        restart_policy="Never",
+                        scheduler_name=contract.SCHEDULER_NAME,
+                        containers=[client.V1Container(name="main", image="registry.invalid/train:1")],
+                    ),
+                ),
+            ),
+        ),
+    )
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job.metadata.uid, "controller": True}
+    # The test control plane runs no Job controller: the pods are made as it would make them.
+    for i in range(4):
+        pod(k8s, namespace, f"train-{i}", gpus=2, owner=owner)
+    new_cycle(k8s, default_queue="nobody").run(view(k8s, nodes))
+    groups = client.CustomObjectsApi(k8s).list_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL
+    )["items"]
+    (group,) = groups
+    assert group["spec"] == {"minMember": 4, "queue": q}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == job.metadata.uid
+    assert all(node_of(k8s, namespace, f"train-{i}") in nodes for i in range(4))
+
+
+def test_a_gpu_whose_xid_turns_fatal_loses_its_pods_and_only_that_gpu_stops_taking_work(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    (node,) = cluster(1)
+    q = queue(8)
+    for i in range(4):
+        podgroup(k8s, namespace, f"w-{i}", q, 1)
+        pod(k8s, namespace, f"w-{i}", group=f"w-{i}")
+    cycle = new_cycle(k8s)
+    cycle.run(view(k8s, {node}))
+    core = client.CoreV1Api(k8s)
+    held = {}
+    for i in range(4):
+        stored = core.read_namespaced_pod(f"w-{i}", namespace)
+        mark_pod_running(k8s, f"w-{i}", namespace)
+        (index,) = decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) or (None,)
+        held[index] = f"w-{i}"
+    sick = min(held)
+    # XID 48 (double-bit ECC) on one GPU: the agent recommends a GPU reset, which is per GPU.
+    publish_health(k8s, node, replace(xid_fault(sick, 48), action=Action.RESET_GPU))
+    for i in range(4, 8):
+        podgroup(k8s, namespace, f"w-{i}", q, 1)
+        pod(k8s, namespace, f"w-{i}", group=f"w-{i}")
+    result = cycle.run(view(k8s, {node}))
+    assert [e.eviction.pod for e in result.evictions] == [held[sick]]
+    assert core.read_namespaced_pod(held[sick], namespace).metadata.deletion_timestamp is not None
+    # Binds on a node that is losing a pod wait until it is gone (no double-booked room).
+    assert all(node_of(k8s, namespace, f"w-{i}") is None for i in range(4, 8))
+    complete_pod_deletion(k8s, held[sick], namespace)
+    cycle.run(view(k8s, {node}))
+    # The four new pods are placed, none of them on the sick GPU.
+    for i in range(4, 8):
+        stored = core.read_namespaced_pod(f"w-{i}", namespace)
+        assert stored.spec.node_name == node
+        assert decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) != (sick,)
