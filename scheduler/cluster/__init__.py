@@ -1,0 +1,1 @@
+"""The scheduler's Kubernetes side: watch cache, conversion, executors; the engine never imports it."""
