@@ -53,6 +53,28 @@ _NODE_SPEC = ("unschedulable", "taints", "providerID")
 _NODE_STATUS = ("capacity", "allocatable", "conditions")
 
 
+# Fields whose values repeat across many objects; the others (names, uids,
+# timestamps) are unique and interning them would only cost time.
+_REPEATED = frozenset(
+    {
+        "namespace",
+        "generateName",
+        "nodeName",
+        "schedulerName",
+        "priorityClassName",
+        "preemptionPolicy",
+        "phase",
+        "qosClass",
+        "runtimeClassName",
+        "apiVersion",
+        "kind",
+        "type",
+        "status",
+        "reason",
+    }
+)
+
+
 def _intern(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
@@ -60,7 +82,7 @@ def _intern(value: Any) -> Any:
 def _pick(source: JSON | None, keys: tuple[str, ...]) -> JSON:
     if not source:
         return {}
-    return {key: _intern(source[key]) for key in keys if key in source}
+    return {key: _intern(source[key]) if key in _REPEATED else source[key] for key in keys if key in source}
 
 
 def _strings(mapping: JSON | None, *, drop: str | None = None) -> JSON | None:

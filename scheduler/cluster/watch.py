@@ -208,9 +208,9 @@ class Reflector:
         while not self._stop.is_set():
             try:
                 if need_list:
-                    self._list()
+                    self.list_once()
                     need_list = False
-                if self._watch():
+                if self.watch_once():
                     self._recovered()
                 else:
                     # Ended at once with nothing said: do not hammer the server.
@@ -267,9 +267,15 @@ class Reflector:
         except Exception:  # a connection cut by stop() may fail to go back to the pool
             response.close()
 
-    def _list(self) -> None:
-        """List every page, then deliver the differences against what is known."""
-        listed: dict[str, JSON] = {}
+    def list_once(self) -> None:
+        """List every page and deliver the differences against what is known, in the caller's thread.
+
+        Pages are delivered as they come, so memory holds one page of raw
+        objects, not 150,000 of them. A consumer may therefore see a relist
+        half done; each object it sees is as the list's snapshot has it, and
+        what vanished is reported once the last page is in.
+        """
+        seen: set[str] = set()
         token = ""
         resource_version = ""
         while True:
@@ -289,10 +295,10 @@ class Reflector:
                 page = json.loads(raw)
             except ValueError as exc:
                 raise ApiError(f"list_{self.name}", None, f"response is not JSON: {exc}") from exc
+            del raw
+            self._deliver_page(page.get("items") or (), seen)
             meta = page.get("metadata") or {}
             resource_version = str(meta.get("resourceVersion", ""))
-            for obj in page.get("items") or ():
-                listed[object_key(obj)] = obj
             token = str(meta.get("continue") or "")
             if not token:
                 break
@@ -300,23 +306,28 @@ class Reflector:
             log.info("watched_resource_served", resource=self.name)
         self.missing = False
         self._missing_logged = False
-        self._replace(listed, resource_version)
+        self._finish_list(seen, resource_version)
         self._recovered()
 
-    def _replace(self, listed: dict[str, JSON], resource_version: str) -> None:
+    def _deliver_page(self, items: Any, seen: set[str]) -> None:
         known = self._known
-        fresh: dict[str, str] = {}
-        for key, obj in listed.items():
+        on_event = self._on_event
+        for obj in items:
+            key = object_key(obj)
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-            fresh[key] = rv
+            seen.add(key)
             before = known.get(key)
+            known[key] = rv
             if before is None:
-                self._on_event(WatchEvent(EventType.ADDED, key, obj))
+                on_event(WatchEvent(EventType.ADDED, key, obj))
             elif before != rv:
-                self._on_event(WatchEvent(EventType.MODIFIED, key, obj))
-        for key in known.keys() - fresh.keys():
+                on_event(WatchEvent(EventType.MODIFIED, key, obj))
+
+    def _finish_list(self, seen: set[str], resource_version: str) -> None:
+        """Report what the list no longer has, take its resourceVersion, and count as synced."""
+        for key in [k for k in self._known if k not in seen]:
+            del self._known[key]
             self._on_event(WatchEvent(EventType.DELETED, key, _tombstone(key), final_state_unknown=True))
-        self._known = fresh
         self._resource_version = resource_version
         self.lists += 1
         self._synced.set()
@@ -329,11 +340,11 @@ class Reflector:
             log.warning("watched_resource_not_served", resource=self.name, retry_s=self.settings.missing_retry_s)
             self._missing_logged = True
         self.missing = True
-        self._replace({}, "")
+        self._finish_list(set(), "")
         self._recovered()
 
-    def _watch(self) -> bool:
-        """Follow one watch stream until it ends; raise :class:`_GoneError` when a relist is needed.
+    def watch_once(self) -> bool:
+        """Follow one watch stream until it ends, in the caller's thread; raise ``_GoneError`` to relist.
 
         Returns whether the stream was worth having: it carried an event or
         lasted a second. A stream that ends at once, again and again, would
