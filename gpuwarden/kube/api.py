@@ -10,6 +10,7 @@ into :class:`~gpuwarden.kube.errors.ApiError`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -289,4 +290,36 @@ class KubeApi:
             namespace,
             patch,
             _content_type=MERGE_PATCH,
+        )
+
+    # -- Lease (leader election) ------------------------------------------------
+    # Kept together at the end of the class: the scheduler's leader election
+    # is their only user.
+
+    @functools.cached_property
+    def _coordination(self) -> client.CoordinationV1Api:
+        return client.CoordinationV1Api(self._core.api_client)
+
+    def get_lease(self, namespace: str, name: str) -> JSON | None:
+        return self._read("get_lease", self._coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, body: JSON) -> JSON:
+        """Create a Lease; HTTP 409 (AlreadyExists) means another candidate created it first."""
+        return self._call(
+            "create_lease",
+            self._coordination.create_namespaced_lease,
+            namespace,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def replace_lease(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a Lease; ``body`` carries the resourceVersion it was read at, so 409 means someone wrote first."""
+        return self._call(
+            "replace_lease",
+            self._coordination.replace_namespaced_lease,
+            name,
+            namespace,
+            body,
+            field_manager=self.field_manager,
         )

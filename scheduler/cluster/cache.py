@@ -1,0 +1,255 @@
+"""The scheduler's picture of the cluster, kept current by one watch per collection.
+
+Each collection (Nodes, GPUNodes, Pods, Queues, PodGroups, PDBs) has a
+:class:`~scheduler.cluster.watch.Reflector` that feeds one store, a dict from
+object key to a pruned entry (:mod:`scheduler.cluster.slim`). An event costs
+one prune and one dict assignment under the lock, whatever the size of the
+cluster, so a cycle pays for what changed, not for every running pod.
+
+A scheduling cycle takes a :meth:`ClusterCache.view`: shallow copies of every
+store made under one lock hold, so the cycle sees one consistent moment while
+the watches carry on. Entries are never changed in place (an update replaces
+the entry), which is what makes shallow copies enough.
+
+The loop runs "every second, or sooner after a change" with
+:meth:`ClusterCache.wait_for_change`.
+
+At 150,000 pods most of an initial sync is Python's cyclic collector
+scanning the young containers of each decoded list page; a process that
+hosts the cache should raise the collector's first threshold (e.g.
+``gc.set_threshold(50_000, 10, 10)``): 24 s become 10 s in
+benchmarks/scheduler_cache.py. The cache does not change that global
+setting itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import JSON
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.watch import EventType, ListFunction, Reflector, ReflectorSettings, WatchEvent
+
+log = get_logger(__name__)
+
+NODES = "nodes"
+GPUNODES = "gpunodes"
+PODS = "pods"
+QUEUES = "queues"
+PODGROUPS = "podgroups"
+PDBS = "poddisruptionbudgets"
+
+
+@dataclass(frozen=True)
+class WatchedResource:
+    """One collection the cache keeps: its store name, how to list it, what to keep of each object."""
+
+    name: str
+    list_fn: Callable[[client.ApiClient], ListFunction]
+    slim: Callable[[JSON], JSON] = without_managed_fields
+
+
+def _custom_cluster(group: str, version: str, plural: str) -> Callable[[client.ApiClient], ListFunction]:
+    def make(api: client.ApiClient) -> ListFunction:
+        return functools.partial(client.CustomObjectsApi(api).list_cluster_custom_object, group, version, plural)
+
+    return make
+
+
+def _custom_all_namespaces(group: str, version: str, plural: str) -> Callable[[client.ApiClient], ListFunction]:
+    def make(api: client.ApiClient) -> ListFunction:
+        return functools.partial(
+            client.CustomObjectsApi(api).list_custom_object_for_all_namespaces, group, version, plural
+        )
+
+    return make
+
+
+def default_resources() -> tuple[WatchedResource, ...]:
+    """Everything the scheduler reads (DESIGN.md, How data flows)."""
+    return (
+        WatchedResource(NODES, lambda api: client.CoreV1Api(api).list_node, slim_node),
+        WatchedResource(GPUNODES, _custom_cluster(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)),
+        WatchedResource(PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod),
+        WatchedResource(
+            QUEUES,
+            _custom_cluster(contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL),
+        ),
+        WatchedResource(
+            PODGROUPS,
+            _custom_all_namespaces(
+                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.PODGROUP_PLURAL
+            ),
+        ),
+        WatchedResource(PDBS, lambda api: client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces),
+    )
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """The cluster at one moment, for one scheduling cycle.
+
+    ``stores`` maps a collection name (:data:`PODS`, ...) to its entries by
+    key (``namespace/name``, or ``name`` for cluster-scoped objects). The
+    dicts are the cycle's own copies; the entries are shared and must not be
+    changed. ``generation`` is the change counter the view was taken at;
+    ``missing`` names collections whose API is not served (a CRD not
+    installed), which are empty.
+    """
+
+    stores: Mapping[str, Mapping[str, JSON]]
+    generation: int
+    synced: bool
+    missing: frozenset[str] = field(default_factory=frozenset)
+
+    def store(self, name: str) -> Mapping[str, JSON]:
+        return self.stores.get(name, {})
+
+    @property
+    def nodes(self) -> Mapping[str, JSON]:
+        return self.store(NODES)
+
+    @property
+    def gpunodes(self) -> Mapping[str, JSON]:
+        return self.store(GPUNODES)
+
+    @property
+    def pods(self) -> Mapping[str, JSON]:
+        return self.store(PODS)
+
+    @property
+    def queues(self) -> Mapping[str, JSON]:
+        return self.store(QUEUES)
+
+    @property
+    def podgroups(self) -> Mapping[str, JSON]:
+        return self.store(PODGROUPS)
+
+    @property
+    def pdbs(self) -> Mapping[str, JSON]:
+        return self.store(PDBS)
+
+
+class ClusterCache:
+    """Watched stores of every collection the scheduler reads; thread-safe.
+
+    Without an ``api_client`` (benchmarks, tests of the stores) nothing is
+    watched and events are fed with :meth:`apply`.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient | None = None,
+        *,
+        resources: Sequence[WatchedResource] | None = None,
+        settings: ReflectorSettings | None = None,
+    ) -> None:
+        self._resources = {r.name: r for r in (resources if resources is not None else default_resources())}
+        self._stores: dict[str, dict[str, JSON]] = {name: {} for name in self._resources}
+        self._changed = threading.Condition(threading.Lock())
+        self._generation = 0
+        self._reflectors: list[Reflector] = []
+        if api_client is not None:
+            for resource in self._resources.values():
+                self._reflectors.append(
+                    Reflector(
+                        resource.name,
+                        resource.list_fn(api_client),
+                        functools.partial(self.apply, resource.name),
+                        on_synced=self._bump,
+                        settings=settings,
+                    )
+                )
+
+    # -- life cycle -------------------------------------------------------
+
+    def start(self) -> ClusterCache:
+        for reflector in self._reflectors:
+            reflector.start()
+        return self
+
+    def stop(self) -> None:
+        for reflector in self._reflectors:
+            reflector.stop()
+
+    def __enter__(self) -> ClusterCache:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def reflectors(self) -> tuple[Reflector, ...]:
+        return tuple(self._reflectors)
+
+    def synced(self) -> bool:
+        """Every collection listed once (an unserved one counts, as empty)."""
+        return all(r.synced for r in self._reflectors)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until every collection has been listed once; False if ``timeout`` ran out first."""
+        deadline = time.monotonic() + timeout
+        return all(r.wait_synced(max(0.0, deadline - time.monotonic())) for r in self._reflectors)
+
+    # -- changes ----------------------------------------------------------
+
+    def apply(self, resource: str, event: WatchEvent) -> None:
+        """Apply one watch event to one store: O(1), the prune done outside the lock."""
+        if event.type is EventType.DELETED:
+            with self._changed:
+                self._stores[resource].pop(event.key, None)
+                self._generation += 1
+                self._changed.notify_all()
+            return
+        entry = self._resources[resource].slim(event.obj)
+        with self._changed:
+            self._stores[resource][event.key] = entry
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _bump(self) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    @property
+    def generation(self) -> int:
+        """Counts every change (and every completed list) since start."""
+        with self._changed:
+            return self._generation
+
+    def wait_for_change(self, since: int, timeout: float) -> int:
+        """Block until the generation passes ``since`` or ``timeout`` ends; return the generation.
+
+        The loop passes the generation of the view it last scheduled from, so
+        a change that came while it was busy wakes it at once.
+        """
+        with self._changed:
+            self._changed.wait_for(lambda: self._generation > since, timeout)
+            return self._generation
+
+    # -- reading ----------------------------------------------------------
+
+    def view(self) -> CacheView:
+        """Shallow copies of every store, taken together under the lock."""
+        missing = frozenset(r.name for r in self._reflectors if r.missing)
+        with self._changed:
+            stores = {name: dict(store) for name, store in self._stores.items()}
+            generation = self._generation
+        return CacheView(stores=stores, generation=generation, synced=self.synced(), missing=missing)
+
+    def get(self, resource: str, key: str) -> JSON | None:
+        with self._changed:
+            return self._stores[resource].get(key)
+
+    def count(self, resource: str) -> int:
+        with self._changed:
+            return len(self._stores[resource])
