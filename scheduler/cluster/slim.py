@@ -39,6 +39,7 @@ _POD_SPEC = (
     "overhead",
     "resources",
     "runtimeClassName",
+    "schedulingGates",
 )
 _POD_STATUS = ("phase", "nominatedNodeName", "startTime", "qosClass")
 # Whether the pod was judged unschedulable, or is about to be disrupted; the
