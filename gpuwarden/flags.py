@@ -51,24 +51,36 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean (use true or false): {text!r}")
 
 
-def seconds(low: float = 0.0, high: float = MAX_SECONDS, *, allow_low: bool = False) -> Callable[[str], float]:
-    """An argparse type for a duration in seconds: finite, above ``low`` (or at it), at most ``high``."""
+def number(
+    low: float = 0.0, high: float = MAX_SECONDS, *, allow_low: bool = False, what: str = "number"
+) -> Callable[[str], float]:
+    """An argparse type for a finite number above ``low`` (or at it, with ``allow_low``) and at most ``high``."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
         above = value >= low if allow_low else value > low
         if not math.isfinite(value) or not above or value > high:
-            bound = "at least" if allow_low else "greater than"
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number {bound} {low:g} and at most {high:g}, got {text!r}"
-            )
+            bound = f"{'at least' if allow_low else 'greater than'} {low:g} and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
         return value
 
-    parse.__name__ = "seconds"  # argparse names the type in its own messages
+    parse.__name__ = what  # argparse names the type in its own messages
     return parse
+
+
+def seconds(low: float = 0.0, high: float = MAX_SECONDS, *, allow_low: bool = False) -> Callable[[str], float]:
+    """An argparse type for a duration in seconds (see :func:`number`)."""
+    return number(low, high, allow_low=allow_low, what="number of seconds")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for a count of at least 1, ASCII digits only."""
+    if not (text.isascii() and text.strip().isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def port_number(text: str) -> int:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpuwarden.flags import add_flag
+from gpuwarden.contract import SCHEDULER_COMPONENT
+from gpuwarden.flags import add_flag, number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
 from scheduler.engine.model import UNLIMITED, Decisions, Queue
@@ -32,11 +35,28 @@ def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "scheduler",
         help="run the gpuwarden scheduler",
-        description="Run scheduling sessions. With --snapshot, run one session over a snapshot file "
-        "and print its decisions.",
+        description="Schedule pods with schedulerName gpuwarden in the cluster (connected, the default), "
+        "or with --snapshot run one session over a snapshot file and print its decisions.",
     )
-    add_flag(parser, "--snapshot", required=True, help="snapshot YAML file to schedule (offline mode)")
+    add_flag(parser, "--snapshot", default=None, help="snapshot YAML file to schedule once, offline (no cluster)")
     add_flag(parser, "--decisions-format", choices=["text", "json"], default="text", help="how to print the decisions")
+    connected = parser.add_argument_group("connected mode")
+    add_flag(connected, "--kubeconfig", default=None, help="kubeconfig file; in-cluster service account when unset")
+    add_flag(connected, "--default-queue", default="default", help="queue of pods and owners that name none")
+    add_flag(connected, "--period", type=seconds(high=600.0), default=1.0, help="seconds between cycles at most")
+    add_flag(connected, "--lease-namespace", default="gpuwarden", help="namespace of the leader-election Lease")
+    add_flag(connected, "--lease-name", default=SCHEDULER_COMPONENT, help="name of the leader-election Lease")
+    add_flag(
+        connected, "--lease-duration", type=seconds(high=600.0), default=15.0, help="seconds a lease holds unrenewed"
+    )
+    add_flag(connected, "--bind-workers", type=positive_int, default=16, help="binds sent at once")
+    add_flag(
+        connected,
+        "--evictions-per-second",
+        type=number(high=10_000.0, what="rate"),
+        default=10.0,
+        help="eviction rate limit (a gang's pods leave together)",
+    )
     parser.set_defaults(func=run)
 
     fair: argparse.ArgumentParser = sub.add_parser(
@@ -184,6 +204,8 @@ def print_decisions(decisions: Decisions, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.snapshot is None:
+        return run_connected(args)
     try:
         snapshot = load_snapshot(Path(args.snapshot))
     except SnapshotError as exc:
@@ -201,4 +223,36 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print_decisions(decisions, sys.stdout)
+    return 0
+
+
+def run_connected(args: argparse.Namespace) -> int:
+    """Schedule the cluster until SIGTERM or SIGINT (leader-elected; standbys keep a warm cache)."""
+    # The kubernetes client is imported only here, so that parsing flags
+    # (and the offline modes) stays cheap.
+    from gpuwarden.kube import load_api_client  # noqa: PLC0415
+    from scheduler.cluster.leader import LeaderElectionConfig  # noqa: PLC0415
+    from scheduler.cluster.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
+
+    duration = args.lease_duration
+    settings = RunnerSettings(
+        period_s=args.period,
+        default_queue=args.default_queue,
+        lease=LeaderElectionConfig(
+            namespace=args.lease_namespace,
+            name=args.lease_name,
+            lease_duration_s=duration,
+            renew_deadline_s=duration * 2 / 3,
+            retry_period_s=duration * 2 / 15,
+        ),
+        bind_workers=args.bind_workers,
+        evictions_per_s=args.evictions_per_second,
+    )
+    runner = SchedulerRunner(load_api_client(args.kubeconfig), settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("scheduler_started", identity=settings.lease.identity, lease=f"{args.lease_namespace}/{args.lease_name}")
+    runner.run(stop)
+    log.info("scheduler_stopped", cycles=runner.cycles)
     return 0

@@ -1,0 +1,89 @@
+"""Two replicas of the connected scheduler on one cluster: one acts, the other takes over when it dies."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client
+
+from scheduler.cluster.leader import LeaderElectionConfig
+from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
+from tests.harness import ControlPlane, unique_name
+from tests.scheduler.cluster.objects import node_of, pod, podgroup
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture
+def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[SchedulerRunner, threading.Event]]]:
+    """Starts scheduler replicas sharing one lease; stops them all afterwards."""
+    lease = unique_name("sched-lease")
+    started: list[tuple[SchedulerRunner, threading.Event, threading.Thread]] = []
+
+    def start(identity: str) -> tuple[SchedulerRunner, threading.Event]:
+        config = LeaderElectionConfig(
+            namespace="default",
+            name=lease,
+            identity=identity,
+            lease_duration_s=3.0,
+            renew_deadline_s=2.0,
+            retry_period_s=0.5,
+        )
+        runner = SchedulerRunner(control_plane.api_client(), RunnerSettings(period_s=0.5, lease=config))
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
+        thread.start()
+        started.append((runner, stop, thread))
+        return runner, stop
+
+    yield start
+    for _, stop, _ in started:
+        stop.set()
+    for _, _, thread in started:
+        thread.join(30)
+    assert not any(thread.is_alive() for _, _, thread in started)
+
+
+def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
+    k8s: client.ApiClient,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    a, stop_a = replicas("replica-a")
+    b, stop_b = replicas("replica-b")
+    wait_for(lambda: a.elector.is_leader() or b.elector.is_leader(), timeout=20, description="a leader")
+    leader, leader_stop, standby = (a, stop_a, b) if a.elector.is_leader() else (b, stop_b, a)
+    assert not standby.elector.is_leader()
+
+    podgroup(k8s, namespace, "gang", q, 4)
+    for i in range(4):
+        pod(k8s, namespace, f"gang-{i}", group="gang")
+    wait_for(
+        lambda: all(node_of(k8s, namespace, f"gang-{i}") in nodes for i in range(4)),
+        timeout=30,
+        description="the gang bound by the leader",
+    )
+    assert standby.cycles == 0  # a standby keeps its cache warm and acts on nothing
+
+    # The leader dies without handing over (no release): the standby waits out the lease.
+    leader.elector.stop(release=False)
+    leader_stop.set()
+    wait_for(standby.elector.is_leader, timeout=20, description="the standby leading")
+    podgroup(k8s, namespace, "next", q, 2)
+    for i in range(2):
+        pod(k8s, namespace, f"next-{i}", group="next")
+    wait_for(
+        lambda: all(node_of(k8s, namespace, f"next-{i}") in nodes for i in range(2)),
+        timeout=30,
+        description="the next gang bound by the new leader",
+    )
+    assert standby.cycles > 0
+    failed = [r for r in (standby.last.binds if standby.last else ()) if not r.ok]
+    assert failed == []
