@@ -194,7 +194,7 @@ class UnschedulableReason(StrEnum):
 # Scheduling objects
 # --------------------------------------------------------------------------
 # Field names of the Queue and PodGroup custom objects
-# (manifests/scheduler/crd-*.yaml), as the API server stores them. The CRDs
+# (manifests/scheduler/crds/crd-*.yaml), as the API server stores them. The CRDs
 # spell them too; tests check that both agree.
 
 # Queue .spec

@@ -42,7 +42,7 @@ _SUFFIX: Final[dict[str, Fraction]] = {
     "Pi": Fraction(2**50),
     "Ei": Fraction(2**60),
 }
-# The CRDs' pattern for quantity strings says the same (manifests/scheduler/).
+# The CRDs' pattern for quantity strings says the same (manifests/scheduler/crds/).
 _QUANTITY: Final = re.compile(
     r"\+?(?P<number>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
 )

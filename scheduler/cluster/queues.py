@@ -40,7 +40,7 @@ from gpuwarden.contract import (
 from scheduler.cluster.quantity import mebibytes, milli_gpus, millicores
 from scheduler.engine.model import UNGOVERNED, UNLIMITED, Queue, QueueResource
 
-# The CRDs' bounds (manifests/scheduler/crd-*.yaml).
+# The CRDs' bounds (manifests/scheduler/crds/crd-*.yaml).
 MAX_PRIORITY = 1_000_000
 MAX_WEIGHT = 1_000_000
 MAX_MIN_MEMBER = 1_000_000

@@ -20,7 +20,7 @@ def scheduler_crds(control_plane: ControlPlane) -> None:
     same schema a cluster has, whichever runs first, and deleting a CRD would
     delete the other tests' objects with it. The control plane goes at the end.
     """
-    control_plane.kubectl("apply", "-k", str(SCHEDULER_MANIFESTS))
+    control_plane.kubectl("apply", "-k", str(SCHEDULER_MANIFESTS / "crds"))
     for plural in (contract.QUEUE_PLURAL, contract.PODGROUP_PLURAL):
         control_plane.kubectl(
             "wait", "--for=condition=Established", f"crd/{plural}.{contract.SCHEDULING_API_GROUP}", "--timeout=60s"

@@ -79,13 +79,13 @@ def _crd(path: Path) -> dict[str, Any]:
 
 
 def test_the_crds_carry_the_contract_names(control_plane: ControlPlane) -> None:
-    docs = [d for d in yaml.safe_load_all(control_plane.kubectl("kustomize", str(MANIFESTS)).stdout) if d]
+    docs = [d for d in yaml.safe_load_all(control_plane.kubectl("kustomize", str(MANIFESTS / "crds")).stdout) if d]
     assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
         ("CustomResourceDefinition", QUEUE_CRD),
         ("CustomResourceDefinition", PODGROUP_CRD),
     }
-    queue = _crd(MANIFESTS / "crd-queues.yaml")["spec"]
-    podgroup = _crd(MANIFESTS / "crd-podgroups.yaml")["spec"]
+    queue = _crd(MANIFESTS / "crds" / "crd-queues.yaml")["spec"]
+    podgroup = _crd(MANIFESTS / "crds" / "crd-podgroups.yaml")["spec"]
     assert (queue["group"], queue["scope"], queue["names"]["kind"], queue["names"]["plural"]) == (
         GROUP,
         "Cluster",
@@ -333,3 +333,42 @@ def test_the_example_tree_applies_and_reads_into_the_engine(
         assert sorted(t.name for t in tree.roots["default"]) == ["platform", "research"]
         # GPU quotas alone: CPU and memory are not governed anywhere.
         assert all(q.cpu == UNGOVERNED and q.memory == UNGOVERNED and q.gpu.governed for q in engine)
+
+
+ALL = MANIFESTS.parent
+SCHEDULER_SA = "system:serviceaccount:gpuwarden:gpuwarden-scheduler"
+
+
+def _can(control_plane: ControlPlane, *args: str) -> bool:
+    result = control_plane.kubectl("auth", "can-i", *args, f"--as={SCHEDULER_SA}", check=False)
+    return result.stdout.strip() == "yes"
+
+
+def test_one_overlay_installs_agent_and_scheduler_with_least_privilege(
+    control_plane: ControlPlane, k8s: client.ApiClient, scheduler_crds: None
+) -> None:
+    control_plane.kubectl("apply", "-k", str(ALL))
+    apps = client.AppsV1Api(k8s)
+    deployment = apps.read_namespaced_deployment("gpuwarden-scheduler", "gpuwarden")
+    assert deployment.spec.replicas == 2
+    assert deployment.spec.template.spec.service_account_name == "gpuwarden-scheduler"
+    assert deployment.spec.template.spec.containers[0].args == ["scheduler"]
+    assert apps.read_namespaced_daemon_set("gpuwarden-agent", "gpuwarden").spec.template.spec.containers[0].args == [
+        "agent"
+    ]
+    # What a cycle does beyond binding and evicting: PodGroups for workloads
+    # that name none, and a pod's owners read to size its gang.
+    assert _can(control_plane, "create", "podgroups.scheduling.gpuwarden.io", "-n", "team-a")
+    assert _can(control_plane, "get", "jobs.batch", "-n", "team-a")
+    assert _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "gpuwarden")
+    # And nothing it does not need.
+    assert not _can(control_plane, "get", "secrets", "-n", "team-a")
+    assert not _can(control_plane, "delete", "pods", "-n", "team-a")
+    assert not _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "kube-system")
+    assert not _can(control_plane, "patch", "nodes")
+    assert not _can(control_plane, "list", "jobs.batch", "-n", "team-a")
+    # Owners of kinds this cluster does not serve (no Kubeflow here) are granted by name.
+    role = client.RbacAuthorizationV1Api(k8s).read_cluster_role("gpuwarden-scheduler")
+    assert any(
+        "kubeflow.org" in r.api_groups and "pytorchjobs" in r.resources and r.verbs == ["get"] for r in role.rules
+    )

@@ -50,6 +50,15 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("RoleBinding", "gpuwarden-agent-events"),
         ("DaemonSet", "gpuwarden-agent"),
         ("Service", "gpuwarden-agent"),
+        # The scheduler's half of the base (manifests/scheduler/, tested in tests/scheduler/).
+        ("CustomResourceDefinition", f"{contract.QUEUE_PLURAL}.{contract.SCHEDULING_API_GROUP}"),
+        ("CustomResourceDefinition", f"{contract.PODGROUP_PLURAL}.{contract.SCHEDULING_API_GROUP}"),
+        ("ServiceAccount", "gpuwarden-scheduler"),
+        ("ClusterRole", "gpuwarden-scheduler"),
+        ("ClusterRoleBinding", "gpuwarden-scheduler"),
+        ("Role", "gpuwarden-scheduler-leader-election"),
+        ("RoleBinding", "gpuwarden-scheduler-leader-election"),
+        ("Deployment", "gpuwarden-scheduler"),
     }
     # As the API server stores it (defaults applied), not as written.
     ds = _get_json(control_plane, "daemonset")

@@ -1,5 +1,5 @@
-"""Fixtures of the scheduler's cluster tests (made in :mod:`tests.scheduler.cluster.objects`)."""
+"""Fixtures of the scheduler's cluster tests (made in :mod:`tests.scheduler.cluster.kube_objects`)."""
 
-from tests.scheduler.cluster.objects import cluster, queue
+from tests.scheduler.cluster.kube_objects import cluster, queue
 
 __all__ = ["cluster", "queue"]

@@ -1,148 +1,172 @@
-"""Kubernetes objects for the scheduler's cluster tests: GPU nodes as the agent publishes them, queues, pods."""
+"""Raw Kubernetes objects for the conversion tests, built the way the cluster builds them.
+
+Node conditions and GPUNode status come from the agent's own publishing
+functions, so a test here checks both sides of the contract at once: what
+the agent writes is what the scheduler reads. Every object goes through a
+JSON round trip, as it would through the API server.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+import json
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-from kubernetes import client
-
+from agent.model import Entity, EntityKind, Fault, GpuStatus, HealthReport
 from agent.publish.conditions import desired_conditions
 from agent.publish.gpunode import gpunode_object, gpunode_status
-from gpuwarden import contract
-from tests.agent.publish.reports import report
-from tests.harness import create_gpu_node, unique_name
+from gpuwarden.contract import (
+    ANNOTATION_GPU_ASSIGNMENT,
+    ANNOTATION_POD_GROUP,
+    LABEL_NODE_POOL,
+    RESOURCE_NVIDIA_GPU,
+    SCHEDULER_NAME,
+    Action,
+    ConditionType,
+    xid_reason,
+)
 
-GPUS = 8
+T0 = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
+GPU_MIB = 81559
+JSON = dict[str, Any]
 
 
-def publish_health(k8s: client.ApiClient, node: str, *faults: Any) -> None:
-    """What the agent would publish for ``node``: its GPUNode and its NodeConditions."""
-    now = datetime.now(UTC).replace(microsecond=0)
-    rep = report(*faults, node=node, time=now)
-    custom = client.CustomObjectsApi(k8s)
-    try:
-        custom.create_cluster_custom_object(
-            contract.API_GROUP,
-            contract.API_VERSION,
-            contract.GPUNODE_PLURAL,
-            gpunode_object(node, None),
-        )
-    except client.ApiException as exc:
-        if exc.status != 409:  # it exists: this is an update
-            raise
-    custom.patch_cluster_custom_object_status(
-        contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node, {"status": gpunode_status(rep)}
+def raw(obj: Any) -> Any:
+    return json.loads(json.dumps(obj))
+
+
+def gpu_entity(node: str, index: int) -> Entity:
+    return Entity.gpu(index, f"GPU-{node}-{index:04d}", f"00000000:{0x18 + index:02X}:00.0")
+
+
+def xid_fault(node: str, index: int, xid: int = 79, action: Action = Action.REBOOT) -> Fault:
+    entity = gpu_entity(node, index)
+    return Fault(
+        condition=ConditionType.GPU_XID_ERROR,
+        reason=xid_reason(xid),
+        message=f"{entity.describe()}: XID {xid} (fatal), the GPU needs attention. Recommended action: {action.value}.",
+        action=action,
+        entity=entity,
+        since=T0,
+        latched=True,
     )
-    conditions = [state.to_json(now) for state in desired_conditions(rep, {}, now).values()]
-    client.CoreV1Api(k8s).patch_node_status(node, {"status": {"conditions": conditions}})
 
 
-@pytest.fixture
-def cluster(k8s: client.ApiClient, scheduler_crds: None, gpunode_crd: None) -> Iterator[Callable[[int], list[str]]]:
-    """Makes healthy 8-GPU nodes with their GPUNode, removed after the test."""
-    made: list[str] = []
-
-    def make(count: int) -> list[str]:
-        names = [unique_name("cycle-node") for _ in range(count)]
-        for name in names:
-            create_gpu_node(k8s, name, gpus=GPUS)
-            publish_health(k8s, name)
-            made.append(name)
-        return names
-
-    yield make
-    core = client.CoreV1Api(k8s)
-    custom = client.CustomObjectsApi(k8s)
-    for name in made:
-        with contextlib.suppress(client.ApiException):
-            core.delete_node(name)
-        with contextlib.suppress(client.ApiException):
-            custom.delete_cluster_custom_object(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, name)
+def kmsg_xid_fault(bus: str, xid: int = 48, action: Action = Action.RESET_GPU) -> Fault:
+    """An XID seen in the kernel log while NVML is down: only the bus id is known."""
+    entity = Entity(EntityKind.GPU, pci_bus_id=bus)
+    return Fault(ConditionType.GPU_XID_ERROR, xid_reason(xid), f"XID {xid}", action, entity, T0, latched=True)
 
 
-@pytest.fixture
-def queue(k8s: client.ApiClient, scheduler_crds: None) -> Iterator[Callable[..., str]]:
-    made: list[str] = []
-
-    def make(gpu_quota: float, **extra: Any) -> str:
-        name = unique_name("q")
-        client.CustomObjectsApi(k8s).create_cluster_custom_object(
-            contract.SCHEDULING_API_GROUP,
-            contract.SCHEDULING_API_VERSION,
-            contract.QUEUE_PLURAL,
-            {
-                "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-                "kind": contract.QUEUE_KIND,
-                "metadata": {"name": name},
-                "spec": {"resources": {"gpu": {"quota": gpu_quota, **extra}}},
-            },
-        )
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        with contextlib.suppress(client.ApiException):
-            client.CustomObjectsApi(k8s).delete_cluster_custom_object(
-                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+def report(node: str, *faults: Fault, gpus: int = 8, mig: bool | None = False) -> HealthReport:
+    """A report for ``gpus`` GPUs; a GPU with a fault on it is unhealthy."""
+    listed: list[GpuStatus] = []
+    for i in range(gpus):
+        entity = gpu_entity(node, i)
+        mine = tuple(f for f in faults if f.entity.gpu_index == i)
+        listed.append(
+            GpuStatus(
+                index=i,
+                uuid=entity.uuid or "",
+                pci_bus_id=entity.pci_bus_id or "",
+                model="NVIDIA H100 80GB HBM3",
+                memory_total_mib=GPU_MIB,
+                memory_used_mib=0,
+                mig_enabled=mig,
+                healthy=not mine,
+                faults=mine,
             )
+        )
+    return HealthReport(node=node, time=T0, gpus=tuple(listed), faults=tuple(faults))
 
 
-def podgroup(k8s: client.ApiClient, namespace: str, name: str, queue: str, min_member: int) -> None:
-    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
-        contract.SCHEDULING_API_GROUP,
-        contract.SCHEDULING_API_VERSION,
-        namespace,
-        contract.PODGROUP_PLURAL,
+def node_json(
+    name: str,
+    rep: HealthReport | None = None,
+    *,
+    gpus: int = 8,
+    cpu: str = "128",
+    memory: str = "1Ti",
+    pool: str | None = None,
+    ready: str | None = "True",
+    unschedulable: bool = False,
+    taints: list[JSON] | None = None,
+    labels: dict[str, str] | None = None,
+) -> JSON:
+    """A Node as the kubelet and the agent leave it (the agent's conditions from ``rep``)."""
+    conditions: list[JSON] = []
+    if ready is not None:
+        conditions.append({"type": "Ready", "status": ready, "reason": "KubeletReady", "message": "kubelet is ready"})
+    conditions.append({"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"})
+    if rep is not None:
+        conditions += [state.to_json(T0) for state in desired_conditions(rep, {}, T0).values()]
+    all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
+    if pool is not None:
+        all_labels[LABEL_NODE_POOL] = pool
+    spec: JSON = {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110", RESOURCE_NVIDIA_GPU: str(gpus)}
+    return raw(
         {
-            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-            "kind": contract.PODGROUP_KIND,
-            "metadata": {"name": name},
-            "spec": {"minMember": min_member, "queue": queue},
-        },
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}", "labels": all_labels},
+            "spec": spec,
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable, "conditions": conditions},
+        }
     )
 
 
-def pod(
-    k8s: client.ApiClient,
-    namespace: str,
+def gpunode_json(rep: HealthReport) -> JSON:
+    obj = gpunode_object(rep.node, f"uid-{rep.node}")
+    obj["status"] = gpunode_status(rep)
+    return raw(obj)
+
+
+def pod_json(
     name: str,
     *,
+    namespace: str = "team-a",
+    gpus: int = 0,
+    cpu: str = "1",
+    memory: str = "4Gi",
+    node: str | None = None,
     group: str | None = None,
-    queue: str | None = None,
-    gpus: int = 1,
+    scheduler: str = SCHEDULER_NAME,
+    assignment: str | None = None,
+    created: str = "2026-11-29T09:00:00Z",
+    phase: str | None = None,
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
-    owner: dict[str, Any] | None = None,
-) -> client.V1Pod:
-    notes = dict(annotations or {})
+    owners: list[JSON] | None = None,
+) -> JSON:
+    ann = dict(annotations or {})
     if group is not None:
-        notes[contract.ANNOTATION_POD_GROUP] = group
-    labels = {contract.LABEL_QUEUE: queue} if queue else None
-    limits = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
-    body = client.V1Pod(
-        metadata=client.V1ObjectMeta(
-            name=name, annotations=notes or None, labels=labels, owner_references=[owner] if owner else None
-        ),
-        spec=client.V1PodSpec(
-            scheduler_name=contract.SCHEDULER_NAME,
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image="registry.invalid/train:1",
-                    resources=client.V1ResourceRequirements(
-                        requests={"cpu": "1", "memory": "4Gi", **limits}, limits=limits or None
-                    ),
-                )
-            ],
-        ),
-    )
-    return client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
-
-
-def node_of(k8s: client.ApiClient, namespace: str, name: str) -> str | None:
-    node: str | None = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace).spec.node_name
-    return node
+        ann[ANNOTATION_POD_GROUP] = group
+    if assignment is not None:
+        ann[ANNOTATION_GPU_ASSIGNMENT] = assignment
+    resources: JSON = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        resources["requests"][RESOURCE_NVIDIA_GPU] = str(gpus)
+        resources["limits"] = {RESOURCE_NVIDIA_GPU: str(gpus)}
+    meta: JSON = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{namespace}-{name}",
+        "creationTimestamp": created,
+        "labels": labels or {},
+        "annotations": ann,
+    }
+    if owners:
+        meta["ownerReferences"] = owners
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-29T10:00:00Z"
+    spec: JSON = {"schedulerName": scheduler, "containers": [{"name": "main", "image": "x", "resources": resources}]}
+    if node is not None:
+        spec["nodeName"] = node
+    status: JSON = {"phase": phase or ("Running" if node else "Pending")}
+    return raw({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status})

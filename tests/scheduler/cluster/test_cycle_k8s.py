@@ -26,7 +26,7 @@ from scheduler.cluster.cycle import ClusterView, SchedulingCycle
 from scheduler.cluster.retrying import RetryPolicy
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
-from tests.scheduler.cluster.objects import node_of, pod, podgroup, publish_health
+from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health
 
 pytestmark = pytest.mark.k8s
 

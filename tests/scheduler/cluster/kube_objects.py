@@ -1,0 +1,148 @@
+"""Kubernetes objects for the scheduler's cluster tests: GPU nodes as the agent publishes them, queues, pods."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from agent.publish.conditions import desired_conditions
+from agent.publish.gpunode import gpunode_object, gpunode_status
+from gpuwarden import contract
+from tests.agent.publish.reports import report
+from tests.harness import create_gpu_node, unique_name
+
+GPUS = 8
+
+
+def publish_health(k8s: client.ApiClient, node: str, *faults: Any) -> None:
+    """What the agent would publish for ``node``: its GPUNode and its NodeConditions."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    rep = report(*faults, node=node, time=now)
+    custom = client.CustomObjectsApi(k8s)
+    try:
+        custom.create_cluster_custom_object(
+            contract.API_GROUP,
+            contract.API_VERSION,
+            contract.GPUNODE_PLURAL,
+            gpunode_object(node, None),
+        )
+    except client.ApiException as exc:
+        if exc.status != 409:  # it exists: this is an update
+            raise
+    custom.patch_cluster_custom_object_status(
+        contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node, {"status": gpunode_status(rep)}
+    )
+    conditions = [state.to_json(now) for state in desired_conditions(rep, {}, now).values()]
+    client.CoreV1Api(k8s).patch_node_status(node, {"status": {"conditions": conditions}})
+
+
+@pytest.fixture
+def cluster(k8s: client.ApiClient, scheduler_crds: None, gpunode_crd: None) -> Iterator[Callable[[int], list[str]]]:
+    """Makes healthy 8-GPU nodes with their GPUNode, removed after the test."""
+    made: list[str] = []
+
+    def make(count: int) -> list[str]:
+        names = [unique_name("cycle-node") for _ in range(count)]
+        for name in names:
+            create_gpu_node(k8s, name, gpus=GPUS)
+            publish_health(k8s, name)
+            made.append(name)
+        return names
+
+    yield make
+    core = client.CoreV1Api(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    for name in made:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)
+        with contextlib.suppress(client.ApiException):
+            custom.delete_cluster_custom_object(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, name)
+
+
+@pytest.fixture
+def queue(k8s: client.ApiClient, scheduler_crds: None) -> Iterator[Callable[..., str]]:
+    made: list[str] = []
+
+    def make(gpu_quota: float, **extra: Any) -> str:
+        name = unique_name("q")
+        client.CustomObjectsApi(k8s).create_cluster_custom_object(
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            contract.QUEUE_PLURAL,
+            {
+                "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+                "kind": contract.QUEUE_KIND,
+                "metadata": {"name": name},
+                "spec": {"resources": {"gpu": {"quota": gpu_quota, **extra}}},
+            },
+        )
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(k8s).delete_cluster_custom_object(
+                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+            )
+
+
+def podgroup(k8s: client.ApiClient, namespace: str, name: str, queue: str, min_member: int) -> None:
+    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        namespace,
+        contract.PODGROUP_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.PODGROUP_KIND,
+            "metadata": {"name": name},
+            "spec": {"minMember": min_member, "queue": queue},
+        },
+    )
+
+
+def pod(
+    k8s: client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    group: str | None = None,
+    queue: str | None = None,
+    gpus: int = 1,
+    annotations: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> client.V1Pod:
+    notes = dict(annotations or {})
+    if group is not None:
+        notes[contract.ANNOTATION_POD_GROUP] = group
+    labels = {contract.LABEL_QUEUE: queue} if queue else None
+    limits = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=name, annotations=notes or None, labels=labels, owner_references=[owner] if owner else None
+        ),
+        spec=client.V1PodSpec(
+            scheduler_name=contract.SCHEDULER_NAME,
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image="registry.invalid/train:1",
+                    resources=client.V1ResourceRequirements(
+                        requests={"cpu": "1", "memory": "4Gi", **limits}, limits=limits or None
+                    ),
+                )
+            ],
+        ),
+    )
+    return client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+
+
+def node_of(k8s: client.ApiClient, namespace: str, name: str) -> str | None:
+    node: str | None = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace).spec.node_name
+    return node
