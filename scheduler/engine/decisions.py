@@ -3,15 +3,119 @@
 Only what the actions committed becomes a decision: each touched pod that
 was running and now carries an eviction becomes an Eviction, each pending
 pod now on a node a Bind; every job still waiting gets its reasons
-(:mod:`scheduler.engine.explain`), and every queue its share figures.
+(:mod:`scheduler.engine.explain`), and every queue its share figures,
+among them how much of its quota healthy hardware does not back
+(:func:`quota_shortfalls`).
 """
 
 from __future__ import annotations
 
 from scheduler.engine import explain
 from scheduler.engine.caches import SessionCaches
-from scheduler.engine.model import Bind, Decisions, Eviction, JobStatus, QueueShare, Resources
-from scheduler.engine.state import Cluster, TaskState
+from scheduler.engine.model import UNLIMITED, Bind, Decisions, Eviction, JobStatus, QueueShare, Resources
+from scheduler.engine.resources import RESOURCES, WHOLE_UNIT
+from scheduler.engine.state import Cluster, QueueState, TaskState
+
+
+class Backing:
+    """One queue's quota shortfall and the figures of its tree level, per resource."""
+
+    __slots__ = ("backing", "level_quota", "shortfall")
+
+    def __init__(self) -> None:
+        self.shortfall = [0, 0, 0]
+        self.backing = [0, 0, 0]
+        self.level_quota = [0, 0, 0]
+
+
+def split_shortfall(total: int, quotas: list[int], names: list[str], unit: int) -> list[int]:
+    """Divide ``total`` (at most ``sum(quotas)``) in proportion to ``quotas``, in pieces of ``unit``.
+
+    Each member first gets the whole units its exact proportional part
+    holds; what is left goes one piece (a unit, or less where the rest or
+    a quota leaves less) at a time to the members with the largest
+    fractional part, ties by name, never above a member's quota. So the
+    parts add up to ``total`` exactly, each is within a unit of its exact
+    proportional part unless quotas cap others, and none exceeds its quota.
+    """
+    parts = [0] * len(quotas)
+    whole = sum(quotas)
+    if total <= 0 or whole <= 0:
+        return parts
+    scale = whole * unit
+    rest: list[int] = []
+    for i, q in enumerate(quotas):
+        parts[i] = total * q // scale * unit
+        rest.append(total * q - parts[i] * whole)
+    left = total - sum(parts)
+    order = sorted(range(len(quotas)), key=lambda i: (-rest[i], names[i]))
+    while left > 0:
+        for i in order:
+            piece = min(unit, left, quotas[i] - parts[i])
+            if piece > 0:
+                parts[i] += piece
+                left -= piece
+                if left == 0:
+                    break
+    return parts
+
+
+def quota_shortfalls(cluster: Cluster) -> dict[str, Backing]:
+    """How much of each queue's quota the pool's healthy capacity cannot back.
+
+    Per pool and resource, the top-level queues that set a quota for it
+    (an ungoverned resource, or a quota of -1, promises nothing) share a
+    shortfall of ``max(0, sum of their quotas - healthy capacity)`` in
+    proportion to their quotas, in whole units (one GPU, one core, one GiB;
+    a part of a unit only where quotas themselves are not whole), so the
+    parts add up to the pool's shortfall exactly and none exceeds its
+    queue's quota. A queue with a shortfall passes it down: its children
+    that set a quota share the part of theirs that the backed rest of the
+    parent's quota no longer covers, counting only what the fault took
+    (children whose quotas add up to more than their parent's quota on a
+    healthy pool are a configuration, not a fault, and show no shortfall).
+    Quotas, not what a queue deserves at its current demand, are the
+    measure: the figure then does not move with the queue's load.
+    """
+    out = {name: Backing() for name in cluster.queues}
+    levels: dict[str, list[QueueState]] = {}
+    for q in cluster.queues.values():
+        if q.parent is None:
+            levels.setdefault(q.pool, []).append(q)
+    for pool_name, tops in levels.items():
+        pool = cluster.pools.get(pool_name)
+        capacity = pool.capacity if pool is not None else [0, 0, 0]
+        for r in RESOURCES:
+            _level(cluster, out, tops, r, capacity[r], promised=None)
+    return out
+
+
+def _level(
+    cluster: Cluster, out: dict[str, Backing], members: list[QueueState], r: int, backed: int, *, promised: int | None
+) -> None:
+    """Split one tree level's shortfall of resource ``r``.
+
+    ``backed`` is what the level has; ``promised`` is the parent's quota
+    (None at the top), so that only the part a fault took counts below it.
+    """
+    governed = [q for q in members if q.quota[r] != UNLIMITED]
+    if not governed:
+        return
+    quotas = [q.quota[r] for q in governed]
+    whole = sum(quotas)
+    for q in governed:
+        out[q.name].backing[r] = backed
+        out[q.name].level_quota[r] = whole
+    short = max(0, whole - backed) - (max(0, whole - promised) if promised is not None else 0)
+    if short <= 0:
+        return
+    governed.sort(key=lambda q: q.name)
+    parts = split_shortfall(short, [q.quota[r] for q in governed], [q.name for q in governed], WHOLE_UNIT[r])
+    for q, part in zip(governed, parts, strict=True):
+        out[q.name].shortfall[r] = part
+        if part and q.tree.children:
+            children = [cluster.queues[c.name] for c in q.tree.children if c.name in cluster.queues]
+            _level(cluster, out, children, r, q.quota[r] - part, promised=q.quota[r])
 
 
 def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
@@ -67,14 +171,23 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
                     reasons=tuple(explain.reasons(caches, job)),
                 )
             )
-    shares = [
-        QueueShare(
-            queue=q.name,
-            pool=q.pool,
-            fair_share=Resources.of(q.share),
-            allocated=Resources.of(q.alloc),
-            request=Resources.of(q.request),
+    backing = quota_shortfalls(cluster)
+    shares = []
+    for q in sorted(cluster.queues.values(), key=lambda q: (q.pool, q.name)):
+        b = backing[q.name]
+        shares.append(
+            QueueShare(
+                queue=q.name,
+                pool=q.pool,
+                fair_share=Resources.of(q.share),
+                allocated=Resources.of(q.alloc),
+                request=Resources.of(q.request),
+                allocated_non_preemptible=Resources.of(q.np_alloc),
+                quota_shortfall=Resources.of(b.shortfall),
+                quota=Resources.of([max(0, v) for v in q.quota]),
+                backing=Resources.of(b.backing),
+                level_quota=Resources.of(b.level_quota),
+                parent=q.parent.name if q.parent is not None else "",
+            )
         )
-        for q in sorted(cluster.queues.values(), key=lambda q: (q.pool, q.name))
-    ]
     return Decisions(tuple(binds), tuple(evictions), tuple(pending), tuple(shares))

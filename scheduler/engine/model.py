@@ -323,13 +323,30 @@ class JobStatus:
 
 @dataclass(frozen=True, slots=True)
 class QueueShare:
-    """A queue's fair share and what it holds, for the Queue status."""
+    """A queue's fair share and what it holds, for the Queue status.
+
+    ``quota_shortfall`` is the part of the queue's quota that healthy
+    hardware does not back right now (see
+    :func:`scheduler.engine.decisions.quota_shortfalls`); ``quota`` (0 where
+    the queue sets none), ``backing`` and ``level_quota`` are the figures
+    that explain it: what backs the queue's level of the tree (the pool's
+    healthy capacity for a top-level queue, the backed part of the parent's
+    quota for a child) and the sum of the quotas at that level. ``parent``
+    is empty for a top-level queue. They let a Queue's status say that a
+    fault, not another team, is why its work waits.
+    """
 
     queue: str
     pool: str
     fair_share: Resources
     allocated: Resources
     request: Resources
+    allocated_non_preemptible: Resources = Resources()
+    quota_shortfall: Resources = Resources()
+    quota: Resources = Resources()
+    backing: Resources = Resources()
+    level_quota: Resources = Resources()
+    parent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
