@@ -42,6 +42,10 @@ CONDITION_UNSCHEDULABLE = contract.PodGroupConditionType.UNSCHEDULABLE.value
 REASON_SCHEDULED = contract.PODGROUP_SCHEDULED_REASON
 # Reason of a True condition with several different reason codes.
 REASON_MULTIPLE = "MultipleReasons"
+CONDITION_QUOTA_NOT_BACKED = contract.QueueConditionType.QUOTA_NOT_BACKED.value
+# Reasons of the QuotaNotBacked condition.
+REASON_HEALTHY_CAPACITY_SHORT = "HealthyCapacityBelowQuotas"
+REASON_QUOTA_BACKED = "QuotaBacked"
 MAX_MESSAGE = 1024
 
 
@@ -74,7 +78,58 @@ def queue_status(shares: Sequence[QueueShare]) -> JSON:
     return {
         "fairShare": resource_list(total(lambda s: s.fair_share)),
         "allocated": resource_list(total(lambda s: s.allocated)),
+        "allocatedNonPreemptible": resource_list(total(lambda s: s.allocated_non_preemptible)),
         "requested": resource_list(total(lambda s: s.request)),
+        "conditions": [quota_not_backed(shares)],
+    }
+
+
+def _amount(resource: str, value: int) -> str:
+    if resource == "gpu":
+        gpus = format_gpus(value)
+        return f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+    if resource == "cpu":
+        return f"{format_cpu(value)} CPU"
+    return f"{format_memory(value)} memory"
+
+
+def quota_not_backed(shares: Sequence[QueueShare]) -> JSON:
+    """The QuotaNotBacked condition (without its time): True while healthy hardware backs less than the quota.
+
+    The message names, per resource, the shortfall and why, so the queue's
+    users see that a fault, not another team, is why their work waits.
+    """
+    parts: list[str] = []
+    for share in shares:
+        for resource in ("gpu", "cpu", "memory"):
+            short = getattr(share.quota_shortfall, resource)
+            if short <= 0:
+                continue
+            quota = getattr(share.quota, resource)
+            backing = _amount(resource, getattr(share.backing, resource))
+            level = _amount(resource, getattr(share.level_quota, resource))
+            if share.parent:
+                why = (
+                    f"the backed part of parent queue {share.parent}'s quota ({backing}) "
+                    f"is below the sum of its child queues' quotas ({level})"
+                )
+            else:
+                why = f"the pool's healthy capacity ({backing}) is below the sum of quotas ({level})"
+            whole = _amount(resource, quota)
+            verb = "is" if resource == "gpu" and format_gpus(short) == 1 else "are"
+            parts.append(
+                f"{_amount(resource, short).split(' ')[0]} of {whole} of this queue's quota {verb} not backed: {why}"
+            )
+    if not parts:
+        return {"type": CONDITION_QUOTA_NOT_BACKED, "status": "False", "reason": REASON_QUOTA_BACKED, "message": ""}
+    message = "; ".join(parts)
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    return {
+        "type": CONDITION_QUOTA_NOT_BACKED,
+        "status": "True",
+        "reason": REASON_HEALTHY_CAPACITY_SHORT,
+        "message": message,
     }
 
 
@@ -151,6 +206,7 @@ class StatusWriter:
         self._instance = instance or socket.gethostname()
         self._groups: dict[str, _Group] = {}
         self._queues: dict[str, JSON] = {}
+        self._queue_transitions: dict[str, str] = {}
         self._lock = Lock()
 
     def write(self, decisions: Decisions, gang_met: Iterable[str] = ()) -> StatusReport:
@@ -181,6 +237,7 @@ class StatusWriter:
                 self._groups.pop(pod_group, None)
             if queue is not None:
                 self._queues.pop(queue, None)
+                self._queue_transitions.pop(queue, None)
 
     # -- PodGroups ------------------------------------------------------------
 
@@ -300,13 +357,20 @@ class StatusWriter:
             by_queue.setdefault(share.queue, []).append(share)
         for queue, mine in sorted(by_queue.items()):
             desired = queue_status(mine)
-            if self._queues.get(queue) == desired:
+            known = self._queues.get(queue)
+            if known == desired:
                 report.unchanged += 1
                 continue
+            condition = desired["conditions"][0]
+            transition = format_time(self._clock())
+            if known is not None and known["conditions"][0]["status"] == condition["status"]:
+                transition = self._queue_transitions.get(queue, transition)
+            body = {**desired, "conditions": [{**condition, "lastTransitionTime": transition}]}
             try:
-                self._api.patch_queue_status(queue, {"status": desired})
+                self._api.patch_queue_status(queue, {"status": body})
             except ApiError as err:
                 self._record_error(f"queue {queue}", err, report)
                 continue
             self._queues[queue] = desired
+            self._queue_transitions[queue] = transition
             report.queues_patched += 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import pytest
 
 from gpuwarden.contract import UnschedulableReason
@@ -11,12 +14,22 @@ from scheduler.cluster.evict import TokenBucket, eviction_body
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
     MAX_MESSAGE,
+    StatusWriter,
     event_name,
     explanation,
     pod_group_status,
     queue_status,
 )
-from scheduler.engine.model import Bind, Eviction, EvictionAction, JobStatus, PendingReason, QueueShare, Resources
+from scheduler.engine.model import (
+    Bind,
+    Decisions,
+    Eviction,
+    EvictionAction,
+    JobStatus,
+    PendingReason,
+    QueueShare,
+    Resources,
+)
 
 
 class FakeTime:
@@ -122,7 +135,9 @@ def test_a_queue_in_several_pools_shows_the_sums() -> None:
     assert queue_status([a, b]) == {
         "fairShare": {"gpu": 3, "cpu": "1", "memory": "2Gi"},
         "allocated": {"gpu": 0.5, "cpu": "0", "memory": "0Mi"},
+        "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
         "requested": {"gpu": 2, "cpu": "500m", "memory": "0Mi"},
+        "conditions": [{"type": "QuotaNotBacked", "status": "False", "reason": "QuotaBacked", "message": ""}],
     }
 
 
@@ -159,3 +174,67 @@ def test_event_names_are_stable_per_group_and_valid() -> None:
     long = event_name("ns/" + "a" * 253)
     assert len(long) <= 253
     assert long.startswith("a" * 200 + ".")
+
+
+def _short_share(short_gpus: int, *, parent: str = "") -> QueueShare:
+    g = 1000
+    return QueueShare(
+        "team",
+        "default",
+        Resources(6 * g, 0, 0),
+        Resources(6 * g, 0, 0),
+        Resources(8 * g, 0, 0),
+        allocated_non_preemptible=Resources(2 * g, 0, 0),
+        quota_shortfall=Resources(short_gpus * g, 0, 0),
+        quota=Resources(8 * g, 0, 0),
+        backing=Resources(40 * g, 0, 0),
+        level_quota=Resources(48 * g, 0, 0),
+        parent=parent,
+    )
+
+
+def test_a_queue_whose_quota_is_not_backed_says_by_how_much_and_why() -> None:
+    status = queue_status([_short_share(2)])
+    assert status["allocatedNonPreemptible"] == {"gpu": 2, "cpu": "0", "memory": "0Mi"}
+    assert status["conditions"] == [
+        {
+            "type": "QuotaNotBacked",
+            "status": "True",
+            "reason": "HealthyCapacityBelowQuotas",
+            "message": "2 of 8 GPUs of this queue's quota are not backed: "
+            "the pool's healthy capacity (40 GPUs) is below the sum of quotas (48 GPUs)",
+        }
+    ]
+    child = queue_status([_short_share(1, parent="dept")])["conditions"][0]["message"]
+    assert child.startswith("1 of 8 GPUs of this queue's quota is not backed: the backed part of parent queue dept")
+
+
+class _Api:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, Any]] = []
+
+    def patch_queue_status(self, name: str, body: Any) -> Any:
+        self.patches.append((name, body))
+        return {}
+
+
+def test_the_writer_keeps_the_quota_condition_time_while_its_status_holds() -> None:
+    api = _Api()
+    t = [datetime(2025, 1, 1, tzinfo=UTC)]
+    writer = StatusWriter(api, clock=lambda: t[0], instance="test")  # type: ignore[arg-type]
+
+    def cycle(short: int) -> str | None:
+        before = len(api.patches)
+        writer.write(Decisions(queue_shares=(_short_share(short),)))
+        if len(api.patches) == before:
+            return None
+        cond = api.patches[-1][1]["status"]["conditions"][0]
+        assert cond["type"] == "QuotaNotBacked"
+        return f"{cond['status']}@{cond['lastTransitionTime']}"
+
+    assert cycle(2) == "True@2025-01-01T00:00:00Z"
+    t[0] += timedelta(minutes=1)
+    assert cycle(2) is None  # unchanged: nothing sent
+    assert cycle(3) == "True@2025-01-01T00:00:00Z"  # the shortfall moved, the condition did not flip
+    t[0] += timedelta(minutes=1)
+    assert cycle(0) == "False@2025-01-01T00:02:00Z"
