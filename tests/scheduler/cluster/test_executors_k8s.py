@@ -405,11 +405,15 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
 
         assert (first.pod_groups_patched, first.queues_patched, first.events_written) == (1, 1, 1)
         assert first.errors == []
-        assert _status(k8s, contract.QUEUE_PLURAL, queue) == {
+        queue_now = _status(k8s, contract.QUEUE_PLURAL, queue)
+        assert {k: v for k, v in queue_now.items() if k != "conditions"} == {
             "fairShare": {"gpu": 2, "cpu": "8", "memory": "64Gi"},
             "allocated": {"gpu": 1.5, "cpu": "4", "memory": "1536Mi"},
+            "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
             "requested": {"gpu": 4, "cpu": "16", "memory": "128Gi"},
         }
+        [backed] = queue_now["conditions"]
+        assert (backed["type"], backed["status"]) == ("QuotaNotBacked", "False")
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
         assert status["phase"] == "Pending"
         [condition] = status["conditions"]
@@ -460,6 +464,46 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         assert status["conditions"][0]["status"] == "False"
         assert _status(k8s, contract.QUEUE_PLURAL, queue)["fairShare"]["gpu"] == 3
         assert len(_events(k8s, namespace, "train")) == 1
+    finally:
+        _delete_queue(k8s, queue)
+
+
+def test_a_queue_short_of_backed_quota_shows_it_and_the_crd_accepts_it(
+    k8s: client.ApiClient, scheduler_crds: None
+) -> None:
+    queue = unique_name("team-short")
+    _create_queue(k8s, queue)
+    try:
+        g = 1000
+        short = QueueShare(
+            queue=queue,
+            pool=contract.DEFAULT_NODE_POOL,
+            fair_share=Resources(gpu=6 * g),
+            allocated=Resources(gpu=3 * g, cpu=2000, memory=2048),
+            request=Resources(gpu=8 * g),
+            allocated_non_preemptible=Resources(gpu=2 * g, cpu=1000, memory=1024),
+            quota_shortfall=Resources(gpu=2 * g),
+            quota=Resources(gpu=8 * g),
+            backing=Resources(gpu=40 * g),
+            level_quota=Resources(gpu=48 * g),
+        )
+        writer = StatusWriter(_api(k8s), instance="test-scheduler")
+        report = writer.write(Decisions(queue_shares=(short,)))
+        assert report.errors == [] and report.queues_patched == 1
+
+        status = _status(k8s, contract.QUEUE_PLURAL, queue)
+        assert status["allocatedNonPreemptible"] == {"gpu": 2, "cpu": "1", "memory": "1Gi"}
+        [condition] = status["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            contract.QueueConditionType.QUOTA_NOT_BACKED.value,
+            "True",
+            "HealthyCapacityBelowQuotas",
+        )
+        assert condition["message"] == (
+            "2 of 8 GPUs of this queue's quota are not backed: "
+            "the pool's healthy capacity (40 GPUs) is below the sum of quotas (48 GPUs)"
+        )
+        assert condition["lastTransitionTime"]
     finally:
         _delete_queue(k8s, queue)
 
