@@ -13,8 +13,8 @@ from __future__ import annotations
 from scheduler.engine import explain
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import UNLIMITED, Bind, Decisions, Eviction, JobStatus, QueueShare, Resources
-from scheduler.engine.resources import RESOURCES, WHOLE_UNIT
-from scheduler.engine.state import Cluster, QueueState, TaskState
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, WHOLE_UNIT
+from scheduler.engine.state import Cluster, PoolState, QueueState, TaskState
 
 
 class Backing:
@@ -75,7 +75,9 @@ def quota_shortfalls(cluster: Cluster) -> dict[str, Backing]:
     (children whose quotas add up to more than their parent's quota on a
     healthy pool are a configuration, not a fault, and show no shortfall).
     Quotas, not what a queue deserves at its current demand, are the
-    measure: the figure then does not move with the queue's load.
+    measure: the figure then does not move with the queue's load. At the
+    top, too, only the fault counts: quotas over-subscribing the pool's
+    intact capacity on purpose show no shortfall while every GPU is healthy.
     """
     out = {name: Backing() for name in cluster.queues}
     levels: dict[str, list[QueueState]] = {}
@@ -85,9 +87,25 @@ def quota_shortfalls(cluster: Cluster) -> dict[str, Backing]:
     for pool_name, tops in levels.items():
         pool = cluster.pools.get(pool_name)
         capacity = pool.capacity if pool is not None else [0, 0, 0]
+        intact = _intact_capacity(pool) if pool is not None else [0, 0, 0]
         for r in RESOURCES:
-            _level(cluster, out, tops, r, capacity[r], promised=None)
+            _level(cluster, out, tops, r, capacity[r], promised=intact[r])
     return out
+
+
+def _intact_capacity(pool: PoolState) -> list[int]:
+    """What the pool would offer with every node and GPU in service.
+
+    Quotas that add up to more than this are a configuration (over-subscribed
+    on purpose), not a fault; only the shortfall that missing hardware adds on
+    top is reported.
+    """
+    total = [0, 0, 0]
+    for node in pool.nodes:
+        total[GPU] += MILLI * sum(1 for g in node.spec.gpus if not g.mig_enabled)
+        total[CPU] += node.spec.cpu_milli
+        total[MEMORY] += node.spec.memory_mib
+    return total
 
 
 def _level(

@@ -41,6 +41,17 @@ def test_a_healthy_pool_backs_every_quota() -> None:
     assert all(s.quota_shortfall == Resources() for s in _shares(snap).values())
 
 
+def test_quotas_over_subscribing_a_healthy_pool_on_purpose_are_no_fault() -> None:
+    """48 GPUs of quota on 32 healthy GPUs is a choice while nothing is broken;
+    one node out then makes 8 of it a fault."""
+    queues = (queue("a", 24), queue("b", 16), queue("c", 8))
+    assert all(
+        s.quota_shortfall == Resources() for s in _shares(Snapshot(nodes=_faulty_pool(4, 0), queues=queues)).values()
+    )
+    short = _shares(Snapshot(nodes=_faulty_pool(3, 1), queues=queues))
+    assert sum(s.quota_shortfall.gpu for s in short.values()) == 8 * G
+
+
 def test_a_short_parent_passes_the_shortfall_to_its_children() -> None:
     snap = Snapshot(
         nodes=_faulty_pool(3, 1),
@@ -108,6 +119,8 @@ def test_shortfalls_add_up_to_the_pool_shortfall_and_stay_within_quota(
 def test_session_shortfalls_add_up_per_pool(gpu_quotas: list[int], healthy: int, faulty: int) -> None:
     queues: tuple[Queue, ...] = tuple(queue(f"q{i}", g) for i, g in enumerate(gpu_quotas))
     shares = _shares(Snapshot(nodes=_faulty_pool(healthy, faulty), queues=queues))
-    assert sum(s.quota_shortfall.gpu for s in shares.values()) == max(0, (sum(gpu_quotas) - 8 * healthy) * G)
+    # Only what the faulty nodes take away counts; quotas beyond the intact pool are a configuration.
+    from_faults = max(0, sum(gpu_quotas) - 8 * healthy) - max(0, sum(gpu_quotas) - 8 * (healthy + faulty))
+    assert sum(s.quota_shortfall.gpu for s in shares.values()) == from_faults * G
     assert all(s.quota_shortfall.gpu <= s.quota.gpu for s in shares.values())
     assert all(s.quota_shortfall.gpu % G == 0 for s in shares.values())
