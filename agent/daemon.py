@@ -53,7 +53,6 @@ from agent.publish.capacity import CapacityPublisher
 from agent.publish.conditions import ConditionsPublisher, format_time, now_utc, parse_time
 from agent.publish.events import MAX_QUEUED, EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
-from agent.publish.http import HealthServer
 from agent.publish.metrics import MetricsPublisher
 from agent.publish.settings import DaemonSettings, settings_from_args
 from agent.restore import (
@@ -66,6 +65,7 @@ from agent.restore import (
 )
 from agent.samples import NodeSample
 from gpuwarden.contract import AGENT_COMPONENT, TAINT_QUARANTINE
+from gpuwarden.http import HealthServer
 from gpuwarden.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
 from gpuwarden.logconfig import get_logger
 

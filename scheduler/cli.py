@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuwarden.contract import SCHEDULER_COMPONENT
-from gpuwarden.flags import add_flag, number, positive_int, seconds
+from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
 from scheduler.engine.model import UNLIMITED, Decisions, Queue
@@ -56,6 +56,15 @@ def register(sub: Any) -> None:
         type=number(high=10_000.0, what="rate"),
         default=10.0,
         help="eviction rate limit (a gang's pods leave together)",
+    )
+    add_flag(connected, "--metrics-address", default="0.0.0.0", help="address /metrics, /healthz, /readyz listen on")
+    add_flag(connected, "--metrics-port", type=port_number, default=9403, help="port of /metrics, /healthz, /readyz")
+    add_flag(
+        connected,
+        "--stall-seconds",
+        type=seconds(high=3600.0),
+        default=60.0,
+        help="/healthz fails after this long without a finished cycle (leader) or loop turn (standby)",
     )
     parser.set_defaults(func=run)
 
@@ -247,6 +256,9 @@ def run_connected(args: argparse.Namespace) -> int:
         ),
         bind_workers=args.bind_workers,
         evictions_per_s=args.evictions_per_second,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_address,
+        stall_s=args.stall_seconds,
     )
     runner = SchedulerRunner(load_api_client(args.kubeconfig), settings)
     stop = threading.Event()

@@ -2,5 +2,5 @@
 
 One publisher per module (NodeConditions, capacity, GPUNode, Events, metrics),
 plus :mod:`gpuwarden.kube` for the API access they share and
-:mod:`agent.publish.http` for the /metrics, /healthz and /readyz endpoint.
+:mod:`gpuwarden.http` (shared with the scheduler) for the /metrics, /healthz and /readyz endpoint.
 """

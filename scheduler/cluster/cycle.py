@@ -65,6 +65,9 @@ class CycleResult:
     binds: tuple[BindResult, ...]
     evictions: tuple[EvictResult, ...]
     seconds: float
+    # Seconds per session phase (build, each action, decisions): the metrics
+    # show which phase a slow cycle spent its time in.
+    session_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -238,7 +241,8 @@ class SchedulingCycle:
             pod_groups=by_uid,
         )
         snapshot = self._track_short_gangs(snapshot, now)
-        decisions = run_session(snapshot)
+        timings: dict[str, float] = {}
+        decisions = run_session(snapshot, timings)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
@@ -259,4 +263,4 @@ class SchedulingCycle:
             pending=len(pending),
             seconds=round(seconds, 3),
         )
-        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds)
+        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings)

@@ -6,12 +6,21 @@ checks that it still holds the lease just before each one, so a replica cut
 off from the API server stops acting within the renew deadline. A cycle runs
 when the cache changed, and at least every ``period_s`` (time alone can
 change a decision: a stale gang's grace runs out).
+
+``/healthz`` asks one thing: is the loop still turning? A leader that has
+not finished a cycle, or a standby that has not finished a loop turn, within
+``stall_s`` is hung and the kubelet should restart it. An API server that is
+down is not a hang: the loop keeps turning (the cycle waits for a synced
+cache and the lease), and a cycle whose API calls keep finishing, answered
+or failed, is slow, not stuck. ``/readyz`` passes once the cache synced, so
+a rollout waits for the new replica to hold the cluster's state.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +28,7 @@ from typing import Any
 from kubernetes import client
 
 from gpuwarden import contract
+from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.bind import Binder
@@ -26,6 +36,7 @@ from scheduler.cluster.cache import CacheView, ClusterCache
 from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
 from scheduler.cluster.evict import Evictor
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
+from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.engine.model import SchedulerConfig
 
 log = get_logger(__name__)
@@ -60,6 +71,12 @@ class RunnerSettings:
     evictions_per_s: float = 10.0
     sync_timeout_s: float = 120.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # None: no HTTP endpoint (tests that need none); 0 picks a free port.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    # Seconds without a finished cycle (leader) or loop turn (standby) after
+    # which /healthz fails; generous, since a cycle at 150,000 pods takes seconds.
+    stall_s: float = 60.0
 
 
 class SchedulerRunner:
@@ -84,11 +101,51 @@ class SchedulerRunner:
         )
         self.cycles = 0
         self.last: CycleResult | None = None
+        self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
+        self.server: HealthServer | None = None
+        if settings.metrics_port is not None:
+            self.server = HealthServer(
+                self.metrics.registry,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                liveness=self.liveness,
+                readiness=self.readiness,
+            )
+        # Monotonic times: when the loop started (None while the first sync
+        # runs), when it last finished a turn, and when the running cycle began.
+        self._loop_started: float | None = None
+        self._last_turn = time.monotonic()
+        self._cycle_since: float | None = None
+
+    def liveness(self) -> tuple[bool, str]:
+        """Fail only when the loop hangs (see the module docstring)."""
+        now = time.monotonic()
+        if self._loop_started is None:
+            return True, "starting: waiting for the cache to sync"
+        stall = self.settings.stall_s
+        since = self._cycle_since
+        if since is not None:
+            finished = self.api.stats.last_finished
+            progress = max(since, finished) if finished is not None else since
+            if now - progress > stall:
+                return False, f"cycle running for {now - since:.0f}s with no API request finishing for {stall:.0f}s"
+            return True, f"cycle running for {now - since:.1f}s"
+        idle = now - self._last_turn
+        if idle > stall:
+            return False, f"scheduling loop stuck: no turn for {idle:.0f}s (limit {stall:.0f}s)"
+        return True, f"ok: {self.cycles} cycles, leader={self.elector.is_leader()}"
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.cache.synced():
+            return True, "ok: cache synced"
+        return False, "cache not synced yet"
 
     def run(self, stop: threading.Event) -> None:
         # Syncing 150,000 pods allocates millions of long-lived dicts; the
         # default collector thresholds would spend most of the sync scanning them.
         gc.set_threshold(50_000, 10, 10)
+        if self.server is not None:
+            self.server.start()
         self.cache.start()
         self.elector.start()
         try:
@@ -96,19 +153,31 @@ class SchedulerRunner:
                 log.warning("cache_not_synced", timeout_s=self.settings.sync_timeout_s)
             gc.freeze()  # what the first sync built lives long: keep it out of every later collection
             generation = -1
+            self._loop_started = self._last_turn = time.monotonic()
             while not stop.is_set():
                 generation = self.cache.wait_for_change(generation, self.settings.period_s)
-                if stop.is_set() or not self.elector.is_leader():
-                    continue
-                view = self.cache.view()
-                if not view.synced:
-                    continue
-                try:
-                    self.last = self.cycle.run(cluster_view(view))
-                    self.cycles += 1
-                except Exception:
-                    # A bug in one cycle must not end scheduling: log, and try the next.
-                    log.exception("cycle_failed")
+                self._turn(stop)
+                self._last_turn = time.monotonic()
         finally:
             self.elector.stop()
             self.cache.stop()
+            if self.server is not None:
+                self.server.stop()
+
+    def _turn(self, stop: threading.Event) -> None:
+        if stop.is_set() or not self.elector.is_leader():
+            return
+        view = self.cache.view()
+        if not view.synced:
+            return
+        self._cycle_since = time.monotonic()
+        try:
+            self.last = self.cycle.run(cluster_view(view))
+            self.cycles += 1
+            self.metrics.observe(self.last)
+        except Exception:
+            # A bug in one cycle must not end scheduling: log, and try the next.
+            log.exception("cycle_failed")
+            self.metrics.cycle_failed()
+        finally:
+            self._cycle_since = None

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.publish.http import HealthServer
 from agent.publish.metrics import FAMILIES, MetricsPublisher
 from agent.samples import (
     GpuSample,
@@ -24,6 +23,7 @@ from agent.samples import (
     RemappedRows,
     XidCount,
 )
+from gpuwarden.http import HealthServer
 from gpuwarden.kube import RequestStats
 from tests.agent.publish.reports import T0, gpu_entity, report, xid_fault
 

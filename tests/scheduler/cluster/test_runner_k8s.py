@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -32,7 +34,10 @@ def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[Sche
             renew_deadline_s=2.0,
             retry_period_s=0.5,
         )
-        runner = SchedulerRunner(control_plane.api_client(), RunnerSettings(period_s=0.5, lease=config))
+        runner = SchedulerRunner(
+            control_plane.api_client(),
+            RunnerSettings(period_s=0.5, lease=config, metrics_port=0, metrics_host="127.0.0.1"),
+        )
         stop = threading.Event()
         thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
         thread.start()
@@ -45,6 +50,21 @@ def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[Sche
     for _, _, thread in started:
         thread.join(30)
     assert not any(thread.is_alive() for _, _, thread in started)
+
+
+def _get(runner: SchedulerRunner, path: str) -> tuple[int, str]:
+    assert runner.server is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{runner.server.port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _sample(text: str, line_start: str) -> float:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start + " ")]
+    assert len(values) == 1, (line_start, values)
+    return values[0]
 
 
 def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
@@ -71,6 +91,18 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
         description="the gang bound by the leader",
     )
     assert standby.cycles == 0  # a standby keeps its cache warm and acts on nothing
+
+    # Each replica says on /metrics whether it leads; only the leader counts binds.
+    _, leader_text = _get(leader, "/metrics")
+    _, standby_text = _get(standby, "/metrics")
+    assert _sample(leader_text, "gpuwarden_scheduler_leader") == 1
+    assert _sample(standby_text, "gpuwarden_scheduler_leader") == 0
+    assert _sample(leader_text, 'gpuwarden_scheduler_binds_total{outcome="Bound"}') >= 4
+    assert _sample(standby_text, 'gpuwarden_scheduler_binds_total{outcome="Bound"}') == 0
+    assert _sample(leader_text, "gpuwarden_scheduler_cache_synced") == 1
+    for replica in (leader, standby):
+        assert _get(replica, "/healthz")[0] == 200
+        assert _get(replica, "/readyz") == (200, "ok: cache synced\n")
 
     # The leader dies without handing over (no release): the standby waits out the lease.
     leader.elector.stop(release=False)
