@@ -260,7 +260,12 @@ def run_connected(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_address,
         stall_s=args.stall_seconds,
     )
-    runner = SchedulerRunner(load_api_client(args.kubeconfig), settings)
+    try:
+        api_client = load_api_client(args.kubeconfig)
+    except Exception as exc:  # the kubernetes config loaders raise several unrelated types
+        sys.stderr.write(f"gpuwarden scheduler: cannot use the kubeconfig {args.kubeconfig or '(in-cluster)'}: {exc}\n")
+        return 2
+    runner = SchedulerRunner(api_client, settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

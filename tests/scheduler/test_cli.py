@@ -139,3 +139,9 @@ def test_a_queue_defined_twice_is_said_so(tmp_path: Path, capsys: pytest.Capture
     captured = capsys.readouterr()
     assert "queues[2].name: queue 'a' is defined twice (queues[0] and queues[2])" in captured.err
     assert "unknown queue" not in captured.err + captured.out
+
+
+def test_a_kubeconfig_that_cannot_be_used_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scheduler", "--kubeconfig", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use the kubeconfig" in err and "Traceback" not in err
