@@ -11,7 +11,11 @@ The object is cluster-scoped, named after the node and owned by the Node
 (apiVersion v1, kind Node, uid), so the garbage collector removes it with the
 node. It is created once; after that only its status subresource is patched,
 and only when the content changes: per-poll values such as memory in use
-stay in the metrics, so an idle healthy node sends nothing here.
+stay in the metrics, so an idle healthy node sends nothing here. Because an
+unchanged status is never sent, a GPUNode deleted behind the agent's back
+(``kubectl delete``, the CRD deleted and applied again) would stay gone
+while the node is steady; the daemon therefore reads it once per heartbeat
+(:meth:`GpuNodePublisher.verify`) and it is created again from the report.
 """
 
 from __future__ import annotations
@@ -287,6 +291,26 @@ class GpuNodePublisher:
         self._object = None
         self._published = None
 
+    def verify(self) -> bool:
+        """Read the object back; True if it is gone and will be created again.
+
+        Called once per heartbeat: the status is only sent when it changes,
+        so without this read a deleted GPUNode -- and with it the per-GPU
+        detail a restarted agent restores latched faults from -- stays gone
+        as long as the node is steady. Nothing to check before the object is
+        known: the next flush reads or creates it anyway.
+        """
+        if self._object is None:
+            return False
+        if self._api.get_gpunode(self._node) is not None:
+            return False
+        self._lost("the GPUNode was deleted while the agent ran (or its CRD was deleted and applied again)")
+        return True
+
+    def _lost(self, why: str) -> None:
+        log.warning("gpunode_missing", gpunode=self._node, why=why, action="creating it again from the last report")
+        self.invalidate()
+
     def publish(self, report: HealthReport) -> bool:
         self._desired = gpunode_status(report, self._desired)
         return self.flush()
@@ -308,11 +332,14 @@ class GpuNodePublisher:
         try:
             self._object = self._api.patch_gpunode_status(self._node, patch)
         except ApiError as exc:
-            if exc.status == 404:
-                # Deleted behind our back (or by the garbage collector after
-                # the node was recreated): create it again on the next try.
-                self._object = None
-            raise
+            if exc.status != 404:
+                raise
+            # Deleted behind our back (or by the garbage collector after the
+            # node was recreated): create it again now, with this status.
+            self._lost("patching its status answered 404")
+            self._ensure_object()
+            fresh: JSON = {**desired, "observedTime": status["observedTime"]}
+            self._object = self._api.patch_gpunode_status(self._node, {"status": fresh})
         self._published = desired
         log.info(
             "gpunode_published",
