@@ -38,6 +38,29 @@ API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 # carries no timeAdded. Kept here because the agent may write nothing else
 # that outlives it (it cannot touch the Node's taints).
 QUARANTINED_SINCE = "quarantinedSince"
+GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"
+CRD_MISSING = (
+    f"the GPUNode CRD ({GPUNODE_CRD}) is not installed, so no GPUNode can be written; "
+    "install it with `kubectl apply -k manifests/`"
+)
+
+
+def crd_missing(exc: ApiError) -> bool:
+    """Whether a 404 means the GPUNode CRD is missing rather than the object.
+
+    The API server answers a path no installed resource serves with a plain
+    ``404 page not found`` body, and a missing object with a Status whose
+    reason is NotFound (its message names the object).
+    """
+    return exc.status == 404 and "page not found" in exc.detail
+
+
+def _crd_missing_error(exc: ApiError) -> ApiError:
+    """``exc`` with a message that says what is missing and how to fix it.
+
+    Raised, not logged: the daemon's outage log writes it once per outage.
+    """
+    return ApiError(exc.operation, exc.status, CRD_MISSING)
 
 
 def _mig_mode(enabled: bool | None) -> str:
@@ -334,6 +357,9 @@ class GpuNodePublisher:
         except ApiError as exc:
             if exc.status != 404:
                 raise
+            if crd_missing(exc):
+                self.invalidate()
+                raise _crd_missing_error(exc) from exc
             # Deleted behind our back (or by the garbage collector after the
             # node was recreated): create it again now, with this status.
             self._lost("patching its status answered 404")
@@ -360,6 +386,8 @@ class GpuNodePublisher:
                     existing = self._api.create_gpunode(gpunode_object(self._node, self._node_uid))
                     log.info("gpunode_created", gpunode=self._node, owner_uid=self._node_uid)
                 except ApiError as exc:
+                    if crd_missing(exc):
+                        raise _crd_missing_error(exc) from exc
                     if exc.status != 409:
                         raise
                     existing = self._api.get_gpunode(self._node)
