@@ -28,8 +28,10 @@ fault the Node already had; Events that are no fault transition
 decisions are pure and live in :mod:`agent.restore`; this module keeps the
 threads, the locking and the requests.
 
-Request budget in steady state: one heartbeat patch of nodes/status per
-heartbeat period (60 s by default) and nothing else. The agent does not
+Request budget in steady state: one heartbeat patch of nodes/status and one
+GET of the GPUNode per heartbeat period (60 s by default) and nothing else;
+the GET is what finds a GPUNode deleted behind the agent's back, since its
+status is only sent when it changes. The agent does not
 watch or poll its Node: what it needs to know about it -- the quarantine
 taint, the uid (a recreated Node), a capacity someone else overwrote --
 comes back in the response to that heartbeat patch.
@@ -318,8 +320,14 @@ class AgentDaemon:
             # Judged without the Node's faults: publishing it could turn a
             # latched condition False. The monitor was woken for a new one.
             return
+        due = self.conditions.next_due()
+        heartbeat = due is not None and time.monotonic() >= due
         self.conditions.publish(report)
         self.capacity.publish(report)
+        if heartbeat:
+            # The status goes out only when it changes: without this read a
+            # deleted GPUNode would stay gone while the node is steady.
+            self.gpunode.verify()
         self.gpunode.publish(report)
         self.events.flush()
         self._published_seq = seq

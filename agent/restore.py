@@ -18,9 +18,101 @@ from dataclasses import dataclass
 
 from agent.model import Entity, EntityKind, EventType, Fault, FaultKey, HealthEvent, HealthReport
 from agent.publish.conditions import ConditionState
-from gpuwarden.contract import HEALTHY_REASONS, Action, ConditionType
+from gpuwarden.contract import HEALTHY_REASONS, Action, ConditionType, Reason, xid_reason
 
 _ACTION_SUFFIX = re.compile(r"\s*Recommended action: ([A-Z_]+)\.\s*$")
+# Conditions whose faults latch: a GPU they name stays out of capacity until
+# repair clears it, so a restore without the GPUNode must not lose which.
+_LATCHED_CONDITIONS = frozenset(
+    {ConditionType.GPU_XID_ERROR, ConditionType.GPU_MEMORY_DEGRADED, ConditionType.GPU_MISSING}
+)
+# One listed fault of a condition message: "GPU 3 (GPU-…, 0000:3b:00.0): what [ACTION]".
+_GPU_PART = re.compile(r"^GPU (\d+)(?: \(([^()]*)\))?(?::\s*|\s+)(.+?)(?:\s*\[([A-Z_]+)\])?$")
+_MORE = re.compile(r"^and \d+ more$")
+# What a rule's text says, for a part of a message listing several reasons.
+_PART_REASONS: tuple[tuple[re.Pattern[str], str | None], ...] = (
+    (re.compile(r"\bXid (\d+)\b"), None),
+    (re.compile(r"row remap(?:ping)? failed"), Reason.ROW_REMAP_FAILURE),
+    (re.compile(r"row remap pending"), Reason.ROW_REMAP_PENDING),
+    (re.compile(r"pages retired \(limit"), Reason.RETIRED_PAGES_LIMIT),
+    (re.compile(r"retired pages pending"), Reason.RETIRED_PAGES_PENDING),
+    (re.compile(r"\bis lost\b"), Reason.GPU_LOST),
+)
+
+
+def _split_parts(body: str) -> list[str]:
+    """``body`` split at the "; " between listed faults, not inside parentheses."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    for i, ch in enumerate(body):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif ch == ";" and depth == 0:
+            parts.append(body[start:i].strip())
+            start = i + 1
+    parts.append(body[start:].strip())
+    return [p for p in parts if p]
+
+
+def _gpu_entity(index: str, ids: str | None) -> Entity:
+    uuid = bus = None
+    for raw in (ids or "").split(","):
+        value = raw.strip()
+        if value.startswith(("GPU-", "MIG-")):
+            uuid = value
+        elif value:
+            bus = value
+    return Entity.gpu(int(index), uuid, bus)
+
+
+def _part_reason(text: str, condition_reason: str) -> str:
+    if condition_reason != Reason.MULTIPLE_FAULTS:
+        return condition_reason
+    for pattern, reason in _PART_REASONS:
+        match = pattern.search(text)
+        if match:
+            return reason if reason is not None else xid_reason(int(match.group(1)))
+    return condition_reason
+
+
+def gpu_faults_from_condition(ctype: ConditionType, state: ConditionState, action: Action) -> tuple[list[Fault], bool]:
+    """Latched per-GPU faults for the GPUs a True condition's message names,
+    and whether they are all the message lists.
+
+    Not all when some part of the message names no GPU (a node-wide fault,
+    or faults left out as "and N more"): the condition then also needs its
+    node-wide stand-in. Each GPU named is kept out of capacity until repair,
+    which is the safe side when the detail of the GPUNode is gone.
+    """
+    body = _ACTION_SUFFIX.sub("", state.message).rstrip(". ")
+    out: list[Fault] = []
+    complete = True
+    for part in _split_parts(body):
+        match = _GPU_PART.match(part)
+        if match is None or _MORE.match(part):
+            complete = False
+            continue
+        index, ids, what, tail = match.groups()
+        try:
+            part_action = Action(tail) if tail else action
+        except ValueError:
+            part_action = action
+        entity = _gpu_entity(index, ids)
+        out.append(
+            Fault(
+                condition=ctype,
+                reason=_part_reason(what, state.reason),
+                message=f"{entity.describe()}: {what}",
+                action=part_action,
+                entity=entity,
+                since=state.last_transition,
+                latched=True,
+            )
+        )
+    return out, complete and bool(out)
 
 
 def faults_from_conditions(conditions: dict[ConditionType, ConditionState], covered: set[ConditionType]) -> list[Fault]:
@@ -28,7 +120,10 @@ def faults_from_conditions(conditions: dict[ConditionType, ConditionState], cove
 
     The GPUNode may be gone (deleted by hand, or never written because the
     API server failed first); the condition alone still says a fault was
-    raised, and the rules latch it by condition and reason.
+    raised, and the rules latch it by condition and reason. For the latched
+    conditions, the GPUs the message names get latched faults of their own,
+    so they stay out of capacity: a node-wide fault names no GPU, and one
+    with reason MultipleFaults would neither latch nor count against any.
     """
     out: list[Fault] = []
     for ctype, state in conditions.items():
@@ -43,6 +138,11 @@ def faults_from_conditions(conditions: dict[ConditionType, ConditionState], cove
                 action = Action(match.group(1))
             except ValueError:
                 action = Action.NONE
+        if ctype in _LATCHED_CONDITIONS:
+            per_gpu, complete = gpu_faults_from_condition(ctype, state, action)
+            out += per_gpu
+            if complete:
+                continue
         out.append(
             Fault(
                 condition=ctype,

@@ -11,7 +11,11 @@ The object is cluster-scoped, named after the node and owned by the Node
 (apiVersion v1, kind Node, uid), so the garbage collector removes it with the
 node. It is created once; after that only its status subresource is patched,
 and only when the content changes: per-poll values such as memory in use
-stay in the metrics, so an idle healthy node sends nothing here.
+stay in the metrics, so an idle healthy node sends nothing here. Because an
+unchanged status is never sent, a GPUNode deleted behind the agent's back
+(``kubectl delete``, the CRD deleted and applied again) would stay gone
+while the node is steady; the daemon therefore reads it once per heartbeat
+(:meth:`GpuNodePublisher.verify`) and it is created again from the report.
 """
 
 from __future__ import annotations
@@ -34,6 +38,29 @@ API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 # carries no timeAdded. Kept here because the agent may write nothing else
 # that outlives it (it cannot touch the Node's taints).
 QUARANTINED_SINCE = "quarantinedSince"
+GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"
+CRD_MISSING = (
+    f"the GPUNode CRD ({GPUNODE_CRD}) is not installed, so no GPUNode can be written; "
+    "install it with `kubectl apply -k manifests/`"
+)
+
+
+def crd_missing(exc: ApiError) -> bool:
+    """Whether a 404 means the GPUNode CRD is missing rather than the object.
+
+    The API server answers a path no installed resource serves with a plain
+    ``404 page not found`` body, and a missing object with a Status whose
+    reason is NotFound (its message names the object).
+    """
+    return exc.status == 404 and "page not found" in exc.detail
+
+
+def _crd_missing_error(exc: ApiError) -> ApiError:
+    """``exc`` with a message that says what is missing and how to fix it.
+
+    Raised, not logged: the daemon's outage log writes it once per outage.
+    """
+    return ApiError(exc.operation, exc.status, CRD_MISSING)
 
 
 def _mig_mode(enabled: bool | None) -> str:
@@ -287,6 +314,26 @@ class GpuNodePublisher:
         self._object = None
         self._published = None
 
+    def verify(self) -> bool:
+        """Read the object back; True if it is gone and will be created again.
+
+        Called once per heartbeat: the status is only sent when it changes,
+        so without this read a deleted GPUNode -- and with it the per-GPU
+        detail a restarted agent restores latched faults from -- stays gone
+        as long as the node is steady. Nothing to check before the object is
+        known: the next flush reads or creates it anyway.
+        """
+        if self._object is None:
+            return False
+        if self._api.get_gpunode(self._node) is not None:
+            return False
+        self._lost("the GPUNode was deleted while the agent ran (or its CRD was deleted and applied again)")
+        return True
+
+    def _lost(self, why: str) -> None:
+        log.warning("gpunode_missing", gpunode=self._node, why=why, action="creating it again from the last report")
+        self.invalidate()
+
     def publish(self, report: HealthReport) -> bool:
         self._desired = gpunode_status(report, self._desired)
         return self.flush()
@@ -308,11 +355,17 @@ class GpuNodePublisher:
         try:
             self._object = self._api.patch_gpunode_status(self._node, patch)
         except ApiError as exc:
-            if exc.status == 404:
-                # Deleted behind our back (or by the garbage collector after
-                # the node was recreated): create it again on the next try.
-                self._object = None
-            raise
+            if exc.status != 404:
+                raise
+            if crd_missing(exc):
+                self.invalidate()
+                raise _crd_missing_error(exc) from exc
+            # Deleted behind our back (or by the garbage collector after the
+            # node was recreated): create it again now, with this status.
+            self._lost("patching its status answered 404")
+            self._ensure_object()
+            fresh: JSON = {**desired, "observedTime": status["observedTime"]}
+            self._object = self._api.patch_gpunode_status(self._node, {"status": fresh})
         self._published = desired
         log.info(
             "gpunode_published",
@@ -333,6 +386,8 @@ class GpuNodePublisher:
                     existing = self._api.create_gpunode(gpunode_object(self._node, self._node_uid))
                     log.info("gpunode_created", gpunode=self._node, owner_uid=self._node_uid)
                 except ApiError as exc:
+                    if crd_missing(exc):
+                        raise _crd_missing_error(exc) from exc
                     if exc.status != 409:
                         raise
                     existing = self._api.get_gpunode(self._node)

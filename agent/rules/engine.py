@@ -151,6 +151,7 @@ class HealthRules:
         for key, when in (cleared_at or {}).items():
             if key not in self._cleared_at or self._cleared_at[key] < when:
                 self._cleared_at[key] = when
+        faults = list(faults)
         added = 0
         for fault in faults:
             held = self._active.get(fault.key)
@@ -161,6 +162,12 @@ class HealthRules:
                 continue
             self._active[fault.key] = _Active(replace(fault, latched=is_latched(fault)))
             added += 1
+        # Rules that keep their own per-fault state (the IB link_downed hold)
+        # rebuild it from what was restored, or a restart would end it early.
+        for rule in self._rules:
+            restore = getattr(rule, "restore", None)
+            if callable(restore):
+                restore(faults)
         if added:
             log.info("faults_restored", count=added)
         return added

@@ -26,7 +26,9 @@ Ports down on purpose (a management port) are listed in
   started is not flagged: configure the fabric's rate to catch that;
 * ``link_downed`` incremented: ``IbLinkDowned``, held for
   ``infiniband.link_downed_hold_s`` because the flap itself is over by the
-  time anyone looks.
+  time anyone looks. The hold outlives a restart: a restored ``IbLinkDowned``
+  fault is held until its since-time plus ``link_downed_hold_s``, not
+  cleared a few polls after the agent comes back.
 
 While the InfiniBand source could not be read at all (``ib_source_error``)
 the rule judges nothing: the engine holds what was raised.
@@ -35,16 +37,18 @@ the rule judges nothing: the engine holds what was raised.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from agent.config import AgentConfig
-from agent.model import Entity
+from agent.model import Entity, EntityKind, Fault
 from agent.rules.base import Finding, RuleContext
 from agent.samples import IbPortSample, NodeSample
 from gpuwarden.contract import Action, ConditionType, Reason
 
 _UP_STATES = {"UP", "UNKNOWN"}  # UNKNOWN: drivers that do not report operstate
+_DOWN_TIMES = re.compile(r"link went down (\d+) time")
 
 
 class _DownedHold(NamedTuple):
@@ -76,6 +80,30 @@ class InfinibandRule:
         self._max_rate: dict[str, float] = {}
         self._downed: dict[str, int] = {}
         self._downed_until: dict[str, _DownedHold] = {}
+
+    def restore(self, faults: Iterable[Fault]) -> None:
+        """Seed the link_downed hold of restored ``IbLinkDowned`` faults.
+
+        The hold lives only in this rule; without it, a restarted agent would
+        see an unchanged counter and clear the fault a few polls later
+        instead of ``link_downed_hold_s`` after the flap (the fault's since).
+        """
+        for fault in faults:
+            e = fault.entity
+            if (
+                fault.condition is not ConditionType.INFINIBAND_DEGRADED
+                or fault.reason != Reason.IB_LINK_DOWNED
+                or e.kind is not EntityKind.IB_PORT
+                or e.ib_device is None
+                or e.ib_port is None
+            ):
+                continue
+            name = f"{e.ib_device}/{e.ib_port}"
+            until = fault.since.timestamp() + self._cfg.link_downed_hold_s
+            times = _DOWN_TIMES.search(fault.message)
+            held = self._downed_until.get(name)
+            if held is None or held.until < until:
+                self._downed_until[name] = _DownedHold(until, int(times.group(1)) if times else 1)
 
     def evaluate(self, sample: NodeSample, ctx: RuleContext) -> Iterable[Finding]:
         if sample.ib_source_error is not None:

@@ -123,7 +123,8 @@ def test_true_conditions_without_gpunode_detail_become_node_faults() -> None:
     assert len(faults) == 1
     (fault,) = faults
     assert (fault.condition, fault.reason, fault.action) == (ConditionType.GPU_XID_ERROR, "Xid79", Action.REBOOT)
-    assert fault.entity.kind is EntityKind.NODE
+    # A latched condition keeps the GPU its message names (a node-wide fault would not count against it).
+    assert fault.entity == gpu_entity(2) and fault.latched
     assert fault.since == T0
     assert "Recommended action" not in fault.message
     # Published again, the restored fault says the same as before.
@@ -136,3 +137,35 @@ def test_unparseable_action_in_a_condition_message_falls_back_to_none() -> None:
     state = ConditionState(ConditionType.GPU_MISSING, True, "GpuLost", "GPU 6 gone. Recommended action: PRAY.", T0)
     (fault,) = faults_from_conditions({ConditionType.GPU_MISSING: state}, covered=set())
     assert fault.action is Action.NONE
+
+
+def test_without_the_gpunode_the_gpus_a_latched_condition_names_stay_faulty() -> None:
+    lost = Fault(
+        condition=ConditionType.GPU_MISSING,
+        reason=Reason.GPU_LOST,
+        message=f"{gpu_entity(6).describe()} is lost (NVML: GPU is lost; unknown error); recommended action REBOOT",
+        action=Action.REBOOT,
+        entity=gpu_entity(6),
+        since=T0,
+        latched=True,
+    )
+    published = report(xid_fault(2), remap_fault(3), remap_fault(5, failure=True), lost)
+    states = desired_conditions(published, {}, T0)
+    assert states[ConditionType.GPU_MEMORY_DEGRADED].reason == Reason.MULTIPLE_FAULTS
+    faults = faults_to_restore(states, [])  # the GPUNode is gone
+    got = {(f.condition, f.reason, f.entity.key, f.action, f.latched) for f in faults}
+    assert got == {
+        (ConditionType.GPU_XID_ERROR, "Xid79", gpu_entity(2).key, Action.REBOOT, True),
+        (ConditionType.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_PENDING, gpu_entity(3).key, Action.RESET_GPU, True),
+        (ConditionType.GPU_MEMORY_DEGRADED, Reason.ROW_REMAP_FAILURE, gpu_entity(5).key, Action.REPLACE, True),
+        (ConditionType.GPU_MISSING, Reason.GPU_LOST, gpu_entity(6).key, Action.REBOOT, True),
+    }
+    by_gpu = {f.entity.gpu_index: f.entity for f in faults}
+    assert by_gpu[3] == gpu_entity(3)
+    # Published again, each GPU is unhealthy, so out of capacity, and the
+    # conditions stay True.
+    again = report(*faults)
+    assert {g.index for g in again.gpus if not g.healthy} == {2, 3, 5, 6}
+    assert all(
+        s.problem for t, s in desired_conditions(again, states, T0).items() if t in {f.condition for f in faults}
+    )

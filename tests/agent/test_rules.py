@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.config import config_from_dict
-from agent.model import EventType
+from agent.model import Entity, EventType, Fault
 from agent.probes.kmsg import ClockAnchor, parse_record
 from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
@@ -993,3 +993,25 @@ def test_a_gpu_known_by_its_bus_id_only_is_named_by_it() -> None:
     assert fault.message.startswith(f"GPU at {G1.pci_bus_id}: XID 79")
     assert "None" not in fault.message and "unknown" not in fault.message
     assert all(e.message.startswith(f"GPU at {G1.pci_bus_id}") for e in report.events)
+
+
+def test_a_restored_link_downed_fault_is_held_until_its_since_plus_the_hold() -> None:
+    """A restart must not cut the hold short: it ends link_downed_hold_s after the flap."""
+    cfg = config_from_dict({"hysteresis": {"clear_polls": 1}, "infiniband": {"link_downed_hold_s": 600}})
+    flapped = node(t=at(100), ports=(port("mlx5_0"), port("mlx5_1", counters=IbCounters(3, 0, 0, 0))))
+    restored = Fault(
+        condition=C.INFINIBAND_DEGRADED,
+        reason=Reason.IB_LINK_DOWNED,
+        message="mlx5_1 port 1: link went down 1 time(s) recently (link_downed 3); recommended action RESTART_APP",
+        action=Action.RESTART_APP,
+        entity=Entity.ib("mlx5_1", 1),
+        since=at(0),
+    )
+    rules = HealthRules(cfg, "n")
+    assert rules.restore([restored]) == 1
+    for t in (100, 110, 300, 599):
+        report = rules.evaluate(replace(flapped, time=at(t)))
+        assert [(f.reason, f.entity.key, f.since) for f in report.faults] == [
+            (Reason.IB_LINK_DOWNED, "ib/mlx5_1/1", at(0))
+        ], t
+    assert rules.evaluate(replace(flapped, time=at(600))).faults == ()

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from agent.model import Entity
 from agent.publish.conditions import format_time
@@ -802,3 +803,32 @@ def test_liveness_fails_while_the_publisher_hangs_and_recovers_with_it(
         interval=0.1,
         description="the publisher going again",
     )
+
+
+def test_a_deleted_gpunode_is_recreated_within_a_few_heartbeats_and_the_log_says_why(
+    control_plane: ControlPlane, k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    """Nothing changes on a healthy node, so only the heartbeat can notice."""
+    sim_agent(gpu_node, heartbeat_period_s=1.0)
+    _wait_healthy(control_plane, gpu_node)
+    before = wait_for(
+        lambda: _gpunode(control_plane, gpu_node).get("status"),
+        timeout=20,
+        interval=0.2,
+        description="GPUNode written",
+        ignore=(KubectlError,),
+    )
+    with capture_logs() as logs:
+        control_plane.kubectl("delete", "gpunode", gpu_node)
+        after = wait_for(
+            lambda: _gpunode(control_plane, gpu_node).get("status"),
+            timeout=10,
+            interval=0.2,
+            description="GPUNode recreated",
+            ignore=(KubectlError,),
+        )
+    assert {k: v for k, v in after.items() if k != "observedTime"} == {
+        k: v for k, v in before.items() if k != "observedTime"
+    }
+    gone = [e for e in logs if e["event"] == "gpunode_missing"]
+    assert gone and "deleted" in gone[0]["why"]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import cast
+
+import pytest
 
 from agent.model import Entity, Fault
 from agent.publish.capacity import capacity_from_node, desired_gpu_memory_mib, published_from_node
 from agent.publish.events import EventsPublisher, aggregation_key, event_name
-from agent.publish.gpunode import faults_from_gpunode, gpunode_status
+from agent.publish.gpunode import GpuNodePublisher, faults_from_gpunode, gpunode_status
 from gpuwarden.contract import Action, ConditionType, Reason
+from gpuwarden.kube import JSON, ApiError, KubeApi
 from tests.agent.publish.reports import GPU_MIB, T0, app_xid_event, ib_fault, remap_fault, report, xid_fault
 
 
@@ -97,3 +101,36 @@ def test_one_xid_worded_by_either_source_is_one_event() -> None:
     assert pub.pending() == 1
     assert aggregation_key(from_nvml) == aggregation_key(from_kmsg)
     assert aggregation_key(from_nvml) != aggregation_key(app_xid_event(0, 31))
+
+
+class _NoGpuNodeCrd:
+    """The API server without the GPUNode CRD: its paths answer a plain-text 404."""
+
+    def __init__(self, existing: JSON | None = None) -> None:
+        self.existing = existing
+
+    def get_gpunode(self, name: str) -> JSON | None:
+        return None  # KubeApi reads any 404 as "absent"
+
+    def create_gpunode(self, body: JSON) -> JSON:
+        raise ApiError("create_gpunode", 404, "404 page not found")
+
+    def patch_gpunode_status(self, name: str, patch: JSON) -> JSON:
+        raise ApiError("patch_gpunode_status", 404, "404 page not found")
+
+
+def _crd_missing_error(pub: GpuNodePublisher) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        pub.publish(report(xid_fault(1)))
+    return caught.value
+
+
+def test_a_missing_gpunode_crd_is_named_with_how_to_install_it() -> None:
+    pub = GpuNodePublisher(cast(KubeApi, _NoGpuNodeCrd()), "n")
+    error = _crd_missing_error(pub)
+    assert error.status == 404
+    assert "GPUNode CRD" in str(error) and "kubectl apply -k manifests/" in str(error)
+    # Deleted while the agent ran: the status patch of a known object says so too.
+    pub.restore({"metadata": {"name": "n"}, "status": {}})
+    error = _crd_missing_error(pub)
+    assert "GPUNode CRD" in str(error) and "kubectl apply -k manifests/" in str(error)
