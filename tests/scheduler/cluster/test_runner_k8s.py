@@ -93,11 +93,17 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
     assert standby.cycles == 0  # a standby keeps its cache warm and acts on nothing
 
     # Each replica says on /metrics whether it leads; only the leader counts binds.
-    _, leader_text = _get(leader, "/metrics")
+    # The pods show bound before the cycle that bound them has finished and counted.
+    bound = 'gpuwarden_scheduler_binds_total{outcome="Bound"}'
+
+    def counted() -> str | None:
+        text = _get(leader, "/metrics")[1]
+        return text if _sample(text, bound) >= 4 else None
+
+    leader_text = wait_for(counted, timeout=10, description="the leader's binds counted")
     _, standby_text = _get(standby, "/metrics")
     assert _sample(leader_text, "gpuwarden_scheduler_leader") == 1
     assert _sample(standby_text, "gpuwarden_scheduler_leader") == 0
-    assert _sample(leader_text, 'gpuwarden_scheduler_binds_total{outcome="Bound"}') >= 4
     assert _sample(standby_text, 'gpuwarden_scheduler_binds_total{outcome="Bound"}') == 0
     assert _sample(leader_text, "gpuwarden_scheduler_cache_synced") == 1
     for replica in (leader, standby):
