@@ -322,14 +322,34 @@ class AgentDaemon:
             return
         due = self.conditions.next_due()
         heartbeat = due is not None and time.monotonic() >= due
-        self.conditions.publish(report)
-        self.capacity.publish(report)
-        if heartbeat:
-            # The status goes out only when it changes: without this read a
-            # deleted GPUNode would stay gone while the node is steady.
-            self.gpunode.verify()
-        self.gpunode.publish(report)
-        self.events.flush()
+
+        def gpunode() -> None:
+            if heartbeat:
+                # The status goes out only when it changes: without this read a
+                # deleted GPUNode would stay gone while the node is steady.
+                self.gpunode.verify()
+            self.gpunode.publish(report)
+
+        # Each output on its own: a GPUNode whose CRD is missing must not hold
+        # back the conditions or the Events, and a retry re-sends only what
+        # failed (what succeeded was answered, so its cache is right).
+        failures: list[ApiError] = []
+        for publish, publisher in (
+            (lambda: self.conditions.publish(report), self.conditions),
+            (lambda: self.capacity.publish(report), self.capacity),
+            (gpunode, self.gpunode),
+            (self.events.flush, None),
+        ):
+            try:
+                publish()
+            except ApiError as exc:
+                failures.append(exc)
+                if publisher is not None:
+                    # The request may have been applied without an answer:
+                    # this output is sent whole on the retry.
+                    publisher.invalidate()
+        if failures:
+            raise failures[0]
         self._published_seq = seq
         if self._outage.in_outage:
             self._outage.recovered()
@@ -338,12 +358,13 @@ class AgentDaemon:
 
     def _failed(self, exc: ApiError) -> None:
         self._outage.failed(exc)
-        # The API server's state is unknown now (a request may have been
-        # applied without an answer; etcd may come back from a backup):
-        # resend everything once it answers.
-        self.conditions.invalidate()
-        self.capacity.invalidate()
-        self.gpunode.invalidate()
+        if exc.status is None:
+            # No answer at all: the API server's state is unknown (etcd may
+            # come back from a backup), so everything is resent once it
+            # answers. An output that was refused invalidated itself alone.
+            self.conditions.invalidate()
+            self.capacity.invalidate()
+            self.gpunode.invalidate()
         self._retry_at = time.monotonic() + self._backoff.next_delay()
 
     def _restore(self) -> None:

@@ -832,3 +832,41 @@ def test_a_deleted_gpunode_is_recreated_within_a_few_heartbeats_and_the_log_says
     }
     gone = [e for e in logs if e["event"] == "gpunode_missing"]
     assert gone and "deleted" in gone[0]["why"]
+
+
+def test_a_failing_gpunode_holds_back_neither_the_conditions_nor_the_events(
+    k8s: client.ApiClient, gpu_node: str, sim_agent: Callable[..., SimAgent]
+) -> None:
+    """With the GPUNode CRD missing (the API server answers its path with a bare
+    404), PCIe and XID 13 must still reach the Node and the Events at once, and
+    the retries resend only the GPUNode, not every condition."""
+    agent = sim_agent(gpu_node, backoff_cap_s=0.5)
+    api = agent.daemon.api
+
+    def crd_missing(*_args: Any, **_kwargs: Any) -> Any:
+        raise ApiError("gpunode", 404, "404 page not found")
+
+    # The API server's own answer for a resource it does not serve, injected
+    # at the request boundary so the other outputs still go to the real server.
+    for name in ("get_gpunode", "create_gpunode", "patch_gpunode", "patch_gpunode_status"):
+        setattr(api, name, crd_missing)
+    agent.sim.inject("xid", gpu=1, xid=13)
+    agent.sim.inject("pcie_width", gpu=2, width=8)
+    core = client.CoreV1Api(k8s)
+
+    def published() -> bool:
+        reasons = {
+            e.reason
+            for e in core.list_namespaced_event(
+                DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={gpu_node}"
+            ).items
+        }
+        node = core.read_node_status(gpu_node)
+        pcie = [c for c in node.status.conditions if c.type == ConditionType.GPU_PCIE_DEGRADED.value]
+        return "Xid13" in reasons and bool(pcie) and pcie[0].status == "True"
+
+    wait_for(published, timeout=15, interval=0.2, description="conditions and Events written while GPUNode fails")
+    before = agent.daemon.stats.snapshot()[0].get("patch_node_status", 0)
+    time.sleep(3)  # several retries of the failing GPUNode, at a 0.5 s backoff cap
+    after = agent.daemon.stats.snapshot()[0].get("patch_node_status", 0)
+    assert after - before <= 1  # a heartbeat at most, not one condition patch per retry
