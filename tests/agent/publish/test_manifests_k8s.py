@@ -50,6 +50,10 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("RoleBinding", "gpuwarden-agent-events"),
         ("DaemonSet", "gpuwarden-agent"),
         ("Service", "gpuwarden-agent"),
+        ("ValidatingAdmissionPolicy", "gpuwarden-agent-node-status"),
+        ("ValidatingAdmissionPolicyBinding", "gpuwarden-agent-node-status"),
+        ("ValidatingAdmissionPolicy", "gpuwarden-agent-gpunodes"),
+        ("ValidatingAdmissionPolicyBinding", "gpuwarden-agent-gpunodes"),
         # The scheduler's half of the base (manifests/scheduler/, tested in tests/scheduler/).
         ("CustomResourceDefinition", f"{contract.QUEUE_PLURAL}.{contract.SCHEDULING_API_GROUP}"),
         ("CustomResourceDefinition", f"{contract.PODGROUP_PLURAL}.{contract.SCHEDULING_API_GROUP}"),
