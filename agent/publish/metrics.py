@@ -29,7 +29,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,6 +40,7 @@ from agent.samples import GpuSample, IbPortSample, NodeSample
 from gpuwarden import __version__
 from gpuwarden.contract import METRICS_PREFIX, ConditionType
 from gpuwarden.kube import RequestStats
+from gpuwarden.metricdoc import MetricFamilyDoc, family
 
 P = METRICS_PREFIX
 
@@ -59,18 +59,8 @@ IB_ACTIVE = "ACTIVE"
 IB_LINK_UP = "LinkUp"
 
 
-@dataclass(frozen=True, slots=True)
-class MetricFamilyDoc:
-    """Name, type and help of one exported family (the README documents these)."""
-
-    name: str
-    kind: str
-    help: str
-    labels: tuple[str, ...]
-
-
 def _doc(name: str, kind: str, help: str, labels: list[str]) -> MetricFamilyDoc:
-    return MetricFamilyDoc(f"{P}_{name}", kind, help, tuple(labels))
+    return family(P, name, kind, help, labels)
 
 
 FAMILIES: tuple[MetricFamilyDoc, ...] = (

@@ -54,6 +54,10 @@ class KubeApi:
     def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
         return self._request(operation, fn, args, kwargs, absent_ok=True)
 
+    def _merge_patch(self, operation: str, fn: Callable[..., Any], *args: Any) -> JSON:
+        """A JSON merge patch written as this process (custom objects and their status)."""
+        return self._call(operation, fn, *args, field_manager=self.field_manager, _content_type=MERGE_PATCH)
+
     def _request(
         self,
         operation: str,
@@ -137,7 +141,7 @@ class KubeApi:
         )
 
     def patch_gpunode(self, name: str, patch: JSON) -> JSON:
-        return self._call(
+        return self._merge_patch(
             "patch_gpunode",
             self._custom.patch_cluster_custom_object,
             contract.API_GROUP,
@@ -145,12 +149,10 @@ class KubeApi:
             contract.GPUNODE_PLURAL,
             name,
             patch,
-            field_manager=self.field_manager,
-            _content_type=MERGE_PATCH,
         )
 
     def patch_gpunode_status(self, name: str, patch: JSON) -> JSON:
-        return self._call(
+        return self._merge_patch(
             "patch_gpunode_status",
             self._custom.patch_cluster_custom_object_status,
             contract.API_GROUP,
@@ -158,8 +160,6 @@ class KubeApi:
             contract.GPUNODE_PLURAL,
             name,
             patch,
-            field_manager=self.field_manager,
-            _content_type=MERGE_PATCH,
         )
 
     # -- Pod ----------------------------------------------------------------
@@ -179,14 +179,12 @@ class KubeApi:
 
     def patch_pod(self, namespace: str, name: str, patch: JSON) -> JSON:
         """Merge patch of a pod (annotations: a null value removes the key)."""
-        return self._call(
+        return self._merge_patch(
             "patch_pod",
             self._core.patch_namespaced_pod,
             name,
             namespace,
             patch,
-            field_manager=self.field_manager,
-            _content_type=MERGE_PATCH,
         )
 
     def create_pod_binding(self, namespace: str, name: str, body: JSON) -> JSON:
@@ -220,7 +218,7 @@ class KubeApi:
 
     def patch_queue_status(self, name: str, patch: JSON) -> JSON:
         """Merge patch of a Queue's status subresource (Queues are cluster-scoped)."""
-        return self._call(
+        return self._merge_patch(
             "patch_queue_status",
             self._custom.patch_cluster_custom_object_status,
             contract.SCHEDULING_API_GROUP,
@@ -228,13 +226,11 @@ class KubeApi:
             contract.QUEUE_PLURAL,
             name,
             patch,
-            field_manager=self.field_manager,
-            _content_type=MERGE_PATCH,
         )
 
     def patch_podgroup_status(self, namespace: str, name: str, patch: JSON) -> JSON:
         """Merge patch of a PodGroup's status subresource."""
-        return self._call(
+        return self._merge_patch(
             "patch_podgroup_status",
             self._custom.patch_namespaced_custom_object_status,
             contract.SCHEDULING_API_GROUP,
@@ -243,8 +239,6 @@ class KubeApi:
             contract.PODGROUP_PLURAL,
             name,
             patch,
-            field_manager=self.field_manager,
-            _content_type=MERGE_PATCH,
         )
 
     def create_podgroup(self, namespace: str, body: JSON) -> JSON:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gpuwarden.contract import METRICS_PREFIX, EvictionAction
 from gpuwarden.kube import RequestStats
+from gpuwarden.metricdoc import MetricFamilyDoc, family
 from scheduler.cluster.bind import BindOutcome
 from scheduler.cluster.convert import is_external_queue
 from scheduler.cluster.cycle import CycleResult
@@ -45,18 +45,8 @@ QUEUE_LABELS = ["queue", "pool", "resource", "unit"]
 MIB = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class MetricFamilyDoc:
-    """Name, type and help of one exported family (the README documents these)."""
-
-    name: str
-    kind: str
-    help: str
-    labels: tuple[str, ...]
-
-
 def _doc(name: str, kind: str, help: str, labels: list[str]) -> MetricFamilyDoc:
-    return MetricFamilyDoc(f"{P}_{name}", kind, help, tuple(labels))
+    return family(P, name, kind, help, labels)
 
 
 FAMILIES: tuple[MetricFamilyDoc, ...] = (
