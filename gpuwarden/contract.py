@@ -227,6 +227,8 @@ PODGROUP_SPEC_PREEMPTIBILITY: Final = "preemptibility"
 # PodGroup .status
 PODGROUP_STATUS_PHASE: Final = "phase"
 PODGROUP_STATUS_SCHEDULED: Final = "scheduled"
+# Room held for the group across cycles (scheduler/cluster/reservations.py).
+PODGROUP_STATUS_RESERVATIONS: Final = "reservations"
 
 # Both kinds keep metav1.Condition-shaped entries here.
 STATUS_CONDITIONS: Final = "conditions"
@@ -269,9 +271,14 @@ class PodGroupConditionType(StrEnum):
 
     ``Unschedulable`` is True while the group waits; its reason is one of
     :class:`UnschedulableReason` and its message the engine's explanation.
+    ``EvictionBlocked`` is present (True) while evictions of its pods are
+    refused; its message names the pods and what refused them.
     """
 
     UNSCHEDULABLE = "Unschedulable"
+    # True while an eviction the scheduler decided for the group's pods is
+    # refused (a PodDisruptionBudget): it is retried, never bypassed.
+    EVICTION_BLOCKED = "EvictionBlocked"
 
 
 # Reason on Unschedulable False: the gang (minMember pods) is placed.

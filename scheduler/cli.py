@@ -23,7 +23,7 @@ from gpuwarden.contract import SCHEDULER_COMPONENT
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
-from scheduler.engine.model import UNLIMITED, Decisions, Queue
+from scheduler.engine.model import UNLIMITED, Decisions, Queue, SchedulerConfig
 from scheduler.engine.resources import MEMORY, MIB_PER_GIB, MILLI, RESOURCE_NAMES, RESOURCES
 from scheduler.engine.session import run_session
 from scheduler.snapshot_io import SnapshotError, load_fairshare, load_snapshot
@@ -56,6 +56,13 @@ def register(sub: Any) -> None:
         type=number(high=10_000.0, what="rate"),
         default=10.0,
         help="eviction rate limit (a gang's pods leave together)",
+    )
+    add_flag(
+        connected,
+        "--reservation-timeout",
+        type=seconds(high=86_400.0),
+        default=300.0,
+        help="seconds room freed for a pod group by evictions stays held for it (until it binds)",
     )
     add_flag(connected, "--metrics-address", default="0.0.0.0", help="address /metrics, /healthz, /readyz listen on")
     add_flag(connected, "--metrics-port", type=port_number, default=9403, help="port of /metrics, /healthz, /readyz")
@@ -259,6 +266,7 @@ def run_connected(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_address,
         stall_s=args.stall_seconds,
+        config=SchedulerConfig(reservation_ttl_s=args.reservation_timeout),
     )
     try:
         api_client = load_api_client(args.kubeconfig)

@@ -10,7 +10,9 @@ The order is the one that keeps the cluster consistent when a step fails:
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
    double-booked.
-5. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
+5. Keep the reservations the engine holds on their PodGroups
+   (:mod:`.reservations`), less the room a bind has just taken.
+6. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
 
 A malformed Queue or PodGroup is logged once and left out; it never stops the
 cycle for everyone else. The engine sees none of this: it gets a Snapshot.
@@ -33,8 +35,9 @@ from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.owners import OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
-from scheduler.cluster.status import StatusWriter
-from scheduler.engine.model import Decisions, Queue, SchedulerConfig, Snapshot, TaskStatus
+from scheduler.cluster.reservations import ReservationWriter, reservations_from
+from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
+from scheduler.engine.model import Decisions, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
 from scheduler.engine.session import run_session
 
 log = get_logger(__name__)
@@ -68,6 +71,8 @@ class CycleResult:
     # Seconds per session phase (build, each action, decisions): the metrics
     # show which phase a slow cycle spent its time in.
     session_seconds: Mapping[str, float] = field(default_factory=dict)
+    # Reservations held after the cycle (the engine's, less those just bound).
+    reservations: tuple[Reservation, ...] = ()
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -105,6 +110,7 @@ class SchedulingCycle:
         binder: Binder | None = None,
         evictor: Evictor | None = None,
         status: StatusWriter | None = None,
+        reservations: ReservationWriter | None = None,
         owners: OwnerResolver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -114,6 +120,7 @@ class SchedulingCycle:
         self.binder = binder or Binder(api)
         self.evictor = evictor or Evictor(api)
         self.status = status or StatusWriter(api)
+        self.reservations = reservations or ReservationWriter(api)
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
         self._short_since: dict[str, float] = {}
@@ -240,12 +247,17 @@ class SchedulingCycle:
             self._config,
             pod_groups=by_uid,
         )
-        snapshot = self._track_short_gangs(snapshot, now)
+        snapshot = replace(self._track_short_gangs(snapshot, now), reservations=reservations_from(view.podgroups))
         timings: dict[str, float] = {}
         decisions = run_session(snapshot, timings)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
+        # Room a bind has just taken needs holding no longer; a deferred or
+        # failed pipelined bind keeps its reservation for the next cycle.
+        taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
+        held = tuple(r for r in decisions.reservations if (r.job, r.node, r.gpu_indices) not in taken)
+        self.reservations.write(held, view.podgroups)
         gang_met = [
             job.key
             for job in snapshot.jobs
@@ -253,14 +265,20 @@ class SchedulingCycle:
         ]
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
-        self.status.write(replace(decisions, queue_shares=shares, pending=pending), gang_met=gang_met)
+        self.status.write(
+            replace(decisions, queue_shares=shares, pending=pending),
+            gang_met=gang_met,
+            blocked=refusals(evicted),
+            shown_blocked=shown_blocked(view.podgroups),
+        )
         seconds = time.monotonic() - started
         log.info(
             "cycle_done",
             binds=sum(1 for r in bound if r.ok),
             bind_failures=sum(1 for r in bound if not r.ok),
             evictions=len(evicted),
+            reservations=len(held),
             pending=len(pending),
             seconds=round(seconds, 3),
         )
-        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings)
+        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held)

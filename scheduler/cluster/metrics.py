@@ -68,6 +68,12 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
     ),
     _doc("pending_pods", "gauge", "Pods of the queue still pending after the latest cycle (leader only).", ["queue"]),
     _doc(
+        "reservations",
+        "gauge",
+        "Reservations (room on one node held for one pod group until it binds) after the latest cycle (leader only).",
+        [],
+    ),
+    _doc(
         "queue_fair_share",
         "gauge",
         "Fair share of the queue per node pool and resource after the latest cycle (leader only).",
@@ -201,6 +207,9 @@ class SchedulerMetrics:
             family = gauge("pending_pods")
             for queue, n in sorted(pending_pods(last).items()):
                 family.add_metric([queue], n)
+            yield family
+            family = gauge("reservations")
+            family.add_metric([], len(last.reservations))
             yield family
             shares = [s for s in last.decisions.queue_shares if not is_external_queue(s.queue)]
             for name, attr in (("queue_fair_share", "fair_share"), ("queue_allocated", "allocated")):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from threading import Lock
@@ -32,6 +32,7 @@ from threading import Lock
 from gpuwarden import contract
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
+from scheduler.cluster.evict import EvictOutcome, EvictResult
 from scheduler.cluster.quantity import format_cpu, format_gpus, format_memory
 from scheduler.engine.model import Decisions, JobStatus, QueueShare, Resources
 
@@ -42,6 +43,8 @@ CONDITION_UNSCHEDULABLE = contract.PodGroupConditionType.UNSCHEDULABLE.value
 REASON_SCHEDULED = contract.PODGROUP_SCHEDULED_REASON
 # Reason of a True condition with several different reason codes.
 REASON_MULTIPLE = "MultipleReasons"
+CONDITION_EVICTION_BLOCKED = contract.PodGroupConditionType.EVICTION_BLOCKED.value
+REASON_BUDGET = "DisruptionBudget"
 CONDITION_QUOTA_NOT_BACKED = contract.QueueConditionType.QUOTA_NOT_BACKED.value
 # Reasons of the QuotaNotBacked condition.
 REASON_HEALTHY_CAPACITY_SHORT = "HealthyCapacityBelowQuotas"
@@ -143,8 +146,12 @@ def explanation(status: JobStatus) -> tuple[str, str]:
     return reason, message
 
 
-def pod_group_status(pending: JobStatus | None, placed_now: bool) -> JSON:
-    """The status of one group, without times; None ``pending`` means nothing of it waits."""
+def pod_group_status(pending: JobStatus | None, placed_now: bool, blocked: str | None = None) -> JSON:
+    """The status of one group, without times; None ``pending`` means nothing of it waits.
+
+    ``blocked`` says which of its evictions were refused and why; the
+    ``EvictionBlocked`` condition is there only while one is.
+    """
     if pending is None:
         condition = {"type": CONDITION_UNSCHEDULABLE, "status": "False", "reason": REASON_SCHEDULED, "message": ""}
     else:
@@ -152,14 +159,52 @@ def pod_group_status(pending: JobStatus | None, placed_now: bool) -> JSON:
         condition = {"type": CONDITION_UNSCHEDULABLE, "status": "True", "reason": reason, "message": message}
     running = pending is None or placed_now
     phase = contract.PodGroupPhase.RUNNING if running else contract.PodGroupPhase.PENDING
-    return {"phase": phase.value, "conditions": [condition]}
+    conditions = [condition]
+    if blocked is not None:
+        conditions.append(
+            {"type": CONDITION_EVICTION_BLOCKED, "status": "True", "reason": REASON_BUDGET, "message": blocked}
+        )
+    return {"phase": phase.value, "conditions": conditions}
 
 
-def event_name(group: str) -> str:
-    """The one Event name of a group: stable across cycles and restarts."""
+def refusals(results: Iterable[EvictResult]) -> dict[str, str]:
+    """Per group, what its refused evictions say (the EvictionBlocked message and Event)."""
+    found: dict[str, list[str]] = {}
+    for r in results:
+        if r.outcome is EvictOutcome.REFUSED:
+            ev = r.eviction
+            what = f"eviction of pod {ev.namespace}/{ev.pod} ({ev.action.value})"
+            found.setdefault(ev.job, []).append(f"{what} {r.error or 'refused'}; retried next cycle")
+    return {job: _clip("; ".join(sorted(lines))) for job, lines in found.items()}
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"
+
+
+def event_name(group: str, kind: str = CONDITION_UNSCHEDULABLE) -> str:
+    """The Event name of a group for one kind of news: stable across cycles and restarts."""
     name = group.partition("/")[2]
-    digest = hashlib.sha256(f"{group}\x1f{CONDITION_UNSCHEDULABLE}".encode()).hexdigest()[:10]
+    digest = hashlib.sha256(f"{group}\x1f{kind}".encode()).hexdigest()[:10]
     return f"{name[:200]}.{digest}"
+
+
+def _condition(status: JSON, kind: str) -> JSON | None:
+    return next((c for c in status.get("conditions", ()) if c.get("type") == kind), None)
+
+
+def _blocked_in(status: JSON) -> bool:
+    return _condition(status, CONDITION_EVICTION_BLOCKED) is not None
+
+
+def shown_blocked(podgroups: Mapping[tuple[str, str], Mapping[str, object]]) -> set[str]:
+    """Groups whose PodGroup shows EvictionBlocked now: a new leader clears what it no longer sees."""
+    out: set[str] = set()
+    for (namespace, name), obj in podgroups.items():
+        status = obj.get("status")
+        if isinstance(status, dict) and isinstance(status.get("conditions"), list) and _blocked_in(status):
+            out.add(f"{namespace}/{name}")
+    return out
 
 
 # -- writing --------------------------------------------------------------------
@@ -179,12 +224,22 @@ class StatusReport:
 
 
 @dataclass
+class _EventState:
+    """What one Event of a group last said, and its count."""
+
+    explanation: tuple[str, str] | None = None
+    count: int = 0
+
+
+@dataclass
 class _Group:
     status: JSON
-    transition: str
+    transitions: dict[str, str]  # condition type -> lastTransitionTime
     uid: str = ""
-    explanation: tuple[str, str] | None = None
-    event_count: int = 0
+    events: dict[str, _EventState] = field(default_factory=dict)  # by kind (condition type)
+
+    def event(self, kind: str) -> _EventState:
+        return self.events.setdefault(kind, _EventState())
 
 
 class StatusWriter:
@@ -209,16 +264,26 @@ class StatusWriter:
         self._queue_transitions: dict[str, str] = {}
         self._lock = Lock()
 
-    def write(self, decisions: Decisions, gang_met: Iterable[str] = ()) -> StatusReport:
+    def write(
+        self,
+        decisions: Decisions,
+        gang_met: Iterable[str] = (),
+        blocked: Mapping[str, str] | None = None,
+        shown_blocked: Iterable[str] = (),
+    ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
         ``gang_met`` names the groups whose minMember already runs: one with
         more pods waiting (an elastic job's extras) is Running, not Pending.
+        ``blocked`` maps a group to what its refused evictions say
+        (:func:`refusals`); ``shown_blocked`` names the groups whose objects
+        show the condition now, so that it is cleared even by a writer that
+        did not set it.
         """
         report = StatusReport()
         with self._lock:
             placed = {b.job for b in decisions.binds} | set(gang_met)
-            self._write_groups(decisions.pending, placed, report)
+            self._write_groups(decisions.pending, placed, blocked or {}, set(shown_blocked), report)
             self._write_queues(decisions.queue_shares, report)
         log.info(
             "status_written",
@@ -241,24 +306,40 @@ class StatusWriter:
 
     # -- PodGroups ------------------------------------------------------------
 
-    def _write_groups(self, pending: Sequence[JobStatus], placed: Iterable[str], report: StatusReport) -> None:
+    def _write_groups(
+        self,
+        pending: Sequence[JobStatus],
+        placed: Iterable[str],
+        blocked: Mapping[str, str],
+        shown: set[str],
+        report: StatusReport,
+    ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
-        for group in sorted(set(by_job) | placed_now):
-            self._write_group(group, by_job.get(group), group in placed_now, report)
+        # A group blocked last time is written again, so the condition goes.
+        was_blocked = shown | {g for g, known in self._groups.items() if _blocked_in(known.status)}
+        for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked):
+            self._write_group(group, by_job.get(group), group in placed_now, blocked.get(group), report)
 
-    def _write_group(self, group: str, pending: JobStatus | None, placed_now: bool, report: StatusReport) -> None:
+    def _write_group(
+        self, group: str, pending: JobStatus | None, placed_now: bool, blocked: str | None, report: StatusReport
+    ) -> None:
         namespace, _, name = group.partition("/")
-        desired = pod_group_status(pending, placed_now)
+        desired = pod_group_status(pending, placed_now, blocked)
         known = self._groups.get(group)
         if known is not None and known.status == desired:
             report.unchanged += 1
         else:
-            condition = desired["conditions"][0]
-            transition = format_time(self._clock())
-            if known is not None and known.status["conditions"][0]["status"] == condition["status"]:
-                transition = known.transition
-            body = {**desired, "conditions": [{**condition, "lastTransitionTime": transition}]}
+            now = format_time(self._clock())
+            transitions: dict[str, str] = {}
+            conditions = []
+            for condition in desired["conditions"]:
+                kind = condition["type"]
+                before = _condition(known.status, kind) if known is not None else None
+                same = before is not None and before["status"] == condition["status"]
+                transitions[kind] = known.transitions.get(kind, now) if same and known is not None else now
+                conditions.append({**condition, "lastTransitionTime": transitions[kind]})
+            body = {**desired, "conditions": conditions}
             try:
                 reply = self._api.patch_podgroup_status(namespace, name, {"status": body})
             except ApiError as err:
@@ -266,10 +347,15 @@ class StatusWriter:
                 return
             uid = str((reply.get("metadata") or {}).get("uid") or "")
             if known is None:
-                known = self._groups[group] = _Group(desired, transition, uid)
-            known.status, known.transition, known.uid = desired, transition, uid or known.uid
+                known = self._groups[group] = _Group(desired, transitions, uid)
+            known.status, known.transitions, known.uid = desired, transitions, uid or known.uid
             report.pod_groups_patched += 1
-        self._write_event(group, known, explanation(pending) if pending is not None else None, report)
+        self._write_event(
+            group, known, CONDITION_UNSCHEDULABLE, explanation(pending) if pending is not None else None, report
+        )
+        self._write_event(
+            group, known, CONDITION_EVICTION_BLOCKED, (REASON_BUDGET, blocked) if blocked is not None else None, report
+        )
 
     def _record_error(self, what: str, err: ApiError, report: StatusReport) -> None:
         if err.status == 404:
@@ -281,21 +367,25 @@ class StatusWriter:
 
     # -- Events ---------------------------------------------------------------
 
-    def _write_event(self, group: str, known: _Group, now: tuple[str, str] | None, report: StatusReport) -> None:
-        if now == known.explanation:
+    def _write_event(
+        self, group: str, known: _Group, kind: str, now: tuple[str, str] | None, report: StatusReport
+    ) -> None:
+        """One Event per group and kind, written when what it says changes (its count grows)."""
+        state = known.event(kind)
+        if now == state.explanation:
             return
         if now is None:
-            known.explanation = None
+            state.explanation = None
             return
         namespace = group.partition("/")[0]
         reason, message = now
         stamp = format_time(self._clock())
-        ev_name = event_name(group)
+        ev_name = event_name(group, kind)
         try:
-            if known.event_count == 0:
+            if state.count == 0:
                 try:
-                    self._api.create_event(namespace, self._event_body(group, known, now, stamp))
-                    known.event_count = 1
+                    self._api.create_event(namespace, self._event_body(group, known, kind, now, stamp))
+                    state.count = 1
                 except ApiError as err:
                     if err.status != 409:
                         raise
@@ -304,26 +394,26 @@ class StatusWriter:
                     self._api.patch_event(
                         namespace, ev_name, {"reason": reason, "message": message, "lastTimestamp": stamp}
                     )
-                    known.event_count = 1
+                    state.count = 1
             else:
-                count = known.event_count + 1
+                count = state.count + 1
                 self._api.patch_event(
                     namespace,
                     ev_name,
                     {"reason": reason, "message": message, "lastTimestamp": stamp, "count": count},
                 )
-                known.event_count = count
+                state.count = count
         except ApiError as err:
             # The explanation stays unrecorded, so the next cycle tries again.
-            if err.status == 404 and known.event_count:
-                known.event_count = 0  # expired (Events live an hour): create it anew next time
+            if err.status == 404 and state.count:
+                state.count = 0  # expired (Events live an hour): create it anew next time
             report.errors.append(f"event {namespace}/{ev_name}: {err}")
-            log.warning("pending_event_failed", pod_group=group, status=err.status, error=err.detail)
+            log.warning("pending_event_failed", pod_group=group, kind=kind, status=err.status, error=err.detail)
             return
-        known.explanation = now
+        state.explanation = now
         report.events_written += 1
 
-    def _event_body(self, group: str, known: _Group, now: tuple[str, str], stamp: str) -> JSON:
+    def _event_body(self, group: str, known: _Group, kind: str, now: tuple[str, str], stamp: str) -> JSON:
         namespace, _, name = group.partition("/")
         involved: JSON = {
             "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
@@ -336,7 +426,7 @@ class StatusWriter:
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": event_name(group), "namespace": namespace},
+            "metadata": {"name": event_name(group, kind), "namespace": namespace},
             "involvedObject": involved,
             "type": "Warning",
             "reason": now[0],

@@ -16,6 +16,7 @@ from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_sh
 from scheduler.engine.health import judge
 from scheduler.engine.model import Job, PendingReason, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
+from scheduler.engine.reservations import seat_reservations
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
 from scheduler.engine.state import (
     TIER_DEGRADED,
@@ -134,6 +135,7 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
         jobs=[],
         now=snapshot.now,
         stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
+        reservation_ttl_s=snapshot.config.reservation_ttl_s,
     )
     # Parsed GPU requests by (whole GPUs, annotations), and their milli-GPU
     # charge per pool: 150,000 pods have a handful of distinct requests.
@@ -232,6 +234,7 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
         state = queues[name]
         state.share = list(row.fair_share)
         state.request = list(row.request)
+    seat_reservations(cluster, snapshot.reservations)
     cluster.index_all()
     return cluster
 

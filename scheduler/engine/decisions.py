@@ -12,9 +12,19 @@ from __future__ import annotations
 
 from scheduler.engine import explain
 from scheduler.engine.caches import SessionCaches
-from scheduler.engine.model import UNLIMITED, Bind, Decisions, Eviction, JobStatus, QueueShare, Resources
+from scheduler.engine.model import (
+    UNLIMITED,
+    Bind,
+    Decisions,
+    Eviction,
+    JobStatus,
+    QueueShare,
+    Reservation,
+    Resources,
+)
+from scheduler.engine.reservations import kept
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, WHOLE_UNIT
-from scheduler.engine.state import Cluster, PoolState, QueueState, TaskState
+from scheduler.engine.state import Cluster, NodeState, PoolState, QueueState, TaskState
 
 
 class Backing:
@@ -146,6 +156,8 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
     touched.sort(key=lambda t: (t.job.key, t.spec.name))
     binds: list[Bind] = []
     evictions: list[Eviction] = []
+    reserve: list[Reservation] = []
+    expires = cluster.now + cluster.reservation_ttl_s
     for task in touched:
         spec = task.spec
         job = task.job
@@ -153,6 +165,8 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
             action, reason, beneficiary = task.eviction
             if task.node is not None:
                 reason = f"{reason}; room kept for it on node {task.node.name}"
+                # Its controller recreates the pod: the new pod of this job finds the room.
+                reserve.append(_room(task, task.node, expires))
             evictions.append(
                 Eviction(
                     job=job.key,
@@ -179,6 +193,8 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
                     pipelined=node.evicted_here,
                 )
             )
+            if node.evicted_here:
+                reserve.append(_room(task, node, expires))
     pending: list[JobStatus] = []
     for job in cluster.jobs:
         if any(t.is_pending for t in job.tasks):
@@ -208,4 +224,17 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
                 parent=q.parent.name if q.parent is not None else "",
             )
         )
-    return Decisions(tuple(binds), tuple(evictions), tuple(pending), tuple(shares))
+    return Decisions(tuple(binds), tuple(evictions), tuple(pending), tuple(shares), kept(cluster, reserve))
+
+
+def _room(task: TaskState, node: NodeState, expires: float) -> Reservation:
+    """The room ``task`` takes on ``node``, reserved for its job until ``expires``."""
+    return Reservation(
+        job=task.job.key,
+        node=node.name,
+        gpu_indices=tuple(node.gpu_index[p] for p in task.gpu_pos),
+        gpu_memory_mib=task.slices if task.slices else None,
+        cpu_milli=task.cpu,
+        memory_mib=task.mem,
+        expires=expires,
+    )

@@ -57,12 +57,18 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
 
     An action looks at the first ``MAX_BENEFICIARIES`` it can act on; the
     rest keep their allocate reason and are looked at again next cycle,
-    which bounds the cost of a session with thousands of pending jobs.
+    which bounds the cost of a session with thousands of pending jobs. A
+    job awaiting room that earlier evictions are still freeing is no
+    beneficiary: evicting more for it would take twice what it needs.
     """
     jobs = [
         job
         for job in cluster.pending_jobs
-        if job.error is None and job.queue is not None and job.pool is not None and job.needs_gang()
+        if job.error is None
+        and job.queue is not None
+        and job.pool is not None
+        and not job.awaiting_room
+        and job.needs_gang()
     ]
     jobs.sort(key=_allocate_order)
     return jobs

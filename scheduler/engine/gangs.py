@@ -12,6 +12,7 @@ from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
+from scheduler.engine.reservations import release_for, reserved_place
 from scheduler.engine.scoring import find_place
 from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskState
 from scheduler.engine.statement import Statement
@@ -71,10 +72,14 @@ def place_job(
         problem = limit_problem(queue, cluster.job_request(gang), job.preemptible)
         if problem is not None:
             return problem
-        if _quick_reject(pool, gang):
-            job.unplaced = gang[0]
-            return _no_room()
     mark = stmt.mark()
+    # The job's reserved room is its own: freed first, so the gang check
+    # and the placement below count it (a rollback seats it again).
+    release_for(stmt, job)
+    if gang and _quick_reject(pool, gang):
+        stmt.rollback(mark)
+        job.unplaced = gang[0]
+        return _no_room()
     for i, task in enumerate(pending):
         in_gang = i < required
         if not in_gang and not beyond_gang:
@@ -99,7 +104,11 @@ def place_extra(cluster: Cluster, caches: SessionCaches, stmt: Statement, job: J
     pending = job.pending_tasks()
     if not pending:
         return None
+    mark = stmt.mark()
+    release_for(stmt, job)
     problem = _place_task(cluster, caches, stmt, pending[0])
+    if problem is not None:
+        stmt.rollback(mark)
     job.unplaced = None
     return problem
 
@@ -110,7 +119,7 @@ def _place_task(cluster: Cluster, caches: SessionCaches, stmt: Statement, task: 
     problem = limit_problem(job.queue, [task.milli, task.cpu, task.mem], job.preemptible)
     if problem is not None:
         return problem
-    found = find_place(cluster, caches, task)
+    found = reserved_place(task) or find_place(cluster, caches, task)
     if found is None:
         job.unplaced = task
         return _no_room()

@@ -241,9 +241,37 @@ class SchedulerConfig:
     default_strategy: PlacementStrategy = PlacementStrategy.BINPACK
     pool_strategies: Mapping[str, PlacementStrategy] = field(default_factory=dict)
     stale_gang_grace_s: float = 60.0
+    # How long room freed for a job is held for it (see Reservation): long
+    # enough for evicted pods to finish their termination grace period.
+    reservation_ttl_s: float = 300.0
 
     def strategy(self, pool: str) -> PlacementStrategy:
         return self.pool_strategies.get(pool, self.default_strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room on one node held for one job across sessions, until it binds or ``expires``.
+
+    Actions free room for a job by evicting others (reclaim, preemption,
+    consolidation); the evicted pods take their grace period to leave, so the
+    job's pods cannot bind in the session that decided it. Without a
+    reservation the next session would see the room come free and could
+    give it to anyone. While the room is still held by terminating pods the
+    job waits for it (no further evictions are made on its behalf); once
+    free, the room is seated for the job and no other job can take it.
+
+    ``gpu_memory_mib`` is the slice per GPU for fractional room (None for
+    whole GPUs); ``job`` is the job key (``namespace/name``).
+    """
+
+    job: str
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_memory_mib: tuple[int, ...] | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    expires: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +281,7 @@ class Snapshot:
     jobs: tuple[Job, ...] = ()
     now: float = 0.0
     config: SchedulerConfig = SchedulerConfig()
+    reservations: tuple[Reservation, ...] = ()
 
 
 # --------------------------------------------------------------------------
@@ -351,7 +380,17 @@ class QueueShare:
 
 @dataclass(frozen=True, slots=True)
 class Decisions:
+    """What the session decided.
+
+    ``reservations`` is every reservation that should hold after this
+    session: the snapshot's that are still valid and unused, and new ones
+    for the room this session's evictions are freeing (pipelined binds and
+    consolidation's moved pods). The executor keeps them, minus those whose
+    bind went through at once.
+    """
+
     binds: tuple[Bind, ...] = ()
     evictions: tuple[Eviction, ...] = ()
     pending: tuple[JobStatus, ...] = ()
     queue_shares: tuple[QueueShare, ...] = ()
+    reservations: tuple[Reservation, ...] = ()

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
-from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Task
+from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Reservation, Task
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, GpuRequest
 
 
@@ -147,11 +147,35 @@ class TaskState:
     slices: tuple[int, ...] = ()  # MiB per position, for slice holders
     eviction: EvictionRecord | None = None
     shape: tuple[object, ...] = ()
+    # A stand-in holding a job's reserved room (scheduler.engine.reservations):
+    # it holds resources like a running pod but is no pod, never a victim.
+    placeholder: bool = False
 
     @property
     def is_pending(self) -> bool:
         """Still waiting for a place (never ran, not placed this session)."""
         return not self.was_running and self.node is None
+
+
+@dataclass(slots=True, eq=False)
+class HeldRoom:
+    """One reservation of a job in this session.
+
+    ``placeholder`` holds the room on ``node`` while it is free and unused;
+    None while terminating pods still hold it (``awaiting``). A placeholder
+    released by the job's own placement was used.
+    """
+
+    reservation: Reservation
+    node: NodeState
+    placeholder: TaskState | None = None
+    awaiting: bool = False
+
+    @property
+    def kept(self) -> bool:
+        """Still to be held after the session: unused, or still being freed."""
+        seated = self.placeholder is not None and self.placeholder.node is not None
+        return seated or self.awaiting
 
 
 @dataclass(slots=True, eq=False)
@@ -166,6 +190,10 @@ class JobState:
     reasons: list[PendingReason] = field(default_factory=list)
     unplaced: TaskState | None = None  # the task that found no node, for explanations
     notes: list[str] = field(default_factory=list)  # what reclaim/preempt tried, for explanations
+    reserved: list[HeldRoom] = field(default_factory=list)  # the job's reservations this session
+    # Room reserved for the job is still held by terminating pods: no action
+    # evicts more on its behalf while the last eviction is finishing.
+    awaiting_room: bool = False
 
     @property
     def held(self) -> int:
@@ -195,6 +223,7 @@ class Cluster:
     jobs: list[JobState]
     now: float
     stale_gang_grace_s: float
+    reservation_ttl_s: float = 300.0
     # Bumped whenever resources are released: a cached "nothing fits" is
     # only trusted while it is unchanged.
     release_version: int = 0

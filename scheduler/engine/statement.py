@@ -21,6 +21,7 @@ from scheduler.engine.state import Cluster, EvictionRecord, NodeState, TaskState
 
 _ALLOCATE = 0
 _EVICT = 1
+_UNRESERVE = 2
 
 
 @dataclass(slots=True)
@@ -50,6 +51,18 @@ class Statement:
         task.eviction = EvictionRecord(action, reason, beneficiary)
         self.log.append(entry)
 
+    def unreserve(self, placeholder: TaskState) -> None:
+        """Free a job's reserved room for the job itself to be placed into.
+
+        Not an eviction and no decision: a placeholder is no pod. A rollback
+        seats it again, so a job that still does not fit keeps its room.
+        """
+        node = placeholder.node
+        assert node is not None and placeholder.placeholder
+        entry = _Entry(_UNRESERVE, placeholder, node, placeholder.gpu_pos, placeholder.slices)
+        self.cluster.release(placeholder)
+        self.log.append(entry)
+
     def mark(self) -> int:
         return len(self.log)
 
@@ -64,13 +77,16 @@ class Statement:
             else:
                 assert entry.node is not None
                 cluster.take(entry.task, entry.node, entry.positions, entry.slices)
-                entry.task.eviction = entry.eviction
+                if entry.kind == _EVICT:
+                    entry.task.eviction = entry.eviction
 
     def commit(self) -> None:
         if not self.log:
             return
         touched = self.cluster.touched
         for entry in self.log:
+            if entry.kind == _UNRESERVE:
+                continue
             touched.append(entry.task)
             if entry.kind == _EVICT and entry.node is not None:
                 entry.node.evicted_here = True

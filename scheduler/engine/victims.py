@@ -27,6 +27,7 @@ from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
+from scheduler.engine.reservations import release_for, reserved_place
 from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
 from scheduler.engine.scoring import find_place, fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
@@ -39,7 +40,14 @@ Predicate = Callable[[JobState], bool]
 
 
 def evictable(task: TaskState) -> bool:
-    return task.was_running and task.node is not None and not task.releasing and task.eviction is None
+    """Running, not terminating, not evicted yet, and a pod (a reservation's placeholder is none)."""
+    return (
+        task.was_running
+        and task.node is not None
+        and not task.releasing
+        and task.eviction is None
+        and not task.placeholder
+    )
 
 
 def victim_order(job: JobState) -> tuple[int, float, str]:
@@ -265,6 +273,7 @@ def make_room(
     if not gang or len(pending) < required:
         return False
     mark = stmt.mark()
+    release_for(stmt, job)
     for task in gang:
         request = [task.milli, task.cpu, task.mem]
         problem = limit_problem(queue, request, job.preemptible)
@@ -284,7 +293,7 @@ def make_room(
         ):
             stmt.rollback(mark)
             return False
-        found = find_place(cluster, caches, task)
+        found = reserved_place(task) or find_place(cluster, caches, task)
         if found is not None:
             stmt.allocate(task, *found)
             continue

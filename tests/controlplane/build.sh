@@ -21,12 +21,24 @@
 #   GPUWARDEN_CACHE          cache folder (default ~/.cache/gpuwarden)
 #   GPUWARDEN_K8S_VERSION    k8s.io/kubernetes release (default in versions.env)
 #   GPUWARDEN_ETCD_VERSION   go.etcd.io/etcd release (default in versions.env)
-#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, ETCD
+#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, ETCD, KUBE_SCHEDULER
 #                            existing binaries to use instead; set ones are
 #                            checked and not built.
 #   GOTOOLCHAIN              e.g. go1.27.3 when a release needs a newer Go
 #                            than the installed one.
+#
+# Arguments: `--with-kube-scheduler` also builds the upstream kube-scheduler,
+# which only benchmarks/scheduler_fill.py needs (it is the baseline gpuwarden's
+# scheduler is measured against), so the tests never wait for it.
 set -euo pipefail
+
+with_scheduler=0
+for arg in "$@"; do
+    case "${arg}" in
+    --with-kube-scheduler) with_scheduler=1 ;;
+    *) printf 'unknown argument %s (known: --with-kube-scheduler)\n' "${arg}" >&2; exit 2 ;;
+    esac
+done
 
 # The default releases, shared with tests/harness/processes.py, which finds the binaries.
 # shellcheck source=tests/controlplane/versions.env
@@ -84,6 +96,9 @@ k8s_targets=()
 need_build KUBE_APISERVER "${K8S_DIR}/kube-apiserver" && k8s_targets+=(kube-apiserver)
 need_build KUBE_CONTROLLER_MANAGER "${K8S_DIR}/kube-controller-manager" && k8s_targets+=(kube-controller-manager)
 need_build KUBECTL "${K8S_DIR}/kubectl" && k8s_targets+=(kubectl)
+if ((with_scheduler)); then
+    need_build KUBE_SCHEDULER "${K8S_DIR}/kube-scheduler" && k8s_targets+=(kube-scheduler)
+fi
 
 if ((${#k8s_targets[@]})); then
     started=${SECONDS}

@@ -137,6 +137,7 @@ def test_the_crds_carry_the_contract_names(control_plane: ControlPlane) -> None:
     assert set(pstatus) == {
         contract.PODGROUP_STATUS_PHASE,
         contract.PODGROUP_STATUS_SCHEDULED,
+        contract.PODGROUP_STATUS_RESERVATIONS,
         contract.STATUS_CONDITIONS,
         contract.STATUS_OBSERVED_GENERATION,
     }

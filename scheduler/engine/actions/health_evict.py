@@ -5,7 +5,10 @@ pending) are seen by every later action. A pod is evicted when its node has a
 fatal fault or is being drained by remediation, or when it holds a GPU with a
 fatal fault (see :mod:`scheduler.engine.health` for which faults are fatal).
 A gang (``min_member`` > 1) hit anywhere loses all its pods: the survivors
-could not make progress without the lost member.
+could not make progress without the lost member. A member still terminating
+on the failed hardware counts as a hit too: when a disruption budget refused
+some of the gang's evictions, the rest are asked again every session until
+they go, instead of waiting for the stale-gang grace.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
     stmt = Statement(cluster)
     hit: dict[int, tuple[TaskState, str]] = {}
     jobs: dict[int, JobState] = {}
+    gone: dict[int, str] = {}  # gangs with a member already leaving the failed hardware
     for node in cluster.nodes.values():
         if node.node_fatal is not None:
             why = f"node {node.name}: {node.node_fatal}"
@@ -28,21 +32,29 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                 if evictable(task):
                     hit[id(task)] = (task, why)
                     jobs.setdefault(id(task.job), task.job)
+                elif task.releasing:
+                    gone.setdefault(id(task.job), why)
             continue
         bad = node.gpu_bad_reason
         if not any(bad):
             continue
         for task in node.tasks:
-            if not evictable(task):
+            if not (evictable(task) or task.releasing):
                 continue
             for p in task.gpu_pos:
                 if bad[p] is not None:
                     why = f"GPU {node.gpu_index[p]} on node {node.name}: {node.gpu_bad_reason[p]}"
-                    hit[id(task)] = (task, why)
-                    jobs.setdefault(id(task.job), task.job)
+                    if task.releasing:
+                        gone.setdefault(id(task.job), why)
+                    else:
+                        hit[id(task)] = (task, why)
+                        jobs.setdefault(id(task.job), task.job)
                     break
+    for job in cluster.jobs:
+        if id(job) in gone and job.spec.min_member > 1 and id(job) not in jobs:
+            jobs[id(job)] = job
     for job in sorted(jobs.values(), key=lambda j: j.key):
-        first = next(why for t, why in hit.values() if t.job is job)
+        first = next((why for t, why in hit.values() if t.job is job), None) or gone[id(job)]
         for task in job.tasks:
             if not evictable(task):
                 continue

@@ -146,3 +146,30 @@ def pod(
 def node_of(k8s: client.ApiClient, namespace: str, name: str) -> str | None:
     node: str | None = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace).spec.node_name
     return node
+
+
+def refusing_pdb(k8s: client.ApiClient, namespace: str, name: str, labels: dict[str, str]) -> None:
+    """A budget of minAvailable 1 over one healthy pod, with the status the disruption controller would write.
+
+    The test control plane runs no disruption controller; without a status
+    the API server refuses every eviction as "still being processed", which
+    would prove less than a budget that has counted its pods and says no.
+    """
+    policy = client.PolicyV1Api(k8s)
+    created = policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+        },
+    )
+    status = {
+        "observedGeneration": created.metadata.generation,
+        "currentHealthy": 1,
+        "desiredHealthy": 1,
+        "expectedPods": 1,
+        "disruptionsAllowed": 0,
+    }
+    policy.patch_namespaced_pod_disruption_budget_status(name, namespace, {"status": status})

@@ -47,6 +47,7 @@ from tests.harness import (
     unique_name,
     wait_for,
 )
+from tests.scheduler.cluster.kube_objects import refusing_pdb
 
 pytestmark = pytest.mark.k8s
 
@@ -222,33 +223,6 @@ def test_a_pipelined_bind_waits_until_the_evictions_on_its_node_finish(
 # -- evictions ----------------------------------------------------------------------
 
 
-def _pdb(k8s: client.ApiClient, namespace: str, name: str, labels: dict[str, str]) -> None:
-    """A budget of minAvailable 1 over one healthy pod, with the status the disruption controller would write.
-
-    The test control plane runs no disruption controller; without a status
-    the API server refuses every eviction as "still being processed", which
-    would prove less than a budget that has counted its pods and says no.
-    """
-    policy = client.PolicyV1Api(k8s)
-    created = policy.create_namespaced_pod_disruption_budget(
-        namespace,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": name},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
-        },
-    )
-    status = {
-        "observedGeneration": created.metadata.generation,
-        "currentHealthy": 1,
-        "desiredHealthy": 1,
-        "expectedPods": 1,
-        "disruptionsAllowed": 0,
-    }
-    policy.patch_namespaced_pod_disruption_budget_status(name, namespace, {"status": status})
-
-
 def test_a_disruption_budget_refuses_and_is_never_bypassed_then_the_pod_goes(
     k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
 ) -> None:
@@ -256,7 +230,7 @@ def test_a_disruption_budget_refuses_and_is_never_bypassed_then_the_pod_goes(
     labels = {"app": "guarded"}
     pod = _pod(k8s, namespace, "guarded", labels=labels, node=node.name)
     mark_pod_running(k8s, pod.metadata.name, namespace)
-    _pdb(k8s, namespace, "keep-one", labels)
+    refusing_pdb(k8s, namespace, "keep-one", labels)
     policy = client.PolicyV1Api(k8s)
     api = _api(k8s)
     evictor = Evictor(api, retry=NO_WAIT)

@@ -1,0 +1,195 @@
+"""Reservations on the PodGroup, so that room held for a job survives the cycle and the leader.
+
+The engine decides which room is held for which job
+(:mod:`scheduler.engine.reservations`); this module keeps that decision in
+the cluster, in the PodGroup's ``status.reservations``::
+
+    status:
+      reservations:
+      - node: gpu-node-17
+        gpus: [6, 7]             # device indices
+        gpuMemoryMiB: [20480]    # only for a slice: MiB per GPU
+        cpu: 8000                # millicores
+        memoryMiB: 65536
+        expires: "2026-12-01T14:05:00Z"
+
+Status, not an annotation: the scheduler may already patch
+``podgroups/status`` and nothing else of a PodGroup, so no new permission
+is needed, and a user editing the PodGroup's spec cannot forge room for
+their job. Every cycle reads the reservations back from the watched
+PodGroups, so a replica that becomes leader continues with exactly the room
+the last one held. A malformed entry is logged once and left out; it never
+stops the cycle, and the room it named is then free for anyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuwarden import contract
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.logonce import WarnOnce
+from scheduler.engine.model import Reservation
+
+log = get_logger(__name__)
+warn = WarnOnce(__name__)
+
+STATUS_FIELD = contract.PODGROUP_STATUS_RESERVATIONS
+GroupKey = tuple[str, str]  # (namespace, PodGroup name)
+
+
+def _time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def encode(reservations: Iterable[Reservation]) -> list[JSON]:
+    """The ``status.reservations`` list for one group's reservations, in a stable order."""
+    out: list[JSON] = []
+    for res in sorted(reservations, key=lambda r: (r.node, r.gpu_indices)):
+        entry: JSON = {"node": res.node, "gpus": list(res.gpu_indices)}
+        if res.gpu_memory_mib is not None:
+            entry["gpuMemoryMiB"] = list(res.gpu_memory_mib)
+        entry["cpu"] = res.cpu_milli
+        entry["memoryMiB"] = res.memory_mib
+        # Whole seconds, rounded up: the written time is never earlier than decided.
+        entry["expires"] = _time(float(-(-res.expires // 1)))
+        out.append(entry)
+    return out
+
+
+def _ints(value: Any, what: str, *, least: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{what} must be a list of integers")
+    if any(v < least for v in value):
+        raise ValueError(f"{what} must be at least {least}")
+    return tuple(value)
+
+
+def _count(entry: Mapping[str, Any], key: str) -> int:
+    value = entry.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer")
+    return value
+
+
+def decode_entry(job: str, entry: Any) -> Reservation:
+    """One entry of ``status.reservations``; ValueError says what is wrong with it."""
+    if not isinstance(entry, dict):
+        raise ValueError("an entry must be an object")
+    node = entry.get("node")
+    if not isinstance(node, str) or not node:
+        raise ValueError("node must be a node name")
+    gpus = _ints(entry.get("gpus", []), "gpus", least=0)
+    if len(set(gpus)) != len(gpus):
+        raise ValueError("gpus lists a GPU twice")
+    mib_raw = entry.get("gpuMemoryMiB")
+    mib = None if mib_raw is None else _ints(mib_raw, "gpuMemoryMiB", least=1)
+    if mib is not None and len(mib) != len(gpus):
+        raise ValueError("gpuMemoryMiB needs one size per GPU")
+    expires_raw = entry.get("expires")
+    if not isinstance(expires_raw, str):
+        raise ValueError("expires must be an RFC 3339 time")
+    try:
+        expires = datetime.fromisoformat(expires_raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expires {expires_raw!r} is not an RFC 3339 time") from None
+    if expires.tzinfo is None:
+        raise ValueError("expires must carry a time zone")
+    return Reservation(
+        job=job,
+        node=node,
+        gpu_indices=gpus,
+        gpu_memory_mib=mib,
+        cpu_milli=_count(entry, "cpu"),
+        memory_mib=_count(entry, "memoryMiB"),
+        expires=expires.timestamp(),
+    )
+
+
+def _listed(obj: Mapping[str, Any]) -> Any:
+    status = obj.get("status")
+    return status.get(STATUS_FIELD) if isinstance(status, dict) else None
+
+
+def reservations_from(podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> tuple[Reservation, ...]:
+    """Every well-formed reservation of the watched PodGroups (the engine drops expired ones)."""
+    out: list[Reservation] = []
+    for (namespace, name), obj in sorted(podgroups.items()):
+        listed = _listed(obj)
+        if listed is None:
+            continue
+        job = f"{namespace}/{name}"
+        if not isinstance(listed, list):
+            warn.warning("reservations_invalid", ("reservations", job), podgroup=job, problem="not a list")
+            continue
+        for i, entry in enumerate(listed):
+            try:
+                out.append(decode_entry(job, entry))
+            except ValueError as err:
+                warn.warning(
+                    "reservation_invalid", ("reservation", job, i, str(err)), podgroup=job, entry=i, problem=str(err)
+                )
+    return tuple(out)
+
+
+class ReservationWriter:
+    """Writes each PodGroup's reservations when they differ from what it shows.
+
+    What the watched PodGroup shows is the truth (a new leader reads it);
+    what this writer last wrote stands in for it until the watch catches
+    up, so an unchanged reservation is not patched again every cycle.
+    """
+
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
+        self._written: dict[GroupKey, list[JSON]] = {}
+
+    def write(self, reservations: Iterable[Reservation], podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> int:
+        """Bring every group's ``status.reservations`` to ``reservations``; returns the patches sent."""
+        wanted: dict[GroupKey, list[Reservation]] = {}
+        for res in reservations:
+            namespace, _, name = res.job.partition("/")
+            wanted.setdefault((namespace, name), []).append(res)
+        groups = set(wanted)
+        groups.update(key for key, obj in podgroups.items() if _listed(obj))
+        groups.update(key for key, value in self._written.items() if value)
+        sent = 0
+        for key in sorted(groups):
+            body = encode(wanted.get(key, ()))
+            obj = podgroups.get(key)
+            shown = (_listed(obj) if obj is not None else None) or []
+            if body == shown:
+                self._written[key] = body
+                continue
+            if self._written.get(key) == body and obj is not None:
+                continue  # sent already; the watch has not shown it yet
+            if not body and obj is None:
+                self._written.pop(key, None)
+                continue
+            if self._patch(key, body):
+                sent += 1
+        return sent
+
+    def _patch(self, key: GroupKey, body: list[JSON]) -> bool:
+        namespace, name = key
+        try:
+            self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
+        except ApiError as err:
+            if err.status == 404:
+                self._written.pop(key, None)
+                log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
+                return False
+            warn.warning(
+                "reservation_write_failed",
+                ("reservation-write", key, err.status),
+                podgroup=f"{namespace}/{name}",
+                status=err.status,
+                error=err.detail,
+            )
+            return False
+        self._written[key] = body
+        log.info("reservations_written", podgroup=f"{namespace}/{name}", count=len(body))
+        return True

@@ -1,0 +1,191 @@
+"""Reclaim, consolidation and health eviction end to end, with the room they free held across cycles.
+
+Each test runs several cycles against the real API server, the way the
+leader runs them: evictions go through the Eviction API and leave pods
+terminating (there is no kubelet; the test finishes a deletion when it wants
+the pod gone), and the next cycles must neither evict again for the same
+job nor hand its room to someone else. Later cycles use a fresh
+:class:`SchedulingCycle`, a leader that has just taken over: what it knows
+of the reservations it reads from the PodGroups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.contract import Action, EvictionAction
+from scheduler.cluster.assignment import decode_assignment
+from tests.agent.publish.reports import xid_fault
+from tests.harness import complete_pod_deletion, mark_pod_running
+from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health, refusing_pdb
+from tests.scheduler.cluster.test_cycle_k8s import new_cycle, podgroup_status, view
+
+pytestmark = pytest.mark.k8s
+
+
+def _run_all(k8s: client.ApiClient, namespace: str, names: list[str], nodes: set[str]) -> dict[str, tuple[int, ...]]:
+    """One cycle places ``names``; mark them running; their GPUs by pod."""
+    new_cycle(k8s).run(view(k8s, nodes))
+    held: dict[str, tuple[int, ...]] = {}
+    core = client.CoreV1Api(k8s)
+    for name in names:
+        stored = core.read_namespaced_pod(name, namespace)
+        assert stored.spec.node_name in nodes, f"{name} was not placed"
+        mark_pod_running(k8s, name, namespace)
+        held[name] = decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) or ()
+    return held
+
+
+def _terminating(k8s: client.ApiClient, namespace: str, names: list[str]) -> list[str]:
+    core = client.CoreV1Api(k8s)
+    return [n for n in names if core.read_namespaced_pod(n, namespace).metadata.deletion_timestamp is not None]
+
+
+def _gpus(k8s: client.ApiClient, namespace: str, name: str) -> tuple[int, ...]:
+    stored = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace)
+    return decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) or ()
+
+
+def _queue_status(k8s: client.ApiClient, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(k8s).get_cluster_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+    )
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def test_reclaim_brings_two_queues_to_their_fair_shares_and_holds_the_room_until_it_is_used(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    lender, owed = queue(4), queue(4)
+    # The lender borrows all 8 GPUs while the other queue has no work.
+    borrowed = [f"lend-{i}" for i in range(8)]
+    for name in borrowed:
+        podgroup(k8s, namespace, name, lender, 1)
+        pod(k8s, namespace, name, group=name)
+    held = _run_all(k8s, namespace, borrowed, nodes)
+
+    # The owed queue comes back for its quota: four single-GPU jobs.
+    wanted = [f"owed-{i}" for i in range(4)]
+    for name in wanted:
+        podgroup(k8s, namespace, name, owed, 1)
+        pod(k8s, namespace, name, group=name)
+    first = new_cycle(k8s).run(view(k8s, nodes))
+    victims = _terminating(k8s, namespace, borrowed)
+    assert len(victims) == 4 and {e.eviction.action for e in first.evictions} == {EvictionAction.RECLAIM}
+    assert all(node_of(k8s, namespace, n) is None for n in wanted), "binds wait for the victims to leave"
+    reserved = {n: podgroup_status(k8s, namespace, n).get("reservations") for n in wanted}
+    assert all(reserved.values()), reserved
+    room = sorted(g for n in wanted for entry in reserved[n] for g in entry["gpus"])
+    assert room == sorted(g for v in victims for g in held[v])
+
+    # A new leader, victims still terminating: nothing more is evicted.
+    again = new_cycle(k8s).run(view(k8s, nodes))
+    assert again.evictions == ()
+    assert sorted(_terminating(k8s, namespace, borrowed)) == sorted(victims)
+
+    # The victims leave; the lender submits more work at once, which would
+    # take the freed GPUs if they were not held.
+    for v in victims:
+        complete_pod_deletion(k8s, v, namespace)
+    podgroup(k8s, namespace, "lend-late", lender, 1)
+    pod(k8s, namespace, "lend-late", group="lend-late")
+    new_cycle(k8s).run(view(k8s, nodes))
+    assert sorted(g for n in wanted for g in _gpus(k8s, namespace, n)) == room
+    assert node_of(k8s, namespace, "lend-late") is None
+    assert all(not podgroup_status(k8s, namespace, n).get("reservations") for n in wanted), "used room is released"
+    for q in (lender, owed):
+        status = _queue_status(k8s, q)
+        assert status["allocated"]["gpu"] == status["fairShare"]["gpu"] == 4, status
+
+
+def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(2))
+    q = queue(16)
+    small = [f"small-{i}" for i in range(16)]
+    for name in small:
+        podgroup(k8s, namespace, name, q, 1)
+        pod(k8s, namespace, name, group=name)
+    _run_all(k8s, namespace, small, nodes)
+    # One pod finishes on each node: one GPU free on each, two on neither.
+    placed = {n: node_of(k8s, namespace, n) for n in small}
+    for each in nodes:
+        complete_pod_deletion(k8s, next(n for n in small if placed[n] == each), namespace)
+    podgroup(k8s, namespace, "big", q, 1)
+    pod(k8s, namespace, "big", group="big", gpus=2)
+
+    first = new_cycle(k8s).run(view(k8s, nodes))
+    (moved,) = first.evictions
+    assert moved.eviction.action is EvictionAction.CONSOLIDATE
+    target = moved.eviction.node
+    (entry,) = podgroup_status(k8s, namespace, "big")["reservations"]
+    assert entry["node"] == target and len(entry["gpus"]) == 2
+
+    # While the moved pod terminates nothing else moves. Once it is gone, a
+    # two-GPU job of an idle queue (first in allocate's order, so it would
+    # be offered the freed room first) arrives; the room stays big's.
+    assert new_cycle(k8s).run(view(k8s, nodes)).evictions == ()
+    complete_pod_deletion(k8s, moved.eviction.pod, namespace)
+    podgroup(k8s, namespace, "urgent", queue(16), 1)
+    pod(k8s, namespace, "urgent", group="urgent", gpus=2)
+    new_cycle(k8s).run(view(k8s, nodes))
+    assert node_of(k8s, namespace, "big") == target
+    assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
+    assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
+    assert not podgroup_status(k8s, namespace, "big").get("reservations")
+
+
+def test_a_faulted_gpu_loses_its_gang_through_evictions_a_budget_holds_back_and_only_it_stops(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    (node,) = cluster(1)
+    q = queue(8)
+    podgroup(k8s, namespace, "gang", q, 2)
+    gang = ["gang-0", "gang-1"]
+    for name in gang:
+        pod(k8s, namespace, name, group="gang")
+    podgroup(k8s, namespace, "solo", q, 1)
+    pod(k8s, namespace, "solo", group="solo")
+    held = _run_all(k8s, namespace, [*gang, "solo"], {node})
+    # A budget guards the gang member that is not on the sick GPU.
+    sick = held["gang-0"][0]
+    client.CoreV1Api(k8s).patch_namespaced_pod("gang-1", namespace, {"metadata": {"labels": {"guard": "me"}}})
+    refusing_pdb(k8s, namespace, "guard", {"guard": "me"})
+
+    publish_health(k8s, node, replace(xid_fault(sick, 48), action=Action.RESET_GPU))
+    result = new_cycle(k8s).run(view(k8s, {node}))
+    outcomes = {e.eviction.pod: e.outcome.value for e in result.evictions}
+    assert outcomes == {"gang-0": "Evicted", "gang-1": "Refused"}, outcomes
+    assert _terminating(k8s, namespace, [*gang, "solo"]) == ["gang-0"]
+    conditions = {c["type"]: c for c in podgroup_status(k8s, namespace, "gang").get("conditions") or []}
+    blocked = conditions["EvictionBlocked"]
+    assert blocked["status"] == "True" and "gang-1" in blocked["message"], conditions
+    assert "disruption budget" in blocked["message"]
+    events = client.CoreV1Api(k8s).list_namespaced_event(namespace).items
+    assert any(e.reason == "DisruptionBudget" and "gang-1" in e.message for e in events)
+
+    # The budget lifts while gang-0 still terminates: the gang's last pod
+    # goes at the next cycle; solo stays, and new work lands on the node's
+    # healthy GPUs only.
+    client.PolicyV1Api(k8s).delete_namespaced_pod_disruption_budget("guard", namespace)
+    podgroup(k8s, namespace, "fresh", q, 1)
+    pod(k8s, namespace, "fresh", group="fresh", gpus=6)
+    result = new_cycle(k8s).run(view(k8s, {node}))
+    assert [(e.eviction.pod, e.outcome.value) for e in result.evictions] == [("gang-1", "Evicted")]
+    conditions = [c["type"] for c in podgroup_status(k8s, namespace, "gang").get("conditions") or []]
+    assert "EvictionBlocked" not in conditions
+    complete_pod_deletion(k8s, "gang-0", namespace)
+    complete_pod_deletion(k8s, "gang-1", namespace)
+    new_cycle(k8s).run(view(k8s, {node}))
+    assert node_of(k8s, namespace, "solo") == node
+    assert node_of(k8s, namespace, "fresh") == node
+    assert sick not in _gpus(k8s, namespace, "fresh")

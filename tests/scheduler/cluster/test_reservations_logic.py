@@ -1,0 +1,81 @@
+"""The PodGroup's ``status.reservations``: written and read back exactly, bad entries named and skipped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.cluster.reservations import decode_entry, encode, reservations_from
+from scheduler.engine.model import Reservation
+
+NOW = 1_764_600_000.0
+
+
+@st.composite
+def reservations(draw: st.DrawFn) -> Reservation:
+    gpus = tuple(draw(st.lists(st.integers(0, 63), max_size=8, unique=True)))
+    sliced = draw(st.booleans()) and bool(gpus)
+    return Reservation(
+        job="team-a/train",
+        node=draw(st.from_regex(r"[a-z][a-z0-9-]{0,30}", fullmatch=True)),
+        gpu_indices=gpus,
+        gpu_memory_mib=tuple(draw(st.integers(1, 200_000)) for _ in gpus) if sliced else None,
+        cpu_milli=draw(st.integers(0, 10**7)),
+        memory_mib=draw(st.integers(0, 10**8)),
+        expires=float(draw(st.integers(int(NOW), int(NOW) + 10**7))),
+    )
+
+
+@given(reservations())
+def test_a_reservation_reads_back_as_written(res: Reservation) -> None:
+    (entry,) = encode([res])
+    assert decode_entry(res.job, entry) == res
+
+
+def test_a_fractional_expiry_is_written_rounded_up() -> None:
+    (entry,) = encode([Reservation(job="a/b", node="n", gpu_indices=(1,), expires=NOW + 0.2)])
+    assert decode_entry("a/b", entry).expires == NOW + 1
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("n1", "an entry must be an object"),
+        ({"gpus": [0], "expires": "2026-12-01T00:00:00Z"}, "node must be a node name"),
+        ({"node": "n1", "gpus": [0, 0], "expires": "2026-12-01T00:00:00Z"}, "gpus lists a GPU twice"),
+        ({"node": "n1", "gpus": [-1], "expires": "2026-12-01T00:00:00Z"}, "gpus must be at least 0"),
+        ({"node": "n1", "gpus": [True], "expires": "2026-12-01T00:00:00Z"}, "gpus must be a list of integers"),
+        ({"node": "n1", "gpus": [0], "gpuMemoryMiB": [1, 2], "expires": "2026-12-01T00:00:00Z"}, "one size per GPU"),
+        ({"node": "n1", "gpus": [0], "cpu": -1, "expires": "2026-12-01T00:00:00Z"}, "cpu must be a non-negative"),
+        ({"node": "n1", "gpus": [0]}, "expires must be an RFC 3339 time"),
+        ({"node": "n1", "gpus": [0], "expires": "tomorrow"}, "is not an RFC 3339 time"),
+        ({"node": "n1", "gpus": [0], "expires": "2026-12-01T00:00:00"}, "must carry a time zone"),
+    ],
+)
+def test_a_bad_entry_is_named(entry: Any, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        decode_entry("a/b", entry)
+
+
+def test_bad_entries_are_left_out_and_the_rest_kept() -> None:
+    good = encode([Reservation(job="ns/ok", node="n1", gpu_indices=(2, 3), expires=NOW)])
+    groups = {
+        ("ns", "ok"): {"status": {"reservations": [*good, {"node": 5}]}},
+        ("ns", "junk"): {"status": {"reservations": "n1:0"}},
+        ("ns", "none"): {"status": {}},
+        ("ns", "odd"): {"status": "Pending"},
+    }
+    assert reservations_from(groups) == (Reservation(job="ns/ok", node="n1", gpu_indices=(2, 3), expires=NOW),)
+
+
+_VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers()))
+
+
+@given(st.dictionaries(st.sampled_from(["node", "gpus", "gpuMemoryMiB", "cpu", "memoryMiB", "expires", "x"]), _VALUES))
+def test_any_entry_reads_as_one_reservation_or_none_without_raising(entry: dict[str, Any]) -> None:
+    found = reservations_from({("ns", "g"): {"status": {"reservations": [entry]}}})
+    assert len(found) <= 1
+    assert all(r.job == "ns/g" and r.node == entry["node"] for r in found)
