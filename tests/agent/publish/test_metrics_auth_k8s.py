@@ -21,13 +21,15 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi, RequestStats
 from gpuwarden.metricsauth import DelegatedAuthorizer
 from gpuwarden.serving import MetricsSecurity, build_server
 from gpuwarden.servingcert import ServingCertificate
-from tests.agent.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS
+from tests.agent.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, MANIFESTS, SimAgent
 from tests.harness import ControlPlane, free_ports, unique_name, wait_for
 
 pytestmark = pytest.mark.k8s
@@ -116,10 +118,14 @@ def agent_server(control_plane: ControlPlane, secure_rbac: None) -> Iterator[Hea
 
 
 def _get(server: HealthServer, path: str, token: str | None = None) -> tuple[int, str]:
+    return _get_port(server.port, path, token)
+
+
+def _get_port(port: int, path: str, token: str | None = None) -> tuple[int, str]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False  # self-signed: what the ServiceMonitor's insecureSkipVerify means
     context.verify_mode = ssl.CERT_NONE
-    conn = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=10, context=context)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
     try:
         conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token is not None else {})
         resp = conn.getresponse()
@@ -228,3 +234,30 @@ def test_an_unreachable_api_server_answers_503_and_the_probes_keep_working() -> 
             assert _get(server, "/healthz") == (200, "ok\n")
             # No token is refused without asking anyone.
             assert _get(server, "/metrics")[0] == 401
+
+
+def test_the_agent_daemon_in_delegated_mode_serves_its_metrics_to_the_bound_scraper(
+    control_plane: ControlPlane, gpu_node: str, scrapers: Scrapers
+) -> None:
+    with control_plane.impersonate(AGENT_SERVICE_ACCOUNT, AGENT_NAMESPACE) as agent_api:
+        agent = SimAgent(
+            agent_api,
+            gpu_node,
+            SimNode(load_scenario("healthy")),
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+            metrics_security=MetricsSecurity(tls=True, auth="delegated"),
+        ).start()
+        try:
+            assert agent.daemon.server is not None
+            port = agent.daemon.server.port
+            wait_for(lambda: _get_port(port, "/readyz")[0] == 200, timeout=20, description="the agent's first poll")
+            status, body = _get_port(port, "/metrics", scrapers.allowed)
+            assert status == 200, body
+            assert "gpuwarden_agent_info" in body
+            assert _get_port(port, "/metrics", scrapers.other)[0] == 403
+            assert _get_port(port, "/metrics")[0] == 401
+            # The reviews are not the agent's publishing requests: its budget and liveness ignore them.
+            assert not {"create_token_review", "create_subject_access_review"} & set(agent.daemon.stats.snapshot()[0])
+        finally:
+            agent.stop()
