@@ -31,6 +31,7 @@ from agent.samples import NodeSample
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
 from gpuwarden.flags import add_flag, seconds
 from gpuwarden.logconfig import get_logger
+from gpuwarden.serving import security_from_args
 
 log = get_logger(__name__)
 
@@ -192,6 +193,8 @@ def log_report(report: HealthReport, sample: NodeSample) -> None:
 
 
 def run(args: argparse.Namespace, handlers: list[Callable[[HealthReport, NodeSample], None]] | None = None) -> int:
+    # Flags that contradict each other are a usage error before any hardware is opened.
+    security_from_args(args)
     try:
         monitor = build_monitor(args)
     except ConfigError as exc:

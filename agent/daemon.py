@@ -11,7 +11,8 @@ Three threads, so that no part can stall another:
   latest state matters, Events are queued separately -- and on failure keeps
   the desired state, backs off with jitter, logs once per outage, and
   republishes everything when the API server answers again.
-* the **HTTP** thread serves /metrics, /healthz and /readyz.
+* the **HTTP** thread serves /metrics, /healthz and /readyz (plain HTTP,
+  or TLS with delegated authorization of /metrics: :mod:`gpuwarden.serving`).
 
 Restart safety: before publishing anything the agent reads its Node and
 GPUNode back, seeds the monitor with the faults they record under the
@@ -70,6 +71,8 @@ from gpuwarden.contract import AGENT_COMPONENT, TAINT_QUARANTINE
 from gpuwarden.http import HealthServer
 from gpuwarden.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
 from gpuwarden.logconfig import get_logger
+from gpuwarden.serving import build_server
+from gpuwarden.servingcert import ServingCertificateError
 
 log = get_logger(__name__)
 
@@ -104,12 +107,16 @@ class AgentDaemon:
         self.events = EventsPublisher(self.api, node)
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
-            self.server = HealthServer(
+            self.server = build_server(
                 self.metrics.registry,
+                settings.metrics_security,
                 host=settings.metrics_host,
                 port=settings.metrics_port,
                 liveness=self.liveness,
                 readiness=self.readiness,
+                api_client=api_client,
+                field_manager=AGENT_COMPONENT,
+                hosts=[node],
             )
         self._backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s)
         self._outage = OutageLog()
@@ -479,6 +486,9 @@ def run_daemon(args: argparse.Namespace, monitor: Monitor) -> int:
     with api_client:
         try:
             daemon = AgentDaemon(monitor, api_client, settings)
+        except ServingCertificateError as exc:
+            log.error("metrics_certificate_unusable", error=str(exc))
+            return 2
         except OSError as exc:
             log.error("metrics_port_unavailable", port=settings.metrics_port, error=str(exc))
             return 2

@@ -74,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(args.log_format, args.log_level)
     except ValueError as exc:
         parser.error(str(exc))
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except FlagError as exc:
+        # Flags checked together (a combination that cannot work) fail the same way.
+        parser.error(str(exc))
     return result
 
 

@@ -7,18 +7,31 @@ so each process decides what they mean (see :mod:`agent.daemon` and
 :mod:`scheduler.cluster.runner`); this module only answers 200 or 503 with
 the reason as text. It lives in the core so both processes answer probes
 and scrapes the same way.
+
+Two optional layers, for an endpoint that anyone on the node network can
+reach (the agent runs with the host network): TLS, with a certificate from
+files that is reloaded when they change or a self-signed one
+(:mod:`gpuwarden.servingcert`), and an authorizer for ``/metrics``
+(:mod:`gpuwarden.metricsauth` asks the API server). ``/healthz`` and
+``/readyz`` are never authorized: the kubelet probes them without
+credentials, and they say nothing a scrape would not. The choice of modes is
+:mod:`gpuwarden.serving`'s.
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpuwarden.logconfig import get_logger
+from gpuwarden.servingcert import ServingCertificate
 
 log = get_logger(__name__)
 
@@ -26,11 +39,67 @@ log = get_logger(__name__)
 # shows why a probe failed.
 Check = Callable[[], tuple[bool, str]]
 
+# A client that opens a connection and sends nothing (or stops mid-handshake)
+# holds a thread until this runs out; a keep-alive scraper reconnects.
+CONNECTION_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuthDecision:
+    """The answer to "may this request read /metrics": an HTTP status (200, 401, 403 or 503) and why."""
+
+    status: int
+    reason: str
+    user: str | None = None
+
+
+class Authorizer(Protocol):
+    """Decides a ``/metrics`` request from its ``Authorization`` header (None when absent)."""
+
+    def authorize(self, authorization: str | None) -> AuthDecision: ...
+
+
+class _Server(ThreadingHTTPServer):
+    """The standard threaded server, wrapping each accepted connection in TLS when asked.
+
+    The wrap happens per connection with the context :class:`ServingCertificate`
+    hands out at that moment, which is how a rotated certificate is served
+    without a restart. The handshake itself runs in the connection's own
+    thread (see ``Handler.setup``), so a slow or silent client cannot stall
+    the accept loop.
+    """
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], tls: ServingCertificate | None
+    ) -> None:
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        if self.tls is None:
+            return sock, address
+        try:
+            wrapped = self.tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError):
+            sock.close()
+            raise OSError("TLS setup of an accepted connection failed") from None
+        return wrapped, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A plain-HTTP client on the TLS port, a failed handshake, a client
+        # that hangs up: the client's problem, one debug line, no traceback on stderr.
+        log.debug("http_connection_failed", client=str(client_address[0]) if client_address else None)
+
 
 class HealthServer:
     """Serves the registry and the two probes on ``host:port`` in a daemon thread.
 
-    ``port=0`` picks a free port (tests); :attr:`port` tells which.
+    ``port=0`` picks a free port (tests); :attr:`port` tells which. With
+    ``tls`` it speaks HTTPS only; with ``authorizer`` a ``/metrics`` request
+    is answered only when the authorizer says 200.
     """
 
     def __init__(
@@ -41,13 +110,15 @@ class HealthServer:
         port: int = 9402,
         liveness: Check,
         readiness: Check,
+        tls: ServingCertificate | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self._registry = registry
         self._liveness = liveness
         self._readiness = readiness
+        self._authorizer = authorizer
         handler = self._handler_class()
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), handler, tls)
         self._thread: threading.Thread | None = None
 
     @property
@@ -57,7 +128,12 @@ class HealthServer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, name="gpuwarden-http", daemon=True)
         self._thread.start()
-        log.info("http_server_started", port=self.port)
+        log.info(
+            "http_server_started",
+            port=self.port,
+            scheme="https" if self._server.tls is not None else "http",
+            metrics_auth="none" if self._authorizer is None else type(self._authorizer).__name__,
+        )
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -72,12 +148,19 @@ class HealthServer:
         class Handler(BaseHTTPRequestHandler):
             # Keep-alive from Prometheus is fine; probes open a connection each.
             protocol_version = "HTTP/1.1"
+            timeout = CONNECTION_TIMEOUT_S
+
+            def setup(self) -> None:
+                super().setup()  # sets the timeout, which then bounds the handshake too
+                if isinstance(self.connection, ssl.SSLSocket):
+                    self.connection.do_handshake()
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        self._send(200, CONTENT_TYPE_LATEST, generate_latest(server._registry))
+                        if self._authorized():
+                            self._send(200, CONTENT_TYPE_LATEST, generate_latest(server._registry))
                     elif path == "/healthz":
                         self._check(server._liveness)
                     elif path == "/readyz":
@@ -90,12 +173,25 @@ class HealthServer:
                     log.error("http_request_failed", path=path, error=repr(exc))
                     self._send(500, "text/plain; charset=utf-8", f"internal error: {exc}\n".encode())
 
+            def _authorized(self) -> bool:
+                """Answer 401, 403 or 503 and return False unless the authorizer (if any) allows the request."""
+                if server._authorizer is None:
+                    return True
+                decision = server._authorizer.authorize(self.headers.get("Authorization"))
+                if decision.status == 200:
+                    return True
+                headers = {"WWW-Authenticate": 'Bearer realm="gpuwarden"'} if decision.status == 401 else {}
+                self._send(decision.status, "text/plain; charset=utf-8", (decision.reason + "\n").encode(), headers)
+                return False
+
             def _check(self, check: Check) -> None:
                 ok, reason = check()
                 self._send(200 if ok else 503, "text/plain; charset=utf-8", (reason + "\n").encode())
 
-            def _send(self, code: int, content_type: str, body: bytes) -> None:
+            def _send(self, code: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpuwarden import serving
 from gpuwarden.contract import SCHEDULER_COMPONENT
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
@@ -66,6 +67,7 @@ def register(sub: Any) -> None:
     )
     add_flag(connected, "--metrics-address", default="0.0.0.0", help="address /metrics, /healthz, /readyz listen on")
     add_flag(connected, "--metrics-port", type=port_number, default=9403, help="port of /metrics, /healthz, /readyz")
+    serving.add_flags(connected)
     add_flag(
         connected,
         "--stall-seconds",
@@ -247,10 +249,12 @@ def run_connected(args: argparse.Namespace) -> int:
     # The kubernetes client is imported only here, so that parsing flags
     # (and the offline modes) stays cheap.
     from gpuwarden.kube import load_api_client  # noqa: PLC0415
+    from gpuwarden.servingcert import ServingCertificateError  # noqa: PLC0415
     from scheduler.cluster.leader import LeaderElectionConfig  # noqa: PLC0415
     from scheduler.cluster.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
 
     duration = args.lease_duration
+    security = serving.security_from_args(args)  # a usage error before anything connects
     settings = RunnerSettings(
         period_s=args.period,
         default_queue=args.default_queue,
@@ -265,6 +269,7 @@ def run_connected(args: argparse.Namespace) -> int:
         evictions_per_s=args.evictions_per_second,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_address,
+        metrics_security=security,
         stall_s=args.stall_seconds,
         config=SchedulerConfig(reservation_ttl_s=args.reservation_timeout),
     )
@@ -273,7 +278,11 @@ def run_connected(args: argparse.Namespace) -> int:
     except Exception as exc:  # the kubernetes config loaders raise several unrelated types
         sys.stderr.write(f"gpuwarden scheduler: cannot use the kubeconfig {args.kubeconfig or '(in-cluster)'}: {exc}\n")
         return 2
-    runner = SchedulerRunner(api_client, settings)
+    try:
+        runner = SchedulerRunner(api_client, settings)
+    except (ServingCertificateError, OSError) as exc:
+        sys.stderr.write(f"gpuwarden scheduler: cannot serve /metrics on port {args.metrics_port}: {exc}\n")
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

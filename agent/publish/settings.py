@@ -7,10 +7,12 @@ flags (``--help``, ``--once``) does not import the kubernetes client.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.config import ConfigError
+from gpuwarden import serving
 from gpuwarden.flags import add_flag, port_number, seconds
+from gpuwarden.serving import MetricsSecurity
 
 # Node Events go where the kubelet puts its own: the default namespace. The
 # API server accepts core/v1 Events about a cluster-scoped object (a Node) in
@@ -28,6 +30,8 @@ class DaemonSettings:
     metrics_host: str = "0.0.0.0"
     # None: no HTTP endpoint (tests and the benchmark that run many agents).
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    # Plain HTTP by default; TLS and delegated authorization on request (gpuwarden.serving).
+    metrics_security: MetricsSecurity = field(default_factory=MetricsSecurity)
     api_timeout_s: float = 10.0
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
@@ -51,6 +55,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_METRICS_PORT,
         help="port for /metrics, /healthz, /readyz",
     )
+    serving.add_flags(group)
     add_flag(
         group,
         "--heartbeat-period",
@@ -77,5 +82,6 @@ def settings_from_args(args: argparse.Namespace) -> DaemonSettings:
         heartbeat_period_s=args.heartbeat_period,
         metrics_host=args.metrics_address,
         metrics_port=args.metrics_port,
+        metrics_security=serving.security_from_args(args),
         api_timeout_s=args.api_timeout,
     )

@@ -286,6 +286,24 @@ class KubeApi:
             _content_type=MERGE_PATCH,
         )
 
+    # -- Delegated authentication and authorization (the /metrics endpoint) -----
+
+    @functools.cached_property
+    def _authentication(self) -> client.AuthenticationV1Api:
+        return client.AuthenticationV1Api(self._core.api_client)
+
+    @functools.cached_property
+    def _authorization(self) -> client.AuthorizationV1Api:
+        return client.AuthorizationV1Api(self._core.api_client)
+
+    def create_token_review(self, body: JSON) -> JSON:
+        """POST a TokenReview (authentication.k8s.io/v1): who a bearer token belongs to, if anyone."""
+        return self._call("create_token_review", self._authentication.create_token_review, body)
+
+    def create_subject_access_review(self, body: JSON) -> JSON:
+        """POST a SubjectAccessReview (authorization.k8s.io/v1): whether a user may do one thing."""
+        return self._call("create_subject_access_review", self._authorization.create_subject_access_review, body)
+
     # -- Lease (leader election) ------------------------------------------------
     # Kept together at the end of the class: the scheduler's leader election
     # is their only user.

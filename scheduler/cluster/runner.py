@@ -19,6 +19,7 @@ a rollout waits for the new replica to hold the cluster's state.
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from gpuwarden import contract
 from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi
 from gpuwarden.logconfig import get_logger
+from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import CacheView, ClusterCache
 from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
@@ -74,6 +76,8 @@ class RunnerSettings:
     # None: no HTTP endpoint (tests that need none); 0 picks a free port.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    # Plain HTTP by default; TLS and delegated authorization on request (gpuwarden.serving).
+    metrics_security: MetricsSecurity = field(default_factory=MetricsSecurity)
     # Seconds without a finished cycle (leader) or loop turn (standby) after
     # which /healthz fails; generous, since a cycle at 150,000 pods takes seconds.
     stall_s: float = 60.0
@@ -104,12 +108,16 @@ class SchedulerRunner:
         self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
-            self.server = HealthServer(
+            self.server = build_server(
                 self.metrics.registry,
+                settings.metrics_security,
                 host=settings.metrics_host,
                 port=settings.metrics_port,
                 liveness=self.liveness,
                 readiness=self.readiness,
+                api_client=api_client,
+                field_manager=contract.SCHEDULER_COMPONENT,
+                hosts=[socket.gethostname()],
             )
         # Monotonic times: when the loop started (None while the first sync
         # runs), when it last finished a turn, and when the running cycle began.

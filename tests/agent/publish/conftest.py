@@ -21,6 +21,7 @@ from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
 from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
 from gpuwarden import contract
+from gpuwarden.serving import MetricsSecurity
 from tests.harness import ControlPlane, create_gpu_node, unique_name
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
@@ -75,12 +76,12 @@ class SimAgent:
         node_name: str,
         sim: SimNode,
         kmsg_state_file: str | None = None,
-        **settings: float | int | None,
+        **settings: float | int | MetricsSecurity | None,
     ) -> None:
         self.sim = sim
         config = config_from_dict({"poll_interval_s": TEST_POLL_INTERVAL_S, "kmsg_state_file": kmsg_state_file})
         self.monitor = Monitor(config, sim.hardware(), node_name)
-        values: dict[str, float | int | None] = {
+        values: dict[str, float | int | MetricsSecurity | None] = {
             "metrics_port": None,
             "backoff_base_s": 0.1,
             "backoff_cap_s": 1.0,

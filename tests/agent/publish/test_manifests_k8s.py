@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,62 @@ def test_monitoring_objects_apply_with_strict_validation(control_plane: ControlP
         assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     finally:
         control_plane.kubectl("delete", "-k", path, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_secure_metrics_component_turns_the_agent_and_its_scrape_to_authenticated_tls(
+    control_plane: ControlPlane, monitoring_crds: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An overlay as the component's header describes it: base, monitoring and the component.
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    root = Path(os.path.relpath(MANIFESTS, overlay))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [str(root), str(root / "monitoring")],
+                "components": [str(root / "secure-metrics")],
+            }
+        )
+    )
+    docs = _rendered(control_plane, overlay)
+    # Valid for the API server, strictly, without changing what the session applied.
+    control_plane.kubectl("apply", "--dry-run=server", "--validate=strict", "-k", str(overlay))
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    delegator = by_kind[("ClusterRoleBinding", "gpuwarden-agent-auth-delegator")]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    assert delegator["subjects"] == [
+        {"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": AGENT_NAMESPACE}
+    ]
+    reader = by_kind[("ClusterRole", "gpuwarden-metrics-reader")]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # The agent's own ClusterRole is unchanged: the reviews come from the built-in role alone.
+    assert by_kind[("ClusterRole", "gpuwarden-agent")] == next(
+        d
+        for d in _rendered(control_plane, MANIFESTS)
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuwarden-agent"
+    )
+
+    container = by_kind[("DaemonSet", "gpuwarden-agent")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # The DaemonSet's environment is a valid agent command line, in the mode the component means.
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    from gpuwarden.cli import build_parser
+    from gpuwarden.serving import MetricsSecurity, security_from_args
+
+    assert security_from_args(build_parser().parse_args(["agent"])) == MetricsSecurity(tls=True, auth="delegated")
+
+    endpoint = by_kind[("ServiceMonitor", "gpuwarden-agent")]["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    # Everything else about the scrape (relabelling to the node label) is kept.
+    plain = yaml.safe_load((MANIFESTS / "monitoring" / "servicemonitor.yaml").read_text())["spec"]["endpoints"][0]
+    assert {k: v for k, v in endpoint.items() if k not in {"scheme", "bearerTokenFile", "tlsConfig"}} == plain
 
 
 def _get_json(control_plane: ControlPlane, kind: str) -> dict[str, Any]:
