@@ -39,12 +39,15 @@ class KubeApi:
         field_manager: str,
         timeout_s: float = 10.0,
         stats: RequestStats | None = None,
+        progress: bool = True,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._timeout = timeout_s
         self.field_manager = field_manager
         self.stats = stats if stats is not None else RequestStats()
+        # False for background requests (see RequestStats.last_finished).
+        self._progress = progress
 
     # -- plumbing -----------------------------------------------------------
 
@@ -76,14 +79,14 @@ class KubeApi:
                 response.release_conn()
         except ApiException as exc:
             if absent_ok and exc.status == 404:
-                self.stats.record(operation, ok=True)
+                self.stats.record(operation, ok=True, progress=self._progress)
                 return None
-            self.stats.record(operation, ok=False)
+            self.stats.record(operation, ok=False, progress=self._progress)
             raise ApiError(operation, exc.status, status_message(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            self.stats.record(operation, ok=False)
+            self.stats.record(operation, ok=False, progress=self._progress)
             raise ApiError(operation, None, f"{type(exc).__name__}: {exc}") from exc
-        self.stats.record(operation, ok=True)
+        self.stats.record(operation, ok=True, progress=self._progress)
         try:
             decoded = json.loads(raw)
         except ValueError as exc:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from kubernetes import client
 
 from gpuwarden import contract
-from gpuwarden.kube import JSON
+from gpuwarden.kube import JSON, RequestStats
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import EventType, ListFunction, Reflector, ReflectorSettings, WatchEvent
@@ -151,6 +151,7 @@ class ClusterCache:
         *,
         resources: Sequence[WatchedResource] | None = None,
         settings: ReflectorSettings | None = None,
+        stats: RequestStats | None = None,
     ) -> None:
         self._resources = {r.name: r for r in (resources if resources is not None else default_resources())}
         self._stores: dict[str, dict[str, JSON]] = {name: {} for name in self._resources}
@@ -166,6 +167,7 @@ class ClusterCache:
                         functools.partial(self.apply, resource.name),
                         on_synced=self._bump,
                         settings=settings,
+                        stats=stats,
                     )
                 )
 

@@ -116,7 +116,11 @@ class LeaderElector:
         self.config = config
         self.identity = config.identity
         self._api = KubeApi(
-            api_client, field_manager=contract.SCHEDULER_COMPONENT, timeout_s=config.timeout_s, stats=stats
+            api_client,
+            field_manager=contract.SCHEDULER_COMPONENT,
+            timeout_s=config.timeout_s,
+            stats=stats,
+            progress=False,
         )
         self._on_started = on_started_leading
         self._on_stopped = on_stopped_leading

@@ -89,12 +89,15 @@ class SchedulerRunner:
     def __init__(self, api_client: client.ApiClient, settings: RunnerSettings) -> None:
         self.settings = settings
         self.api = KubeApi(api_client, field_manager=contract.SCHEDULER_COMPONENT)
-        self.cache = ClusterCache(api_client)
+        # One set of request counts for every request the process makes
+        # (executors, watches, the lease), as the metrics and alerts expect.
+        self.cache = ClusterCache(api_client, stats=self.api.stats)
         self.elector = LeaderElector(
             api_client,
             settings.lease,
             on_started_leading=lambda: log.info("leading", identity=settings.lease.identity),
             on_stopped_leading=lambda: log.warning("stopped_leading", identity=settings.lease.identity),
+            stats=self.api.stats,
         )
         self.cycle = SchedulingCycle(
             self.api,

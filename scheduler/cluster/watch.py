@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.kube import JSON, ApiError, Backoff, OutageLog
+from gpuwarden.kube import JSON, ApiError, Backoff, OutageLog, RequestStats
 from gpuwarden.kube.errors import status_message
 from gpuwarden.logconfig import get_logger
 
@@ -150,8 +150,12 @@ class Reflector:
         *,
         on_synced: Callable[[], None] | None = None,
         settings: ReflectorSettings | None = None,
+        stats: RequestStats | None = None,
     ) -> None:
         self.name = name
+        # The process's request counts (gpuwarden_scheduler_api_*): a watch
+        # that cannot list or open is an API error like a failed bind.
+        self._stats = stats
         self._list_fn = list_fn
         self._on_event = on_event
         self._on_synced = on_synced
@@ -243,18 +247,26 @@ class Reflector:
         try:
             response: RawResponse = self._list_fn(_preload_content=False, _request_timeout=timeout, **params)
         except ApiException as exc:
+            # 410 is the watch protocol asking for a relist, not a failure.
+            self._record(operation, ok=exc.status == HTTP_GONE)
             if exc.status == HTTP_GONE:
                 raise _GoneError from exc
             if exc.status == HTTP_NOT_FOUND:
                 raise _MissingError from exc
             raise ApiError(operation, exc.status, status_message(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._record(operation, ok=False)
             raise ApiError(operation, None, f"{type(exc).__name__}: {exc}") from exc
+        self._record(operation, ok=True)
         with self._lock:
             self._response = response
         if self._stop.is_set():  # stop() came between the request and the line above
             _shutdown(response)
         return response
+
+    def _record(self, operation: str, *, ok: bool) -> None:
+        if self._stats is not None:
+            self._stats.record(operation, ok, progress=False)
 
     def _close(self, response: RawResponse, *, drained: bool) -> None:
         """Give the connection back; one with unread bytes (a watch cut short) is closed first."""
@@ -286,6 +298,7 @@ class Reflector:
             try:
                 raw = response.read()
             except (urllib3.exceptions.HTTPError, OSError) as exc:
+                self._record(f"list_{self.name}", ok=False)
                 raise ApiError(f"list_{self.name}", None, f"{type(exc).__name__}: {exc}") from exc
             finally:
                 self._close(response, drained=True)

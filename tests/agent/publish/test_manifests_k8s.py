@@ -148,17 +148,18 @@ def test_monitoring_objects_apply_with_strict_validation(control_plane: ControlP
         )
         rules_file = yaml.safe_load((MANIFESTS / "monitoring" / "gpuwarden-rules.yaml").read_text())
         assert rule["spec"] == rules_file
-        monitor = json.loads(
-            control_plane.kubectl(
-                "get", "servicemonitor", "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json"
-            ).stdout
-        )
-        service = json.loads(
-            control_plane.kubectl("get", "service", "gpuwarden-agent", "-n", AGENT_NAMESPACE, "-o", "json").stdout
-        )
-        # The ServiceMonitor selects the Service and scrapes its named port.
-        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+        for name in ("gpuwarden-agent", "gpuwarden-scheduler"):
+            monitor = json.loads(
+                control_plane.kubectl("get", "servicemonitor", name, "-n", AGENT_NAMESPACE, "-o", "json").stdout
+            )
+            service = json.loads(
+                control_plane.kubectl("get", "service", name, "-n", AGENT_NAMESPACE, "-o", "json").stdout
+            )
+            # Each ServiceMonitor selects its Service and scrapes its named port.
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+            assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+            relabel = monitor["spec"]["endpoints"][0]["relabelings"]
+            assert {"targetLabel": "job", "replacement": name, "action": "replace"} in relabel
     finally:
         control_plane.kubectl("delete", "-k", path, "--ignore-not-found", "--wait=false", check=False)
 

@@ -15,7 +15,7 @@ from kubernetes import client
 from structlog.testing import capture_logs
 
 from gpuwarden import contract
-from gpuwarden.kube import MERGE_PATCH
+from gpuwarden.kube import MERGE_PATCH, RequestStats
 from scheduler.cluster.cache import GPUNODES, NODES, PODS, ClusterCache, WatchedResource, default_resources
 from scheduler.cluster.watch import EventType, Reflector, ReflectorSettings, WatchEvent
 from tests.harness import ControlPlane, create_gpu_node, simple_pod, unique_name, wait_for
@@ -292,8 +292,9 @@ def test_a_collection_whose_crd_is_missing_is_empty_until_the_crd_comes(
         },
     }
     extensions = client.ApiextensionsV1Api(k8s)
+    stats = RequestStats()
     try:
-        with capture_logs() as logs, running_cache(k8s, resources=[*nodes, widgets]) as cache:
+        with capture_logs() as logs, running_cache(k8s, resources=[*nodes, widgets], stats=stats) as cache:
             view = cache.view()
             assert view.synced and view.missing == frozenset({"widgets"}) and view.store("widgets") == {}
             reflector = cache.reflectors[1]
@@ -310,6 +311,13 @@ def test_a_collection_whose_crd_is_missing_is_empty_until_the_crd_comes(
             )
             wait_for(lambda: cache.get("widgets", "one"), timeout=20, description="its object is seen")
             assert cache.view().missing == frozenset()
+            # Every list and watch is counted; the lists of the missing
+            # collection are errors, as the scheduler's API-error alert needs.
+            requests, errors = stats.snapshot()
+            assert requests["list_nodes"] >= 1 and requests["watch_nodes"] >= 1 and "list_nodes" not in errors
+            assert errors["list_widgets"] >= 3
+            # Background requests are no sign of a cycle making progress.
+            assert stats.last_finished is None
         assert len([e for e in logs if e["event"] == "watched_resource_not_served"]) == 1
     finally:
         with contextlib.suppress(client.ApiException):
