@@ -33,7 +33,7 @@ from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_fro
 from scheduler.cluster.evict import Evictor, EvictResult
 from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
-from scheduler.cluster.owners import OwnerResolver
+from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
@@ -201,7 +201,10 @@ class SchedulingCycle:
             if isinstance(named, str) and named:
                 key = (namespace, named)
             else:
-                derived = self._derived(pod)
+                try:
+                    derived = self._derived(pod)
+                except OwnerLookupError:
+                    continue  # no group rather than a wrong one: the pod waits (the resolver logged why)
                 key = (derived.namespace, derived.name)
                 by_uid[uid] = derived.name
                 if key not in view.podgroups:

@@ -14,7 +14,8 @@ PyTorchJob, TFJob,         the job; ``runPolicy.schedulingPolicy.minAvailable``,
 MPIJob (Kubeflow)          else the sum of replicas in ``spec.*ReplicaSpecs``
 RayCluster, RayJob         the cluster (or job); the head plus each worker group's
                            replicas (``minReplicas`` when autoscaling) x hosts
-LeaderWorkerSet            one group per replica (group index); ``size``
+LeaderWorkerSet            one group per replica (group index); ``size``, or 1
+                           with ``startupPolicy: LeaderReady`` (workers come later)
 Argo Workflow              one group per step pod; 1
 Deployment, ReplicaSet,    one group per pod; 1
 StatefulSet, DaemonSet
@@ -281,6 +282,10 @@ def _gang_size(link: _Link) -> int:
         cluster = spec.get("rayClusterSpec")
         return _ray_size(cluster) if isinstance(cluster, dict) else 1
     if group == _LWS:
+        # LeaderReady: the worker StatefulSet is created only once the leader
+        # runs, so a gang of ``size`` would wait for pods that never come.
+        if spec.get("startupPolicy") == "LeaderReady":
+            return 1
         return max(1, _count(_d(spec.get("leaderWorkerTemplate")).get("size"), 1))
     return 1
 

@@ -5,9 +5,22 @@ owner chain; this module fetches that chain. Owners are read as raw objects
 through the custom-objects API, which serves every non-core API group, so a
 cluster without the Kubeflow, Ray, JobSet, LeaderWorkerSet or Argo CRDs
 answers 404 for those kinds and the chain simply ends there: never an error.
+Pods are owners too: a LeaderWorkerSet's worker StatefulSet is owned by its
+group's leader pod, so the chain of a worker runs worker StatefulSet, leader
+pod, leader StatefulSet, LeaderWorkerSet, and the core pod is read by its own
+path.
 
 Owners change rarely and many pods share one, so each object is cached by
-its UID for ``ttl_s``; a gang of 64 workers costs one read per owner, not 64.
+its UID for ``ttl_s``; a gang of 1,000 workers costs one read per owner, not
+1,000. A definite answer is cached, and so is a 404 (owner deleted, CRD not
+installed) or a 403 (RBAC without the kind): the owner cannot be known, and
+the pod is grouped by the reference alone. A timeout, a refused
+connection, a 429 or a 5xx says nothing about the owner, and grouping on it
+would persist a PodGroup of one for what may be a gang of 64; the resolver
+then answers the last object it had (even past ``ttl_s``), else raises
+:class:`OwnerLookupError` and the cycle leaves the pod for the next one. The
+failure is remembered for ``retry_s``, so that 1,000 pods of an owner that
+cannot be read cost one request then too, not 1,000 per cycle.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ log = get_logger(__name__)
 # the chain, and derive_group groups its pods as it groups unknown owners.
 FOLLOWED_KINDS: frozenset[tuple[str, str]] = frozenset(
     {
+        ("", "Pod"),
         ("apps", "ReplicaSet"),
         ("apps", "Deployment"),
         ("apps", "StatefulSet"),
@@ -50,6 +64,18 @@ FOLLOWED_KINDS: frozenset[tuple[str, str]] = frozenset(
 MAX_DEPTH = 6
 
 
+# Statuses that are about the server, not the owner: worth asking again.
+_TRANSIENT = frozenset({408, 429})
+
+
+class OwnerLookupError(Exception):
+    """An owner could not be read for a reason that says nothing about it (timeout, 5xx)."""
+
+
+def _transient(exc: ApiError) -> bool:
+    return exc.status is None or exc.status in _TRANSIENT or exc.status >= 500
+
+
 @dataclass(slots=True)
 class _Cached:
     obj: Mapping[str, Any] | None
@@ -68,13 +94,24 @@ def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 class OwnerResolver:
     """The owner chain of a pod, from its controller up, each owner read at most once per ``ttl_s``."""
 
-    def __init__(self, api: KubeApi, *, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        ttl_s: float = 30.0,
+        retry_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._api = api
         self._ttl = ttl_s
+        self._retry = retry_s
         self._clock = clock
         self._cache: dict[str, _Cached] = {}
+        # Owner UID -> (when a read failed transiently, why), asked again after retry_s.
+        self._failed: dict[str, tuple[float, str]] = {}
 
     def chain(self, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """The owners read, from the pod's controller up; raises :class:`OwnerLookupError` (see the module)."""
         namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
         owners: list[Mapping[str, Any]] = []
         current: Mapping[str, Any] = pod
@@ -101,17 +138,36 @@ class OwnerResolver:
         cached = self._cache.get(uid) if uid else None
         if cached is not None and now - cached.at < self._ttl:
             return cached.obj
+        failed = self._failed.get(uid) if uid else None
+        if failed is not None and now - failed[0] < self._retry:
+            if cached is not None:
+                return cached.obj
+            raise OwnerLookupError(failed[1])
         try:
-            obj = self._api.get_namespaced_object(group, version, kind.lower() + "s", namespace, name)
+            if group == "" and kind == "Pod":
+                obj = self._api.get_pod(namespace, name)
+            else:
+                obj = self._api.get_namespaced_object(group, version, kind.lower() + "s", namespace, name)
         except ApiError as exc:
-            # A CRD that is not installed, or RBAC that does not cover the kind:
-            # the pod is grouped on what is known, and the next read may work.
+            if _transient(exc):
+                log.warning(
+                    "owner_read_failed", kind=kind, name=name, namespace=namespace, status=exc.status, error=exc.detail
+                )
+                why = f"{kind} {namespace}/{name}: {exc.detail}"
+                if uid:
+                    self._failed[uid] = (now, why)
+                if cached is not None:
+                    return cached.obj  # stale, but about this very owner: better than guessing
+                raise OwnerLookupError(why) from exc
+            # RBAC that does not cover the kind: the pod is grouped on what is
+            # known (a 404 is no exception: get_* answers None).
             log.info("owner_unreadable", kind=kind, name=name, namespace=namespace, status=exc.status, error=exc.detail)
             obj = None
         if obj is not None and uid and str((obj.get("metadata") or {}).get("uid") or "") != uid:
             obj = None  # an owner of that name that is not this pod's (deleted and recreated)
         if uid:
             self._cache[uid] = _Cached(obj, now)
+            self._failed.pop(uid, None)
         if len(self._cache) > 50_000:
             self._prune(now)
         return obj
@@ -119,3 +175,5 @@ class OwnerResolver:
     def _prune(self, now: float) -> None:
         for uid in [u for u, c in self._cache.items() if now - c.at >= self._ttl]:
             del self._cache[uid]
+        for uid in [u for u, (at, _) in self._failed.items() if now - at >= self._retry]:
+            del self._failed[uid]

@@ -48,12 +48,13 @@ def _slice_positions(
 
 
 def _whole_positions(node: NodeState, count: int) -> tuple[int, ...]:
+    """The first ``count`` free whole GPUs; none for a pod that asks for none (a CPU-only pod)."""
     found: list[int] = []
     for p in range(len(node.gpu_ok)):
+        if len(found) >= count:
+            break
         if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
             found.append(p)
-            if len(found) == count:
-                break
     return tuple(found)
 
 

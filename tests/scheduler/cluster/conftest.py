@@ -1,5 +1,6 @@
-"""Fixtures of the scheduler's cluster tests (made in :mod:`tests.scheduler.cluster.kube_objects`)."""
+"""Fixtures of the scheduler's cluster tests (made in :mod:`.kube_objects` and :mod:`.owner_crds`)."""
 
-from tests.scheduler.cluster.kube_objects import cluster, queue
+from tests.scheduler.cluster.kube_objects import cluster, queue, scheduler_rbac
+from tests.scheduler.cluster.owner_crds import owner_crds
 
-__all__ = ["cluster", "queue"]
+__all__ = ["cluster", "owner_crds", "queue", "scheduler_rbac"]

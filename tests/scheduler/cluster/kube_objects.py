@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,12 @@ from agent.publish.conditions import desired_conditions
 from agent.publish.gpunode import gpunode_object, gpunode_status
 from gpuwarden import contract
 from tests.agent.publish.reports import report
-from tests.harness import create_gpu_node, unique_name
+from tests.harness import ControlPlane, create_gpu_node, unique_name
 
 GPUS = 8
+REPO = Path(__file__).resolve().parents[3]
+SCHEDULER_RBAC = REPO / "manifests" / "scheduler" / "rbac.yaml"
+NAMESPACE_MANIFEST = REPO / "manifests" / "namespace.yaml"
 
 
 def publish_health(k8s: client.ApiClient, node: str, *faults: Any) -> None:
@@ -62,6 +66,17 @@ def cluster(k8s: client.ApiClient, scheduler_crds: None, gpunode_crd: None) -> I
             core.delete_node(name)
         with contextlib.suppress(client.ApiException):
             custom.delete_cluster_custom_object(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, name)
+
+
+@pytest.fixture
+def scheduler_rbac(control_plane: ControlPlane) -> Iterator[None]:
+    """The shipped RBAC of the scheduler, applied for one test (act as it with ``control_plane.impersonate``)."""
+    control_plane.kubectl("apply", "-f", str(NAMESPACE_MANIFEST))
+    control_plane.kubectl("apply", "-f", str(SCHEDULER_RBAC))
+    try:
+        yield
+    finally:
+        control_plane.kubectl("delete", "-f", str(SCHEDULER_RBAC), "--ignore-not-found", "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -117,11 +132,12 @@ def pod(
     gpus: int = 1,
     annotations: dict[str, str] | None = None,
     owner: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> client.V1Pod:
     notes = dict(annotations or {})
     if group is not None:
         notes[contract.ANNOTATION_POD_GROUP] = group
-    labels = {contract.LABEL_QUEUE: queue} if queue else None
+    labels = {**(labels or {}), **({contract.LABEL_QUEUE: queue} if queue else {})} or None
     limits = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
     body = client.V1Pod(
         metadata=client.V1ObjectMeta(

@@ -498,16 +498,6 @@ def test_status_of_objects_that_do_not_exist_is_reported_missing(
 # -- RBAC ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def scheduler_rbac(control_plane: ControlPlane) -> Iterator[None]:
-    control_plane.kubectl("apply", "-f", str(NAMESPACE_MANIFEST))
-    control_plane.kubectl("apply", "-f", str(SCHEDULER_RBAC))
-    try:
-        yield
-    finally:
-        control_plane.kubectl("delete", "-f", str(SCHEDULER_RBAC), "--ignore-not-found", "--wait=false", check=False)
-
-
 def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
     docs = [d for d in yaml.safe_load_all(SCHEDULER_RBAC.read_text()) if d]
     role = next(d for d in docs if d["kind"] == "ClusterRole")

@@ -103,6 +103,19 @@ def test_a_leaderworkerset_has_one_group_per_replica() -> None:
     assert g1.min_member == 4
 
 
+def test_a_leaderworkerset_that_starts_workers_once_the_leader_is_ready_is_no_gang() -> None:
+    # With LeaderReady the worker StatefulSet appears only after the leader
+    # runs: a gang of ``size`` would wait for workers that wait for it.
+    spec = {"startupPolicy": "LeaderReady", "leaderWorkerTemplate": {"size": 4}}
+    lws = obj("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve", spec)
+    leader_sts = obj("apps/v1", "StatefulSet", "serve", owner=lws)
+    label = "leaderworkerset.sigs.k8s.io/group-index"
+    group = derive_group(pod_of(leader_sts, labels={label: "0"}), [leader_sts, lws])
+    assert (group.name, group.min_member) == ("pg-serve-0-uid-leaderworkerset-serve", 1)
+    created = obj("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve", {**spec, "startupPolicy": "LeaderCreated"})
+    assert derive_group(pod_of(leader_sts, labels={label: "0"}), [leader_sts, created]).min_member == 4
+
+
 def test_replicas_step_pods_and_bare_pods_are_groups_of_one() -> None:
     deploy = obj("apps/v1", "Deployment", "web")
     rs = obj("apps/v1", "ReplicaSet", "web-abc", owner=deploy)

@@ -80,6 +80,18 @@ def test_gang_is_placed_whole_or_not_at_all() -> None:
     assert "the gang needs 10 GPUs for 5 pods" in reason.message
 
 
+def test_a_cpu_only_pod_in_a_gang_holds_no_gpu_and_leaves_them_to_its_gang() -> None:
+    # A RayJob's submitter (or a launcher) asks for no GPU; placed between
+    # the head and the workers, it must not take the node's free GPUs from
+    # the rest of its gang, nor name any.
+    gang = [pending("ray-head", 2), pending("ray-submitter", 0), *[pending(f"ray-worker-{i}", 2) for i in range(3)]]
+    snap = Snapshot(nodes=(node("n1", 8),), queues=(queue("q", 8),), jobs=(job("ray", "q", *gang, min_member=5),))
+    binds = {pod: gpus for pod, _, gpus in binds_by_job(run_session(snap))["ray"]}
+    assert set(binds) == {t.name for t in gang}
+    assert binds["ray-submitter"] == ()
+    assert sorted(g for gpus in binds.values() for g in gpus) == list(range(8))
+
+
 def test_pending_reason_says_how_far_from_fitting() -> None:
     snap = Snapshot(
         nodes=(node("n1", 8), node("n2", 8)),
