@@ -467,12 +467,14 @@ def _read_scope(r: _Reader) -> ScopeRecord:
         scope = Scope.gpu(int(key[4:]), uuid)
     else:
         raise _MalformedError(f"scope {key!r}: expected 'node' or 'gpu-N'")
-    fault = r.obj("fault")
-    attempts = r.obj("attempts", required=False)
-    reset = r.obj("lastReset", required=False)
+    # The state first: an unknown one most likely means a newer gpuwarden
+    # wrote the record, and that is the error worth reporting.
     state: State = r.enum_("state", State)
     if state is State.HEALTHY:
         raise _MalformedError(f"scope {key}: a healthy scope is not kept")
+    fault = r.obj("fault")
+    attempts = r.obj("attempts", required=False)
+    reset = r.obj("lastReset", required=False)
     started = r.num("startedAt")
     assert fault is not None and started is not None
     return ScopeRecord(
