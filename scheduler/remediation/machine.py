@@ -190,7 +190,7 @@ class _Cycle:
         self.edges: list[Step] = []
         self.active = tuple(f for f in obs.faults if is_fatal(f.condition, f.reason, f.action))
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ shared pieces
 
     def event(self, kind: EventType, reason: EventReason, message: str) -> None:
         self.edges.append(EmitEvent(kind, reason, message))
