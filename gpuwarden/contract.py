@@ -154,6 +154,28 @@ ANNOTATION_GPU_ASSIGNMENT: Final = f"{API_GROUP}/gpu-assignment"
 # nothing (DESIGN.md, Remediation).
 ANNOTATION_REMEDIATION_STATE: Final = f"{API_GROUP}/remediation-state"
 TAINT_QUARANTINE: Final = f"{API_GROUP}/quarantined"
+# The node's remediation state in one word, for `kubectl get nodes -L
+# gpuwarden.io/state`; the values are RemediationState's, "gpu-" before them
+# when only single GPUs are out.
+LABEL_REMEDIATION_STATE: Final = f"{API_GROUP}/state"
+# What an escalated node needs from people: an Action's value (REBOOT, REPLACE).
+LABEL_REPAIR_NEEDED: Final = f"{API_GROUP}/repair-needed"
+# Set by a person (any value, e.g. a ticket number) once the escalated repair
+# is done; remediation then re-validates the hardware and removes it.
+ANNOTATION_ESCALATION_CLEARED: Final = f"{API_GROUP}/escalation-cleared"
+
+
+class RemediationState(StrEnum):
+    """Where one quarantined scope (a GPU or a whole node) is in remediation."""
+
+    HEALTHY = "healthy"
+    QUARANTINED = "quarantined"
+    DRAINING = "draining"
+    REPAIRING = "repairing"
+    VALIDATING = "validating"
+    ESCALATED = "escalated"
+    FAILED = "failed"
+
 
 # Prometheus metric namespace.
 METRICS_PREFIX: Final = "gpuwarden"

@@ -2,8 +2,8 @@
 
 ``gpuwarden`` is the shared core; ``agent`` and ``scheduler`` import it and
 never each other, and the core imports neither (its CLI finds their
-subcommands through entry points). The scheduler's engine is pure: no
-Kubernetes client, and no import circle between its modules, so each can be
+subcommands through entry points). The scheduler's engine and the core of
+remediation are pure: no Kubernetes client, and no import circle between its modules, so each can be
 read, tested and replaced on its own. Imports inside functions count too: a
 late import is still a dependency.
 """
@@ -116,9 +116,16 @@ def test_no_import_cycle_between_modules() -> None:
     assert _cycles(graph) == []
 
 
-def test_the_engine_imports_no_kubernetes_and_from_the_core_only_the_contract_and_logging() -> None:
+# The remediation modules that must stay pure (its controller, which talks to
+# the cluster, is the one module of the package not listed).
+PURE_REMEDIATION = ("__init__", "model", "observations", "policy", "breaker", "steps", "machine")
+
+
+def _impure_imports(paths: list[Path], allowed: tuple[str, ...]) -> list[str]:
+    """Imports of ``paths`` that reach Kubernetes, the agent, or project modules outside ``allowed``."""
     outside = set()
-    for path in sorted((ROOT / "scheduler" / "engine").rglob("*.py")):
+    for path in paths:
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
                 [a.name for a in node.names]
@@ -129,12 +136,30 @@ def test_the_engine_imports_no_kubernetes_and_from_the_core_only_the_contract_an
             )
             for mod in names:
                 top = mod.split(".", 1)[0]
-                if top in {"kubernetes", "agent"} or (
-                    top in PACKAGES
-                    and not mod.startswith(("scheduler.engine", "gpuwarden.contract", "gpuwarden.logconfig"))
-                ):
-                    outside.add(f"{path.relative_to(ROOT)}: {mod}")
-    assert sorted(outside) == []
+                if top in {"kubernetes", "agent"} or (top in PACKAGES and not mod.startswith(allowed)):
+                    outside.add(f"{shown}: {mod}")
+    return sorted(outside)
+
+
+def test_the_engine_imports_no_kubernetes_and_from_the_core_only_the_contract_and_logging() -> None:
+    paths = sorted((ROOT / "scheduler" / "engine").rglob("*.py"))
+    assert _impure_imports(paths, ("scheduler.engine", "gpuwarden.contract", "gpuwarden.logconfig")) == []
+
+
+def test_the_remediation_core_is_as_pure_as_the_engine() -> None:
+    paths = [ROOT / "scheduler" / "remediation" / f"{name}.py" for name in PURE_REMEDIATION]
+    assert all(p.exists() for p in paths)
+    allowed = ("scheduler.remediation", "scheduler.engine", "gpuwarden.contract", "gpuwarden.logconfig")
+    assert _impure_imports(paths, allowed) == []
+
+
+def test_the_purity_check_finds_a_kubernetes_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import kubernetes.client\nfrom gpuwarden.kube import KubeApi\nfrom gpuwarden.contract import Action\n"
+    )
+    found = _impure_imports([bad], ("gpuwarden.contract",))
+    assert [line.split(": ", 1)[1] for line in found] == ["gpuwarden.kube", "kubernetes.client"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

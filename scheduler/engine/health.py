@@ -56,6 +56,21 @@ class NodeHealth:
     degraded: tuple[str, ...]
 
 
+def is_fatal(ctype: str, reason: str, action: Action) -> bool:
+    """Whether a True condition takes hardware out of service (the rule above).
+
+    Public so that remediation repairs exactly what placement refuses: a
+    fault one side treats as fatal and the other does not would leave
+    hardware fenced with nobody repairing it, or repaired while still placed.
+    """
+    return ctype in _FATAL_TYPES or reason in _FATAL_REASONS.get(ctype, frozenset()) or action in _FATAL_ACTIONS
+
+
+def is_node_wide(ctype: str, action: Action, gpu_indices: tuple[int, ...]) -> bool:
+    """Whether a fatal condition takes the whole node rather than the GPUs it names."""
+    return ctype in _NODE_WIDE_TYPES or action in _NODE_WIDE_ACTIONS or not gpu_indices
+
+
 def judge(node: Node) -> NodeHealth:
     node_fatal: str | None = "being drained by remediation" if node.draining else None
     bad: dict[int, str] = {}
@@ -64,16 +79,10 @@ def judge(node: Node) -> NodeHealth:
         if not cond.status:
             continue
         label = f"{cond.type}/{cond.reason}" if cond.reason else cond.type
-        fatal = (
-            cond.type in _FATAL_TYPES
-            or cond.reason in _FATAL_REASONS.get(cond.type, frozenset())
-            or cond.action in _FATAL_ACTIONS
-        )
-        if not fatal:
+        if not is_fatal(cond.type, cond.reason, cond.action):
             degraded.append(cond.type)
             continue
-        node_wide = cond.type in _NODE_WIDE_TYPES or cond.action in _NODE_WIDE_ACTIONS or not cond.gpu_indices
-        if node_wide:
+        if is_node_wide(cond.type, cond.action, cond.gpu_indices):
             node_fatal = node_fatal or label
         else:
             for index in cond.gpu_indices:

@@ -1,0 +1,234 @@
+"""How remediation drains, how long it waits, and how often it tries.
+
+Drain policy, per namespace, with a default for the rest. Teams differ: an
+inference service behind a load balancer loses nothing when a replica is
+evicted at once; a training job checkpoints every hour and would rather
+finish its step; a batch job that ignores SIGTERM must be removed in the end
+or the node never gets repaired.
+
+- ``immediate``: evict now (Eviction API, so PodDisruptionBudgets hold).
+- ``allow-completion``: leave the pod running up to ``timeout_s`` after the
+  drain began, so it can finish; then evict it.
+- ``delete-after-timeout``: evict now; a pod still there ``timeout_s`` after
+  the drain began (a PDB refusing, a pod that never exits) is deleted, which
+  PDBs do not stop. For namespaces whose owners accept that.
+
+Timeouts count from the drain's start as recorded on the Node, so a
+restarted scheduler neither restarts nor forgets them.
+
+The machine's settings: the repeat window (a fault coming back on the same
+hardware within it asks for replacement, not another reset), how long each
+waiting state may last before the workflow moves on (a reset the agent never
+reports counts as failed; a drain that never ends fails the workflow and
+calls a person), and how many resets to try. Settings are checked when they
+are built, with the key named, so a bad config stops the scheduler at start
+rather than in the middle of a repair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from gpuwarden.contract import SCHEDULER_COMPONENT
+from scheduler.remediation.breaker import BreakerSettings, BreakerSettingsError
+
+DAY_S = 86400.0
+
+
+class SettingsError(ValueError):
+    """A remediation setting that cannot be used; the message names the key."""
+
+
+class DrainMode(StrEnum):
+    IMMEDIATE = "immediate"
+    ALLOW_COMPLETION = "allow-completion"
+    DELETE_AFTER_TIMEOUT = "delete-after-timeout"
+
+
+class PodDrainAction(StrEnum):
+    """What to do with one pod of a draining scope right now."""
+
+    WAIT = "wait"  # let it run (allow-completion, before its timeout)
+    EVICT = "evict"  # Eviction API: PDBs respected
+    DELETE = "delete"  # plain delete: the policy's timeout passed
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPolicy:
+    mode: DrainMode = DrainMode.IMMEDIATE
+    timeout_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_s < 0:
+            raise SettingsError(f"a drain timeout cannot be negative, got {self.timeout_s}")
+        if self.mode is not DrainMode.IMMEDIATE and self.timeout_s <= 0:
+            raise SettingsError(f"drain mode {self.mode} needs a timeout_s above 0")
+
+    def pod_action(self, elapsed_s: float) -> PodDrainAction:
+        """What to do with a pod ``elapsed_s`` after the drain began."""
+        if self.mode is DrainMode.IMMEDIATE:
+            return PodDrainAction.EVICT
+        if self.mode is DrainMode.ALLOW_COMPLETION:
+            return PodDrainAction.EVICT if elapsed_s >= self.timeout_s else PodDrainAction.WAIT
+        return PodDrainAction.DELETE if elapsed_s >= self.timeout_s else PodDrainAction.EVICT
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPolicies:
+    """The default drain policy and the namespaces that differ from it."""
+
+    default: DrainPolicy = DrainPolicy()
+    namespaces: Mapping[str, DrainPolicy] = field(default_factory=lambda: MappingProxyType({}))
+
+    def for_namespace(self, namespace: str) -> DrainPolicy:
+        return self.namespaces.get(namespace, self.default)
+
+    @property
+    def longest_timeout_s(self) -> float:
+        return max([self.default.timeout_s, *(p.timeout_s for p in self.namespaces.values())])
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the transition function needs besides the record and observations.
+
+    ``actor`` is recorded as who quarantined; ``history_limit`` bounds the
+    repeat history kept in the annotation.
+    """
+
+    dry_run: bool = False
+    repeat_window_s: float = 7 * DAY_S
+    drain_timeout_s: float = 6 * 3600.0
+    reset_timeout_s: float = 600.0
+    validation_timeout_s: float = 3600.0
+    max_reset_attempts: int = 1
+    history_limit: int = 32
+    drain: DrainPolicies = DrainPolicies()
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    actor: str = SCHEDULER_COMPONENT
+
+    def __post_init__(self) -> None:
+        for name in ("repeat_window_s", "drain_timeout_s", "reset_timeout_s", "validation_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise SettingsError(f"remediation.{name} must be above 0, got {value}")
+        if self.max_reset_attempts < 1:
+            raise SettingsError(f"remediation.max_reset_attempts must be at least 1, got {self.max_reset_attempts}")
+        if self.history_limit < 1:
+            raise SettingsError(f"remediation.history_limit must be at least 1, got {self.history_limit}")
+        if self.drain.longest_timeout_s >= self.drain_timeout_s:
+            raise SettingsError(
+                f"remediation.drain_timeout_s ({self.drain_timeout_s:g}) must be longer than every drain policy's "
+                f"timeout ({self.drain.longest_timeout_s:g}): the drain would fail before the policy evicts"
+            )
+        if not self.actor:
+            raise SettingsError("remediation.actor must not be empty")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object]) -> Settings:
+        """Settings from a config file's ``remediation`` section (parsed YAML).
+
+        Keys are the field names; ``drain`` is ``{default: {mode, timeout_s},
+        namespaces: {NAME: {mode, timeout_s}}}`` and ``breaker`` is
+        ``{max_out_fraction, max_out_nodes, max_concurrent_drains}``. Unknown
+        keys are errors: a misspelt timeout silently left at its default is
+        worse than a scheduler that does not start.
+        """
+        known = {
+            "dry_run",
+            "repeat_window_s",
+            "drain_timeout_s",
+            "reset_timeout_s",
+            "validation_timeout_s",
+            "max_reset_attempts",
+            "history_limit",
+            "drain",
+            "breaker",
+        }
+        _no_unknown(data, known, "remediation")
+        kwargs: dict[str, object] = {}
+        for key in ("repeat_window_s", "drain_timeout_s", "reset_timeout_s", "validation_timeout_s"):
+            if key in data:
+                kwargs[key] = _number(data[key], f"remediation.{key}")
+        for key in ("max_reset_attempts", "history_limit"):
+            if key in data:
+                kwargs[key] = _integer(data[key], f"remediation.{key}")
+        if "dry_run" in data:
+            if not isinstance(data["dry_run"], bool):
+                raise SettingsError("remediation.dry_run must be true or false")
+            kwargs["dry_run"] = data["dry_run"]
+        if "drain" in data:
+            kwargs["drain"] = _drain_policies(data["drain"])
+        if "breaker" in data:
+            kwargs["breaker"] = _breaker(data["breaker"])
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def _no_unknown(data: Mapping[str, object], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def _mapping(value: object, where: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise SettingsError(f"{where} must be a mapping")
+    return value
+
+
+def _number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingsError(f"{where} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _drain_policy(value: object, where: str) -> DrainPolicy:
+    data = _mapping(value, where)
+    _no_unknown(data, {"mode", "timeout_s"}, where)
+    mode_text = data.get("mode", DrainMode.IMMEDIATE.value)
+    try:
+        mode = DrainMode(str(mode_text))
+    except ValueError:
+        choices = ", ".join(m.value for m in DrainMode)
+        raise SettingsError(f"{where}.mode: {mode_text!r} is not one of {choices}") from None
+    timeout = _number(data.get("timeout_s", 0), f"{where}.timeout_s")
+    try:
+        return DrainPolicy(mode, timeout)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
+def _drain_policies(value: object) -> DrainPolicies:
+    data = _mapping(value, "remediation.drain")
+    _no_unknown(data, {"default", "namespaces"}, "remediation.drain")
+    default = _drain_policy(data["default"], "remediation.drain.default") if "default" in data else DrainPolicy()
+    spaces = _mapping(data.get("namespaces", {}), "remediation.drain.namespaces")
+    return DrainPolicies(
+        default,
+        MappingProxyType(
+            {name: _drain_policy(p, f"remediation.drain.namespaces.{name}") for name, p in sorted(spaces.items())}
+        ),
+    )
+
+
+def _breaker(value: object) -> BreakerSettings:
+    data = _mapping(value, "remediation.breaker")
+    _no_unknown(data, {"max_out_fraction", "max_out_nodes", "max_concurrent_drains"}, "remediation.breaker")
+    fraction = _number(data.get("max_out_fraction", 0.10), "remediation.breaker.max_out_fraction")
+    nodes = data.get("max_out_nodes")
+    drains = _integer(data.get("max_concurrent_drains", 10), "remediation.breaker.max_concurrent_drains")
+    try:
+        return BreakerSettings(
+            fraction, None if nodes is None else _integer(nodes, "remediation.breaker.max_out_nodes"), drains
+        )
+    except BreakerSettingsError as exc:
+        raise SettingsError(f"remediation.{exc}") from None

@@ -1,0 +1,81 @@
+"""Drain policies and the machine's settings."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from scheduler.remediation.policy import (
+    DrainMode,
+    DrainPolicies,
+    DrainPolicy,
+    PodDrainAction,
+    Settings,
+    SettingsError,
+)
+
+
+def test_each_drain_mode_decides_by_the_time_since_the_drain_began() -> None:
+    immediate = DrainPolicy()
+    finish = DrainPolicy(DrainMode.ALLOW_COMPLETION, 600)
+    forced = DrainPolicy(DrainMode.DELETE_AFTER_TIMEOUT, 300)
+    assert [immediate.pod_action(t) for t in (0, 10**6)] == [PodDrainAction.EVICT] * 2
+    assert [finish.pod_action(t) for t in (0, 599, 600)] == [
+        PodDrainAction.WAIT,
+        PodDrainAction.WAIT,
+        PodDrainAction.EVICT,
+    ]
+    assert [forced.pod_action(t) for t in (0, 300)] == [PodDrainAction.EVICT, PodDrainAction.DELETE]
+
+
+def test_a_namespace_without_its_own_policy_gets_the_default() -> None:
+    special = DrainPolicy(DrainMode.ALLOW_COMPLETION, 60)
+    policies = DrainPolicies(namespaces=MappingProxyType({"training": special}))
+    assert policies.for_namespace("training") == special and policies.for_namespace("web") == DrainPolicy()
+
+
+def test_settings_from_a_config_section() -> None:
+    settings = Settings.from_mapping(
+        {
+            "dry_run": True,
+            "repeat_window_s": 86400,
+            "max_reset_attempts": 2,
+            "drain": {
+                "default": {"mode": "allow-completion", "timeout_s": 1800},
+                "namespaces": {"batch": {"mode": "delete-after-timeout", "timeout_s": 600}},
+            },
+            "breaker": {"max_out_fraction": 0.2, "max_out_nodes": 5, "max_concurrent_drains": 3},
+        }
+    )
+    assert settings.dry_run and settings.repeat_window_s == 86400 and settings.max_reset_attempts == 2
+    assert settings.drain.for_namespace("batch") == DrainPolicy(DrainMode.DELETE_AFTER_TIMEOUT, 600)
+    assert settings.drain.default == DrainPolicy(DrainMode.ALLOW_COMPLETION, 1800)
+    assert (settings.breaker.max_out_fraction, settings.breaker.max_out_nodes) == (0.2, 5)
+    assert Settings.from_mapping({}) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"repeat_window": 5}, "unknown key(s) repeat_window"),
+        ({"reset_timeout_s": "10m"}, "remediation.reset_timeout_s must be a number"),
+        ({"reset_timeout_s": 0}, "reset_timeout_s must be above 0"),
+        ({"max_reset_attempts": 0}, "max_reset_attempts must be at least 1"),
+        ({"dry_run": "yes"}, "dry_run must be true or false"),
+        ({"drain": {"default": {"mode": "gently"}}}, "remediation.drain.default.mode: 'gently' is not one of"),
+        ({"drain": {"default": {"mode": "allow-completion"}}}, "needs a timeout_s above 0"),
+        ({"drain": {"namespaces": {"a": {"timeout_s": -1}}}}, "remediation.drain.namespaces.a"),
+        ({"drain": {"namespaces": []}}, "remediation.drain.namespaces must be a mapping"),
+        ({"breaker": {"max_out_fraction": 2}}, "remediation.breaker.max_out_fraction"),
+        ({"breaker": {"max_out_nodes": 1.5}}, "max_out_nodes must be an integer"),
+        (
+            {"drain_timeout_s": 600, "drain": {"default": {"mode": "allow-completion", "timeout_s": 600}}},
+            "must be longer than every drain policy's timeout",
+        ),
+    ],
+)
+def test_bad_settings_stop_with_the_key_named(data: dict[str, object], says: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_mapping(data)
+    assert says in str(caught.value)
