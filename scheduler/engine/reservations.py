@@ -198,15 +198,54 @@ def reserved_place(task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[i
     """A place for ``task`` in its job's released reserved room, or None.
 
     Tried before the pool's own order so that room held for a job across
-    sessions is where the job lands, not merely room nobody else took.
+    sessions is where the job lands, not merely room nobody else took: the
+    reserved GPUs themselves first (else the job would take other free GPUs
+    of the node and leave its reserved ones to someone else), then anything
+    on a reserved node.
     """
-    for node in reserved_nodes(task.job):
+    job = task.job
+    for held in job.reserved:
+        placeholder = held.placeholder
+        if placeholder is None or placeholder.node is not None:
+            continue
+        if static_exclusion(held.node, task) is not None:
+            continue
+        exact = _exact_fit(held.node, held.reservation, task)
+        if exact is not None:
+            return held.node, *exact
+    for node in reserved_nodes(job):
         if static_exclusion(node, task) is not None:
             continue
         found = fit_on_node(node, task)
         if found is not None:
             return node, *found
     return None
+
+
+def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``task`` on the reserved GPUs themselves, if they hold it now."""
+    if node.free_cpu < task.cpu or node.free_mem < task.mem:
+        return None
+    positions = _positions(node, res)
+    if isinstance(positions, str):
+        return None
+    gpu = task.gpu
+    if gpu.is_slice:
+        fits = [
+            p
+            for p in positions
+            if node.gpu_ok[p] and not node.gpu_whole[p] and node.gpu_free[p] >= gpu.slice_on(node.gpu_mem[p])
+        ]
+        if len(fits) < gpu.devices:
+            return None
+        chosen = tuple(fits[: gpu.devices])
+        return chosen, tuple(gpu.slice_on(node.gpu_mem[p]) for p in chosen)
+    if not gpu.whole:
+        return None  # a pod without GPUs takes none of the reserved ones; any node-level fit will do
+    free = [p for p in positions if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]]
+    if len(free) < gpu.whole:
+        return None
+    return tuple(free[: gpu.whole]), ()
 
 
 def kept(cluster: Cluster, new: list[Reservation]) -> tuple[Reservation, ...]:

@@ -139,6 +139,23 @@ def test_families_follow_prometheus_naming() -> None:
             assert doc.name.endswith("_seconds")
 
 
+def test_every_metric_the_scheduler_alerts_use_is_exported_and_documented() -> None:
+    import yaml
+
+    metrics = SchedulerMetrics(RequestStats(), leader=lambda: True, synced=lambda: True)
+    metrics.observe(_result())
+    text = generate_latest(metrics.registry).decode()
+    exported = set()
+    for f in text_string_to_metric_families(text):
+        exported.add(f"{f.name}_total" if f.type == "counter" else f.name)
+    rules = yaml.safe_load((REPO / "manifests" / "monitoring" / "gpuwarden-rules.yaml").read_text())
+    (group,) = [g for g in rules["groups"] if g["name"] == "gpuwarden.scheduler"]
+    used = {m for r in group["rules"] for m in re.findall(r"\b(gpuwarden_[a-z_]+)", r["expr"])}
+    assert used, "the scheduler's alerts use no metric"
+    assert used <= exported
+    assert used <= {d.name for d in FAMILIES}
+
+
 def test_readme_documents_every_family() -> None:
     readme = (REPO / "README.md").read_text()
     documented = set(re.findall(r"`(gpuwarden_scheduler_[a-z_]+)`", readme))
