@@ -23,6 +23,17 @@ SCHEDULING_API_VERSION: Final = "v1alpha1"
 
 GPUNODE_KIND: Final = "GPUNode"
 GPUNODE_PLURAL: Final = "gpunodes"
+# Remediation's requests to a node's agent (GPUNode spec.remediation, written
+# by the scheduler) and the agent's answers (status.remediation): resets and
+# validations, each answer echoing its request's requestedAt.
+GPUNODE_REMEDIATION: Final = "remediation"
+REMEDIATION_RESETS: Final = "resets"
+REMEDIATION_VALIDATIONS: Final = "validations"
+REMEDIATION_REQUESTED_AT: Final = "requestedAt"
+RESET_WAITING: Final = "Waiting"
+RESET_SUCCEEDED: Final = "Succeeded"
+RESET_FAILED: Final = "Failed"
+
 QUEUE_KIND: Final = "Queue"
 QUEUE_PLURAL: Final = "queues"
 PODGROUP_KIND: Final = "PodGroup"

@@ -64,6 +64,7 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("Role", "gpuwarden-scheduler-leader-election"),
         ("RoleBinding", "gpuwarden-scheduler-leader-election"),
         ("Deployment", "gpuwarden-scheduler"),
+        ("Service", "gpuwarden-scheduler"),
     }
     # As the API server stores it (defaults applied), not as written.
     ds = _get_json(control_plane, "daemonset")
