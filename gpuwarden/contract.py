@@ -174,6 +174,12 @@ LABEL_REPAIR_NEEDED: Final = f"{API_GROUP}/repair-needed"
 # Set by a person (any value, e.g. a ticket number) once the escalated repair
 # is done; remediation then re-validates the hardware and removes it.
 ANNOTATION_ESCALATION_CLEARED: Final = f"{API_GROUP}/escalation-cleared"
+# What remediation fences off for placement, derived from the state above and
+# written with it, in a form the scheduler's placement (and people) read at a
+# glance: the GPUs quarantined one by one ("2,5"), and "true" while the whole
+# node is drained. A fenced GPU takes no new work from gpuwarden at once.
+ANNOTATION_QUARANTINED_GPUS: Final = f"{API_GROUP}/quarantined-gpus"
+ANNOTATION_DRAINING: Final = f"{API_GROUP}/draining"
 
 
 class RemediationState(StrEnum):
@@ -208,6 +214,8 @@ class EvictionAction(StrEnum):
     PREEMPT = "Preempt"
     CONSOLIDATE = "Consolidate"
     STALE_GANG = "StaleGang"
+    # Remediation draining a quarantined node of pods no gpuwarden action owns.
+    REMEDIATION_DRAIN = "RemediationDrain"
 
 
 class UnschedulableReason(StrEnum):

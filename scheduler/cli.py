@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,10 +23,12 @@ from gpuwarden import serving
 from gpuwarden.contract import SCHEDULER_COMPONENT
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
+from gpuwarden.yamlfile import load_yaml
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
 from scheduler.engine.model import UNLIMITED, Decisions, Queue, SchedulerConfig
 from scheduler.engine.resources import MEMORY, MIB_PER_GIB, MILLI, RESOURCE_NAMES, RESOURCES
 from scheduler.engine.session import run_session
+from scheduler.remediation.policy import ControllerSettings, Settings, SettingsError
 from scheduler.snapshot_io import SnapshotError, load_fairshare, load_snapshot
 
 log = get_logger(__name__)
@@ -65,6 +67,20 @@ def register(sub: Any) -> None:
         default=300.0,
         help="seconds room freed for a pod group by evictions stays held for it (until it binds)",
     )
+    add_flag(
+        connected,
+        "--remediation",
+        choices=["on", "dry-run", "off"],
+        default="on",
+        help="quarantine, drain, repair and return sick GPUs and nodes (dry-run: record and report only)",
+    )
+    add_flag(
+        connected,
+        "--remediation-config",
+        default=None,
+        help="YAML file with remediation settings (timeouts, drain policies per namespace, breaker)",
+    )
+    add_flag(connected, "--escalation-webhook", default=None, help="URL that escalated repairs are POSTed to as JSON")
     add_flag(connected, "--metrics-address", default="0.0.0.0", help="address /metrics, /healthz, /readyz listen on")
     add_flag(connected, "--metrics-port", type=port_number, default=9403, help="port of /metrics, /healthz, /readyz")
     serving.add_flags(connected)
@@ -274,6 +290,12 @@ def run_connected(args: argparse.Namespace) -> int:
         config=SchedulerConfig(reservation_ttl_s=args.reservation_timeout),
     )
     try:
+        remediation = _remediation_settings(args.remediation, args.remediation_config, args.escalation_webhook)
+    except SettingsError as err:
+        sys.stderr.write(f"gpuwarden scheduler: {err}\n")
+        return 2
+    settings = replace(settings, remediation=remediation)
+    try:
         api_client = load_api_client(args.kubeconfig)
     except Exception as exc:  # the kubernetes config loaders raise several unrelated types
         sys.stderr.write(f"gpuwarden scheduler: cannot use the kubeconfig {args.kubeconfig or '(in-cluster)'}: {exc}\n")
@@ -290,3 +312,18 @@ def run_connected(args: argparse.Namespace) -> int:
     runner.run(stop)
     log.info("scheduler_stopped", cycles=runner.cycles)
     return 0
+
+
+def _remediation_settings(mode: str, config: str | None, webhook: str | None) -> ControllerSettings | None:
+    """The remediation controller's settings from the flags; SettingsError names what is wrong."""
+    if mode == "off":
+        return None
+    data: dict[str, object] = {}
+    if config is not None:
+        loaded = load_yaml(config, "remediation config", SettingsError)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SettingsError(f"{config}: the remediation config must be a mapping of settings")
+        data = dict(loaded or {})
+    if mode == "dry-run":
+        data["dry_run"] = True
+    return ControllerSettings(machine=Settings.from_mapping(data), webhook_url=webhook or None)

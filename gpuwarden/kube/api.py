@@ -120,6 +120,11 @@ class KubeApi:
             _content_type=STRATEGIC_MERGE_PATCH,
         )
 
+    def patch_node(self, name: str, patch: JSON) -> JSON:
+        """Merge patch of a Node (labels and annotations merge, null removes;
+        spec.taints is replaced whole, so the caller sends the full list)."""
+        return self._merge_patch("patch_node", self._core.patch_node, name, patch)
+
     # -- GPUNode --------------------------------------------------------------
 
     def get_gpunode(self, name: str) -> JSON | None:
@@ -188,6 +193,20 @@ class KubeApi:
             name,
             namespace,
             patch,
+        )
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> JSON:
+        """Delete one pod, only if it is still the one named by ``uid`` (a precondition).
+
+        Only for what the Eviction API cannot do by design: a drain whose
+        namespace policy says delete-after-timeout.
+        """
+        return self._call(
+            "delete_pod",
+            self._core.delete_namespaced_pod,
+            name,
+            namespace,
+            body={"preconditions": {"uid": uid}} if uid else None,
         )
 
     def create_pod_binding(self, namespace: str, name: str, body: JSON) -> JSON:

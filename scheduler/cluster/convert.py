@@ -48,14 +48,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from gpuwarden.contract import (
+    ANNOTATION_DRAINING,
     ANNOTATION_GPU_ASSIGNMENT,
     ANNOTATION_POD_GROUP,
+    ANNOTATION_QUARANTINED_GPUS,
     DEFAULT_NODE_POOL,
     LABEL_NODE_POOL,
     RESOURCE_NVIDIA_GPU,
@@ -425,6 +427,8 @@ def node_from_objects(
     if inventory is None:
         inventory = _gpus_from_allocatable(allocatable, labels, ident, default_gpu_memory_mib)
     conditions, ready = _conditions(status.get("conditions"), inventory, ident)
+    annotations = _str_map(meta.get("annotations"), "metadata.annotations", ident)
+    gpus = _fenced(inventory.gpus, annotations.get(ANNOTATION_QUARANTINED_GPUS), ident)
     unschedulable = spec.get("unschedulable", False)
     if not isinstance(unschedulable, bool):
         warn.warning("object field malformed", (ident, "unschedulable"), object=ident, field="spec.unschedulable")
@@ -434,12 +438,29 @@ def node_from_objects(
         pool=labels.get(LABEL_NODE_POOL) or DEFAULT_NODE_POOL,
         cpu_milli=_amount(allocatable, "cpu", cpu_milli_floor, ident),
         memory_mib=_amount(allocatable, "memory", mib_floor, ident),
-        gpus=inventory.gpus,
+        gpus=gpus,
         labels=labels,
         taints=_taints(spec.get("taints"), ident),
         schedulable=ready and not unschedulable,
         conditions=conditions,
+        draining=annotations.get(ANNOTATION_DRAINING) == "true",
     )
+
+
+def _fenced(gpus: tuple[Gpu, ...], listed: str | None, ident: str) -> tuple[Gpu, ...]:
+    """The GPUs with those remediation quarantined marked out of service.
+
+    A malformed list fences every GPU: remediation wrote it, and placing work
+    on a GPU it meant to fence is worse than idling a healthy one.
+    """
+    if not listed:
+        return gpus
+    try:
+        fenced = {int(part) for part in listed.split(",") if part.strip()}
+    except ValueError:
+        warn.warning("object field malformed", (ident, "quarantined-gpus"), object=ident, value=listed)
+        return tuple(replace(g, healthy=False) for g in gpus)
+    return tuple(replace(g, healthy=False) if g.index in fenced else g for g in gpus)
 
 
 # --------------------------------------------------------------------------

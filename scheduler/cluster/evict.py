@@ -169,3 +169,12 @@ class Evictor:
             return EvictResult(ev, EvictOutcome.REFUSED, f"refused: {answer.detail}", tries)
         log.warning("eviction_failed", error=answer.detail, status=answer.status, **fields)
         return EvictResult(ev, EvictOutcome.FAILED, str(answer), tries)
+
+
+def refused_pods(results: Sequence[EvictResult]) -> dict[str, str]:
+    """Pods (``namespace/name``) whose eviction a budget refused, with what the API server said."""
+    return {
+        f"{r.eviction.namespace}/{r.eviction.pod}": r.error or "refused"
+        for r in results
+        if r.outcome is EvictOutcome.REFUSED
+    }

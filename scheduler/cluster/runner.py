@@ -36,10 +36,12 @@ from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import CacheView, ClusterCache
 from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
-from scheduler.cluster.evict import Evictor
+from scheduler.cluster.evict import Evictor, refused_pods
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.engine.model import SchedulerConfig
+from scheduler.remediation.controller import RemediationController
+from scheduler.remediation.policy import ControllerSettings
 
 log = get_logger(__name__)
 
@@ -81,6 +83,9 @@ class RunnerSettings:
     # Seconds without a finished cycle (leader) or loop turn (standby) after
     # which /healthz fails; generous, since a cycle at 150,000 pods takes seconds.
     stall_s: float = 60.0
+    # Remediation of sick nodes after each cycle (leader only); None: off.
+    # Its own dry_run setting records and reports without changing anything.
+    remediation: ControllerSettings | None = field(default_factory=ControllerSettings)
 
 
 class SchedulerRunner:
@@ -99,12 +104,17 @@ class SchedulerRunner:
             on_stopped_leading=lambda: log.warning("stopped_leading", identity=settings.lease.identity),
             stats=self.api.stats,
         )
+        evictor = Evictor(self.api, evictions_per_s=settings.evictions_per_s)
         self.cycle = SchedulingCycle(
             self.api,
             config=settings.config,
             default_queue=settings.default_queue,
             binder=Binder(self.api, workers=settings.bind_workers),
-            evictor=Evictor(self.api, evictions_per_s=settings.evictions_per_s),
+            evictor=evictor,
+        )
+        # Remediation shares the cycle's evictor: one eviction rate for the process.
+        self.remediation = (
+            RemediationController(self.api, evictor, settings.remediation) if settings.remediation is not None else None
         )
         self.cycles = 0
         self.last: CycleResult | None = None
@@ -182,13 +192,21 @@ class SchedulerRunner:
         if not view.synced:
             return
         self._cycle_since = time.monotonic()
+        current = cluster_view(view)
         try:
-            self.last = self.cycle.run(cluster_view(view))
+            self.last = self.cycle.run(current)
             self.cycles += 1
             self.metrics.observe(self.last)
         except Exception:
             # A bug in one cycle must not end scheduling: log, and try the next.
             log.exception("cycle_failed")
             self.metrics.cycle_failed()
+        try:
+            if self.remediation is not None and self.elector.is_leader():
+                if self.last is not None:
+                    self.remediation.note_refusals(refused_pods(self.last.evictions))
+                self.remediation.run(current.nodes, current.gpunodes, list(current.pods.values()))
+        except Exception:
+            log.exception("remediation_failed")
         finally:
             self._cycle_since = None

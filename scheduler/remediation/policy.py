@@ -232,3 +232,23 @@ def _breaker(value: object) -> BreakerSettings:
         )
     except BreakerSettingsError as exc:
         raise SettingsError(f"remediation.{exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """The controller's settings: the machine's, and where escalations are sent.
+
+    Escalations are POSTed to ``webhook_url`` as JSON
+    (:meth:`scheduler.remediation.steps.Escalate.payload`); None sends none.
+    """
+
+    machine: Settings = field(default_factory=Settings)
+    webhook_url: str | None = None
+    webhook_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        url = self.webhook_url
+        if url is not None and not (url.startswith("http://") or url.startswith("https://")):
+            raise SettingsError(f"the escalation webhook must be an http:// or https:// URL, got {url!r}")
+        if not self.webhook_timeout_s > 0:
+            raise SettingsError(f"the escalation webhook timeout must be above 0, got {self.webhook_timeout_s}")

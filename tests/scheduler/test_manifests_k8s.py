@@ -364,9 +364,13 @@ def test_one_overlay_installs_agent_and_scheduler_with_least_privilege(
     assert _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "gpuwarden")
     # And nothing it does not need.
     assert not _can(control_plane, "get", "secrets", "-n", "team-a")
-    assert not _can(control_plane, "delete", "pods", "-n", "team-a")
     assert not _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "kube-system")
-    assert not _can(control_plane, "patch", "nodes")
+    # Remediation cordons and annotates Nodes and asks agents through GPUNode spec,
+    # never writing either's status (health is the agent's).
+    assert _can(control_plane, "patch", "nodes")
+    assert _can(control_plane, "patch", "gpunodes.gpuwarden.io")
+    assert not _can(control_plane, "patch", "nodes", "--subresource=status")
+    assert not _can(control_plane, "patch", "gpunodes.gpuwarden.io", "--subresource=status")
     assert not _can(control_plane, "list", "jobs.batch", "-n", "team-a")
     # Owners of kinds this cluster does not serve (no Kubeflow here) are granted by name.
     role = client.RbacAuthorizationV1Api(k8s).read_cluster_role("gpuwarden-scheduler")

@@ -506,7 +506,11 @@ def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
     }
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-        assert "delete" not in rule["verbs"]
+    # The one delete: pods, for remediation's delete-after-timeout drain policy.
+    assert {(g, r) for g, r, v in granted if v == "delete"} == {("", "pods")}
+    # Remediation writes Nodes and GPUNodes, never their status (health is the agent's).
+    assert {("", "nodes", "patch"), ("gpuwarden.io", "gpunodes", "patch")} <= granted
+    assert not {("", "nodes/status"), ("gpuwarden.io", "gpunodes/status")} & {(g, r) for g, r, _ in granted}
     assert not any(r in {"secrets", "configmaps"} for _, r, _ in granted)
     assert {("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "pods", "patch")} <= granted
     leases = next(d for d in docs if d["kind"] == "Role")
@@ -565,9 +569,11 @@ def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_se
             refused = {
                 "read a secret": _refused(lambda: core.read_namespaced_secret("token", namespace)),
                 "list secrets": _refused(core.list_secret_for_all_namespaces),
-                "delete a pod": _refused(lambda: core.delete_namespaced_pod("to-bind", namespace)),
                 "create a pod": _refused(lambda: core.create_namespaced_pod(namespace, simple_pod("spawned"))),
-                "patch a node": _refused(lambda: core.patch_node(node.name, {"spec": {"unschedulable": True}})),
+                # Remediation may cordon a Node; its health (status) is the agent's alone.
+                "patch node status": _refused(
+                    lambda: core.patch_node_status(node.name, {"status": {"conditions": []}})
+                ),
                 "a lease elsewhere": _refused(lambda: coordination.create_namespaced_lease(namespace, lease)),
                 "read an Event": _refused(lambda: core.list_namespaced_event(namespace)),
             }

@@ -1,0 +1,618 @@
+"""The remediation controller: observe each node, advance its machine, carry out the steps.
+
+It runs in the leader's loop after each scheduling cycle, over the same
+watched objects (:class:`scheduler.cluster.cycle.ClusterView`), so a
+restarted or failed-over scheduler continues from what the Nodes say: the
+record lives in the ``gpuwarden.io/remediation-state`` annotation, the state
+in the ``gpuwarden.io/state`` label (``kubectl get nodes -L
+gpuwarden.io/state``).
+
+Per node and cycle:
+
+1. Observe (:func:`observe`): the faults the engine's health judge calls
+   fatal, from the Node's conditions with their start times from the
+   GPUNode; the cordon and gpuwarden's taint; how many pods are left on each
+   draining scope and what holds them; the agent's reset and validation
+   answers from ``GPUNode.status.remediation``; a person's
+   ``gpuwarden.io/escalation-cleared``; the pool's breaker verdict.
+2. :func:`scheduler.remediation.machine.advance` (pure).
+3. Carry out the steps, holds first (made true only where the cluster
+   differs), then edges, then write the record, label and fences.
+
+How a fence reaches placement: the quarantined GPUs go into
+``gpuwarden.io/quarantined-gpus`` and a node drain into
+``gpuwarden.io/draining``, which the scheduler's conversion reads: the GPU
+(or node) takes no new gpuwarden work from the next cycle on, and the
+engine's health eviction drains gpuwarden's own pods through the Eviction
+API, gang-aware and rate-limited, exactly as for any fault. Pods of other
+schedulers see a quarantined GPU only through the device plugin's own
+health: a ``nvidia.com/gpu`` request placed by kube-scheduler can still
+land on a node with a fenced GPU while the device plugin lists it healthy,
+which is why a node-level fault cordons the node (that stops every
+scheduler). A node drain also evicts the pods no gpuwarden action owns
+(other schedulers', bare pods), by their namespace's drain policy; DaemonSet
+and mirror pods stay.
+
+The carry-out contract: steps first, then the record. A step that fails is
+logged and retried next cycle (holds are re-issued every cycle); the record
+is still written, except when the machine says the record must not be
+(an unreadable one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuwarden import contract
+from gpuwarden.contract import EvictionAction
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.convert import node_from_objects
+from scheduler.cluster.evict import Evictor, EvictOutcome
+from scheduler.cluster.logonce import WarnOnce
+from scheduler.engine.model import Eviction
+from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
+from scheduler.remediation.machine import Transition, advance
+from scheduler.remediation.model import NodeRecord, ResetResult, State, ValidationResult, decode_record, encode_record
+from scheduler.remediation.observations import DrainProgress, GpuIdentity, Observations, faults_from_conditions
+from scheduler.remediation.policy import ControllerSettings, PodDrainAction
+from scheduler.remediation.steps import (
+    ClearEscalation,
+    Cordon,
+    Drain,
+    EmitEvent,
+    Escalate,
+    QuarantineGpu,
+    RequestGpuReset,
+    RequestValidation,
+    Step,
+    StopManaging,
+    Uncordon,
+)
+
+log = get_logger(__name__)
+warn = WarnOnce(__name__)
+
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+_MIRROR = "kubernetes.io/config.mirror"
+
+
+def _time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def request_time(ts: float) -> str:
+    """A request's ``requestedAt``: microseconds, rounded up, so it reads back no earlier than it was asked."""
+    micros = math.ceil(round(ts * 1_000_000, 3))
+    return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _map(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list(obj: Mapping[str, Any], key: str) -> list[Any]:
+    value = obj.get(key)
+    return value if isinstance(value, list) else []
+
+
+# --------------------------------------------------------------------------
+# Observing
+# --------------------------------------------------------------------------
+
+
+def _fault_starts(gpunode: Mapping[str, Any] | None) -> dict[tuple[str, str, int | None], float]:
+    """When the agent raised each fault: (condition, reason, GPU index or None) -> time."""
+    out: dict[tuple[str, str, int | None], float] = {}
+    status = _map(gpunode or {}, "status")
+    for gpu in _list(status, "gpus"):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+            continue
+        for fault in _list(gpu, "faults"):
+            if isinstance(fault, dict) and (since := _epoch(fault.get("since"))) is not None:
+                out[(str(fault.get("condition")), str(fault.get("reason")), gpu["index"])] = since
+    for fault in _list(status, "nodeFaults"):
+        if isinstance(fault, dict) and (since := _epoch(fault.get("since"))) is not None:
+            out[(str(fault.get("condition")), str(fault.get("reason")), None)] = since
+    return out
+
+
+def agent_answers(gpunode: Mapping[str, Any] | None) -> tuple[tuple[ResetResult, ...], tuple[ValidationResult, ...]]:
+    """The agent's finished answers to the requests now in ``spec.remediation`` (Waiting is no answer).
+
+    An answer counts only if it echoes a current request's ``requestedAt``
+    exactly: an answer to an older request (a previous workflow, a request
+    since withdrawn) is never taken for this one, whatever the clocks say.
+    Its time is always later than the request it answers, so the machine's
+    "after the request" comparisons hold even when the agent writes whole
+    seconds or its clock is a little behind.
+    """
+    obj = gpunode or {}
+    asked = _map(_map(obj, "spec"), contract.GPUNODE_REMEDIATION)
+    report = _map(_map(obj, "status"), contract.GPUNODE_REMEDIATION)
+    key = contract.REMEDIATION_REQUESTED_AT
+    reset_asks = {(e.get("gpu"), e.get(key)) for e in _list(asked, contract.REMEDIATION_RESETS) if isinstance(e, dict)}
+    resets: list[ResetResult] = []
+    for entry in _list(report, contract.REMEDIATION_RESETS):
+        if not isinstance(entry, dict) or not isinstance(entry.get("gpu"), int):
+            continue
+        if (entry["gpu"], entry.get(key)) not in reset_asks:
+            continue
+        result = entry.get("result")
+        at = _answer_time(entry)
+        if result in (contract.RESET_SUCCEEDED, contract.RESET_FAILED) and at is not None:
+            ok = result == contract.RESET_SUCCEEDED
+            resets.append(ResetResult(entry["gpu"], ok, at, str(entry.get("message", ""))))
+    validation_asks = {e.get(key) for e in _list(asked, contract.REMEDIATION_VALIDATIONS) if isinstance(e, dict)}
+    validations: list[ValidationResult] = []
+    for entry in _list(report, contract.REMEDIATION_VALIDATIONS):
+        if not isinstance(entry, dict) or not isinstance(entry.get("passed"), bool):
+            continue
+        at = _answer_time(entry)
+        if at is None or entry.get(key) not in validation_asks:
+            continue
+        gpus = [g for g in _list(entry, "gpus") if isinstance(g, int)]
+        message = str(entry.get("message", ""))
+        targets: list[int | None] = list(gpus) if gpus else [None]
+        validations.extend(ValidationResult(g, entry["passed"], at, message) for g in targets)
+    return tuple(resets), tuple(validations)
+
+
+def _answer_time(entry: Mapping[str, Any]) -> float | None:
+    finished = _epoch(entry.get("finishedAt"))
+    requested = _epoch(entry.get(contract.REMEDIATION_REQUESTED_AT))
+    if finished is None or requested is None:
+        return None
+    # An answer comes after its request (causality, whatever the clocks say).
+    return max(finished, requested + 1e-6)
+
+
+def _gpus_of_pod(pod: Mapping[str, Any], node: str) -> tuple[int, ...]:
+    annotations = _map(_meta(pod), "annotations")
+    text = annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT)
+    decoded = decode_assignment(text, node=node) if isinstance(text, str) else None
+    return tuple(decoded or ())
+
+
+def _stays(pod: Mapping[str, Any]) -> bool:
+    """DaemonSet and mirror pods stay on a drained node (they belong to it)."""
+    meta = _meta(pod)
+    if _MIRROR in _map(meta, "annotations"):
+        return True
+    return any(isinstance(o, dict) and o.get("kind") == "DaemonSet" for o in _list(meta, "ownerReferences"))
+
+
+def _holds_node(pod: Mapping[str, Any]) -> bool:
+    return _map(pod, "status").get("phase") not in _TERMINAL
+
+
+def pods_on(pods: Sequence[Mapping[str, Any]], node: str, gpus: tuple[int, ...]) -> list[Mapping[str, Any]]:
+    """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave."""
+    out = []
+    for pod in pods:
+        if _map(pod, "spec").get("nodeName") != node or not _holds_node(pod) or _stays(pod):
+            continue
+        if gpus and not set(gpus).intersection(_gpus_of_pod(pod, node)):
+            continue
+        out.append(pod)
+    return out
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    meta = _meta(pod)
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def observe(
+    node_obj: Mapping[str, Any],
+    gpunode: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    record: NodeRecord,
+    *,
+    blocked: Mapping[str, str],
+) -> Observations:
+    """One node's observations (the breaker verdict is filled in by the controller).
+
+    ``blocked`` maps a pod (``namespace/name``) to why its eviction was
+    refused this cycle: the drain's blockers.
+    """
+    engine_node = node_from_objects(node_obj, gpunode)
+    gpus = tuple(GpuIdentity(g.index, g.uuid) for g in engine_node.gpus)
+    faults = faults_from_conditions(engine_node.conditions, gpus, _fault_starts(gpunode))
+    spec = _map(node_obj, "spec")
+    taints = [t for t in _list(spec, "taints") if isinstance(t, dict)]
+    drains: list[DrainProgress] = []
+    name = engine_node.name
+    for scope in record.scopes:
+        if scope.state is not State.DRAINING:
+            continue
+        left = pods_on(pods, name, () if scope.scope.is_node else scope.gpus)
+        blockers = tuple(f"{_pod_key(p)}: {blocked[_pod_key(p)]}" for p in left if _pod_key(p) in blocked)
+        drains.append(DrainProgress(scope.scope.key, len(left), blockers))
+    resets, validations = agent_answers(gpunode)
+    cleared = _map(_meta(node_obj), "annotations").get(contract.ANNOTATION_ESCALATION_CLEARED)
+    return Observations(
+        node=name,
+        pool=engine_node.pool,
+        gpus=gpus,
+        faults=faults,
+        unschedulable=spec.get("unschedulable") is True,
+        quarantine_taint=any(t.get("key") == contract.TAINT_QUARANTINE for t in taints),
+        drains=tuple(drains),
+        resets=resets,
+        validations=validations,
+        escalation_cleared=cleared if isinstance(cleared, str) else None,
+    )
+
+
+# --------------------------------------------------------------------------
+# The controller
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class RemediationReport:
+    """What one pass did, for logs, metrics and tests."""
+
+    transitions: dict[str, Transition] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    evicted: int = 0
+
+
+Poster = Callable[[str, bytes, float], None]
+
+
+def _post(url: str, body: bytes, timeout: float) -> None:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        reply.read()
+
+
+class RemediationController:
+    """Advances every node's remediation once per call; one per scheduler (leader only)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        evictor: Evictor,
+        settings: ControllerSettings | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        post: Poster = _post,
+    ) -> None:
+        self._api = api
+        self._evictor = evictor
+        self.settings = settings or ControllerSettings()
+        self._clock = clock or time.time
+        self._post = post
+        # Pods whose eviction was refused, with why (from this controller's
+        # drains and from the scheduling cycle's), as the drains' blockers.
+        self._blocked: dict[str, str] = {}
+
+    def note_refusals(self, refused: Mapping[str, str]) -> None:
+        """Evictions the scheduling cycle saw refused this cycle (pod key -> why)."""
+        self._blocked.update(refused)
+
+    def run(
+        self,
+        nodes: Mapping[str, Mapping[str, Any]],
+        gpunodes: Mapping[str, Mapping[str, Any]],
+        pods: Sequence[Mapping[str, Any]],
+    ) -> RemediationReport:
+        """One pass over every node; never raises for one node's trouble."""
+        now = self._clock()
+        report = RemediationReport()
+        blocked, self._blocked = self._blocked, {}
+        records = {
+            name: decode_record(_map(_meta(obj), "annotations").get(contract.ANNOTATION_REMEDIATION_STATE))
+            for name, obj in nodes.items()
+        }
+        pools = self._pools(nodes, records)
+        for name in sorted(nodes):
+            node_obj = nodes[name]
+            decoded = records[name]
+            if decoded.error is not None:
+                warn.warning(
+                    "remediation_record_unreadable", ("record", name, decoded.error), node=name, error=decoded.error
+                )
+            try:
+                obs = observe(node_obj, gpunodes.get(name), pods, decoded.record, blocked=blocked)
+                status = pools[obs.pool]
+                obs = _with_verdict(obs, verdict(self.settings.machine.breaker, status, name))
+                transition = advance(decoded.record, obs, now, self.settings.machine)
+                self._carry_out(
+                    name,
+                    node_obj=node_obj,
+                    gpunode=gpunodes.get(name),
+                    pods=pods,
+                    transition=transition,
+                    now=now,
+                    report=report,
+                )
+                pools[obs.pool] = _after(status, name, transition.record)
+                report.transitions[name] = transition
+            except ApiError as err:
+                report.errors.append(f"{name}: {err}")
+                log.warning("remediation_step_failed", node=name, status=err.status, error=err.detail)
+            except Exception:  # one node's bad data must not stop the others
+                report.errors.append(f"{name}: unexpected error")
+                log.exception("remediation_node_failed", node=name)
+        return report
+
+    # -- the breaker's view ---------------------------------------------------
+
+    def _pools(self, nodes: Mapping[str, Mapping[str, Any]], records: Mapping[str, Any]) -> dict[str, PoolStatus]:
+        members: dict[str, set[str]] = {}
+        out: dict[str, set[str]] = {}
+        draining: dict[str, set[str]] = {}
+        for name, obj in nodes.items():
+            engine_node = node_from_objects(obj, None)
+            pool = engine_node.pool
+            members.setdefault(pool, set()).add(name)
+            record: NodeRecord = records[name].record
+            unschedulable = _map(obj, "spec").get("unschedulable") is True
+            ready = engine_node.schedulable or unschedulable
+            if is_out(unschedulable=unschedulable, ready=ready, remediating=bool(record.scopes)):
+                out.setdefault(pool, set()).add(name)
+            if any(s.state is State.DRAINING and not s.dry_run for s in record.scopes):
+                draining.setdefault(pool, set()).add(name)
+        return {
+            pool: PoolStatus(pool, frozenset(names), frozenset(out.get(pool, ())), frozenset(draining.get(pool, ())))
+            for pool, names in members.items()
+        }
+
+    # -- carrying out ---------------------------------------------------------
+
+    def _carry_out(
+        self,
+        name: str,
+        *,
+        node_obj: Mapping[str, Any],
+        gpunode: Mapping[str, Any] | None,
+        pods: Sequence[Mapping[str, Any]],
+        transition: Transition,
+        now: float,
+        report: RemediationReport,
+    ) -> None:
+        steps = transition.steps
+        meta = _map(node_obj, "metadata")
+        labels = dict(_map(meta, "labels"))
+        annotations = dict(_map(meta, "annotations"))
+        spec = _map(node_obj, "spec")
+        taints = [dict(t) for t in _list(spec, "taints") if isinstance(t, dict)]
+        patch_meta: dict[str, Any] = {"labels": {}, "annotations": {}}
+        patch_spec: dict[str, Any] = {}
+
+        cordon = next((s for s in steps if isinstance(s, Cordon)), None)
+        release = any(isinstance(s, Uncordon | StopManaging) for s in steps)
+        ours = [t for t in taints if t.get("key") == contract.TAINT_QUARANTINE]
+        if cordon is not None:
+            if spec.get("unschedulable") is not True:
+                patch_spec["unschedulable"] = True
+            if not ours:
+                taint = {
+                    "key": contract.TAINT_QUARANTINE,
+                    "effect": "NoSchedule",
+                    "timeAdded": _time(cordon.time_added),
+                }
+                patch_spec["taints"] = [*taints, taint]
+        elif release:
+            if ours:
+                patch_spec["taints"] = [t for t in taints if t.get("key") != contract.TAINT_QUARANTINE] or None
+            if any(isinstance(s, Uncordon) for s in steps) and spec.get("unschedulable") is True:
+                patch_spec["unschedulable"] = None
+
+        for step in steps:
+            if isinstance(step, Escalate):
+                patch_meta["labels"][contract.LABEL_REPAIR_NEEDED] = step.need.value
+                if contract.ANNOTATION_ESCALATION_CLEARED in annotations:
+                    patch_meta["annotations"][contract.ANNOTATION_ESCALATION_CLEARED] = None
+                self._call_webhook(name, step)
+            elif isinstance(step, ClearEscalation | StopManaging):
+                if contract.LABEL_REPAIR_NEEDED in labels:
+                    patch_meta["labels"][contract.LABEL_REPAIR_NEEDED] = None
+                if isinstance(step, ClearEscalation) and contract.ANNOTATION_ESCALATION_CLEARED in annotations:
+                    patch_meta["annotations"][contract.ANNOTATION_ESCALATION_CLEARED] = None
+
+        # The fences placement reads, derived from this cycle's holds.
+        fenced = sorted({s.gpu_index for s in steps if isinstance(s, QuarantineGpu)})
+        drain_node = any(isinstance(s, Drain) and s.scope.is_node for s in steps)
+        _set(
+            patch_meta["annotations"],
+            annotations,
+            contract.ANNOTATION_QUARANTINED_GPUS,
+            ",".join(map(str, fenced)) or None,
+        )
+        _set(patch_meta["annotations"], annotations, contract.ANNOTATION_DRAINING, "true" if drain_node else None)
+        if transition.persist:
+            _set(
+                patch_meta["annotations"],
+                annotations,
+                contract.ANNOTATION_REMEDIATION_STATE,
+                _encoded(transition.record),
+            )
+            _set(patch_meta["labels"], labels, contract.LABEL_REMEDIATION_STATE, transition.label)
+
+        patch: JSON = {}
+        meta_patch = {k: v for k, v in patch_meta.items() if v}
+        if meta_patch:
+            patch["metadata"] = meta_patch
+        if patch_spec:
+            patch["spec"] = patch_spec
+        self._request_agent(name, gpunode, steps)
+        for step in steps:
+            if isinstance(step, Drain) and step.scope.is_node:
+                report.evicted += self._drain(name, pods, step, now)
+        for step in steps:
+            if isinstance(step, EmitEvent):
+                self._event(name, meta, step)
+        if patch:
+            self._api.patch_node(name, patch)
+
+    def _request_agent(self, name: str, gpunode: Mapping[str, Any] | None, steps: Sequence[Step]) -> None:
+        """Make GPUNode spec.remediation list exactly this cycle's reset and validation holds."""
+        resets = [
+            {"gpu": s.gpu_index, "uuid": s.gpu_uuid, contract.REMEDIATION_REQUESTED_AT: request_time(s.requested_at)}
+            for s in steps
+            if isinstance(s, RequestGpuReset)
+        ]
+        validations = [
+            {
+                "gpus": list(s.gpus) if not s.scope.is_node else [],
+                contract.REMEDIATION_REQUESTED_AT: request_time(s.requested_at),
+            }
+            for s in steps
+            if isinstance(s, RequestValidation)
+        ]
+        current = _map(_map(gpunode or {}, "spec"), contract.GPUNODE_REMEDIATION)
+        wanted = {contract.REMEDIATION_RESETS: resets, contract.REMEDIATION_VALIDATIONS: validations}
+        shown = {k: _list(current, k) for k in wanted}
+        if shown == wanted:
+            return
+        if gpunode is None:
+            if resets or validations:
+                log.warning("remediation_no_gpunode", node=name, why="the agent cannot be asked to reset or validate")
+            return
+        self._api.patch_gpunode(name, {"spec": {contract.GPUNODE_REMEDIATION: wanted}})
+
+    def _drain(self, name: str, pods: Sequence[Mapping[str, Any]], step: Drain, now: float) -> int:
+        """Evict what no gpuwarden action evicts from a drained node, by namespace policy."""
+        policies = self.settings.machine.drain
+        evictions: list[Eviction] = []
+        deletions: list[Mapping[str, Any]] = []
+        for pod in pods_on(pods, name, ()):
+            spec = _map(pod, "spec")
+            if spec.get("schedulerName") == contract.SCHEDULER_NAME:
+                continue  # the engine's health eviction takes these, gang-aware
+            meta = _meta(pod)
+            if meta.get("deletionTimestamp"):
+                continue
+            namespace = str(meta.get("namespace") or "default")
+            action = policies.for_namespace(namespace).pod_action(now - step.started_at)
+            if action is PodDrainAction.WAIT:
+                continue
+            if action is PodDrainAction.DELETE:
+                deletions.append(pod)
+                continue
+            evictions.append(
+                Eviction(
+                    job=f"{namespace}/{meta.get('name')}",
+                    namespace=namespace,
+                    pod=str(meta.get("name")),
+                    uid=str(meta.get("uid") or ""),
+                    node=name,
+                    action=EvictionAction.REMEDIATION_DRAIN,
+                    reason=f"node {name} is drained by remediation",
+                )
+            )
+        done = 0
+        for result in self._evictor.evict_all(evictions):
+            if result.outcome is EvictOutcome.REFUSED:
+                self._blocked[f"{result.eviction.namespace}/{result.eviction.pod}"] = result.error or "refused"
+            elif result.ok:
+                done += 1
+        for pod in deletions:
+            meta = _meta(pod)
+            try:
+                self._api.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid") or ""))
+                done += 1
+                log.info(
+                    "remediation_pod_deleted", node=name, pod=_pod_key(pod), why="drain policy delete-after-timeout"
+                )
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("remediation_delete_failed", node=name, pod=_pod_key(pod), error=err.detail)
+        return done
+
+    def _event(self, name: str, meta: Mapping[str, Any], step: EmitEvent) -> None:
+        stamp = _time(self._clock())
+        digest = hashlib.sha256(f"{name}\x1f{step.reason}\x1f{step.message}\x1f{stamp}".encode()).hexdigest()[:10]
+        involved: JSON = {"apiVersion": "v1", "kind": "Node", "name": name}
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name[:200]}.{digest}", "namespace": "default"},
+            "involvedObject": involved,
+            "type": step.type.value,
+            "reason": step.reason.value,
+            "message": step.message[:1024],
+            "source": {"component": contract.SCHEDULER_COMPONENT},
+            "reportingComponent": contract.SCHEDULER_COMPONENT,
+            "reportingInstance": contract.SCHEDULER_COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self._api.create_event("default", body)
+        except ApiError as err:
+            if err.status != 409:
+                log.warning("remediation_event_failed", node=name, reason=step.reason.value, error=err.detail)
+
+    def _call_webhook(self, name: str, step: Escalate) -> None:
+        url = self.settings.webhook_url
+        if not url:
+            return
+        try:
+            self._post(url, json.dumps(step.payload(), sort_keys=True).encode(), self.settings.webhook_timeout_s)
+            log.info("escalation_webhook_called", node=name, need=step.need.value)
+        except Exception as exc:  # any transport failure: the Event and label still stand
+            log.warning("escalation_webhook_failed", node=name, url=url, error=f"{type(exc).__name__}: {exc}")
+
+
+def _set(patch: dict[str, Any], current: Mapping[str, Any], key: str, value: str | None) -> None:
+    """Patch ``key`` to ``value`` (None removes it) only where it differs."""
+    if current.get(key) != value:
+        patch[key] = value
+
+
+def _encoded(record: NodeRecord) -> str | None:
+    """The annotation for ``record``; None (removed) once nothing is left to remember."""
+    if (
+        not record.scopes
+        and not record.history
+        and record.unmanaged_since is None
+        and not record.suppressed
+        and record.hold is None
+    ):
+        return None
+    return encode_record(record)
+
+
+def _with_verdict(obs: Observations, breaker: BreakerVerdict) -> Observations:
+    return replace(obs, breaker=breaker)
+
+
+def _after(status: PoolStatus, name: str, record: NodeRecord) -> PoolStatus:
+    """The pool as the next node's verdict must see it, after this node's transition."""
+    if any(s.state is State.DRAINING and not s.dry_run for s in record.scopes):
+        return status.with_draining(name)
+    if record.scopes:
+        return status.with_out(name)
+    return status
