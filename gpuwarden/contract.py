@@ -258,6 +258,8 @@ QUEUE_STATUS_FAIR_SHARE: Final = "fairShare"
 QUEUE_STATUS_ALLOCATED: Final = "allocated"
 QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: Final = "allocatedNonPreemptible"
 QUEUE_STATUS_REQUESTED: Final = "requested"
+# GPU-seconds of the queue's running work that hardware faults evicted, since the queue existed.
+QUEUE_STATUS_GPU_SECONDS_LOST: Final = "gpuSecondsLostToFaults"
 
 # PodGroup .spec
 PODGROUP_SPEC_MIN_MEMBER: Final = "minMember"

@@ -33,6 +33,7 @@ from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_fro
 from scheduler.cluster.evict import Evictor, EvictResult
 from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
+from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from
@@ -73,6 +74,8 @@ class CycleResult:
     session_seconds: Mapping[str, float] = field(default_factory=dict)
     # Reservations held after the cycle (the engine's, less those just bound).
     reservations: tuple[Reservation, ...] = ()
+    # GPU-seconds of running work this cycle's health evictions took, per queue.
+    lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -254,6 +257,7 @@ class SchedulingCycle:
         timings: dict[str, float] = {}
         decisions = run_session(snapshot, timings)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
+        lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
         # Room a bind has just taken needs holding no longer; a deferred or
@@ -273,6 +277,7 @@ class SchedulingCycle:
             gang_met=gang_met,
             blocked=refusals(evicted),
             shown_blocked=shown_blocked(view.podgroups),
+            lost_totals=lost_totals(view.queues, lost),
         )
         seconds = time.monotonic() - started
         log.info(
@@ -284,4 +289,4 @@ class SchedulingCycle:
             pending=len(pending),
             seconds=round(seconds, 3),
         )
-        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held)
+        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost)

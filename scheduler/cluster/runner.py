@@ -41,6 +41,7 @@ from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import RemediationController
+from scheduler.remediation.metrics import RemediationMetrics
 from scheduler.remediation.policy import ControllerSettings
 
 log = get_logger(__name__)
@@ -119,6 +120,12 @@ class SchedulerRunner:
         self.cycles = 0
         self.last: CycleResult | None = None
         self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
+        window = settings.remediation.machine.repeat_window_s if settings.remediation is not None else 7 * 86400.0
+        self.remediation_metrics = RemediationMetrics(
+            self.metrics.registry, leader=self.elector.is_leader, repeat_window_s=window
+        )
+        if self.remediation is not None:
+            self.remediation.on_report = self.remediation_metrics.observe
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
             self.server = build_server(
@@ -197,6 +204,7 @@ class SchedulerRunner:
             self.last = self.cycle.run(current)
             self.cycles += 1
             self.metrics.observe(self.last)
+            self.remediation_metrics.lost(self.last.lost_gpu_seconds)
         except Exception:
             # A bug in one cycle must not end scheduling: log, and try the next.
             log.exception("cycle_failed")

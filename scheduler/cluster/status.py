@@ -270,6 +270,7 @@ class StatusWriter:
         gang_met: Iterable[str] = (),
         blocked: Mapping[str, str] | None = None,
         shown_blocked: Iterable[str] = (),
+        lost_totals: Mapping[str, float] | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -284,7 +285,7 @@ class StatusWriter:
         with self._lock:
             placed = {b.job for b in decisions.binds} | set(gang_met)
             self._write_groups(decisions.pending, placed, blocked or {}, set(shown_blocked), report)
-            self._write_queues(decisions.queue_shares, report)
+            self._write_queues(decisions.queue_shares, lost_totals or {}, report)
         log.info(
             "status_written",
             pod_groups=report.pod_groups_patched,
@@ -441,12 +442,14 @@ class StatusWriter:
 
     # -- Queues ---------------------------------------------------------------
 
-    def _write_queues(self, shares: Sequence[QueueShare], report: StatusReport) -> None:
+    def _write_queues(self, shares: Sequence[QueueShare], lost: Mapping[str, float], report: StatusReport) -> None:
         by_queue: dict[str, list[QueueShare]] = {}
         for share in shares:
             by_queue.setdefault(share.queue, []).append(share)
         for queue, mine in sorted(by_queue.items()):
             desired = queue_status(mine)
+            if queue in lost:
+                desired[contract.QUEUE_STATUS_GPU_SECONDS_LOST] = lost[queue]
             known = self._queues.get(queue)
             if known == desired:
                 report.unchanged += 1

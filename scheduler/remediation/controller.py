@@ -48,7 +48,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpuwarden import contract
@@ -93,7 +93,9 @@ def _time(ts: float) -> str:
 def request_time(ts: float) -> str:
     """A request's ``requestedAt``: microseconds, rounded up, so it reads back no earlier than it was asked."""
     micros = math.ceil(round(ts * 1_000_000, 3))
-    return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    seconds, fraction = divmod(micros, 1_000_000)
+    stamp = datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=fraction)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _epoch(text: object) -> float | None:
@@ -276,11 +278,20 @@ def observe(
 
 @dataclass
 class RemediationReport:
-    """What one pass did, for logs, metrics and tests."""
+    """What one pass did, for logs, metrics and tests.
+
+    ``before`` is each node's record as the pass found it, ``transitions``
+    what the machine made of it; ``pools`` maps each node to its pool and
+    ``breaker_held`` names the nodes whose new quarantine the breaker held.
+    """
 
     transitions: dict[str, Transition] = field(default_factory=dict)
+    before: dict[str, NodeRecord] = field(default_factory=dict)
+    pools: dict[str, str] = field(default_factory=dict)
+    breaker_held: set[str] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
     evicted: int = 0
+    finished_at: float = 0.0
 
 
 Poster = Callable[[str, bytes, float], None]
@@ -309,6 +320,8 @@ class RemediationController:
         self.settings = settings or ControllerSettings()
         self._clock = clock or time.time
         self._post = post
+        # Called with each pass's report (the metrics keep the latest).
+        self.on_report: Callable[[RemediationReport], None] | None = None
         # Pods whose eviction was refused, with why (from this controller's
         # drains and from the scheduling cycle's), as the drains' blockers.
         self._blocked: dict[str, str] = {}
@@ -342,8 +355,13 @@ class RemediationController:
             try:
                 obs = observe(node_obj, gpunodes.get(name), pods, decoded.record, blocked=blocked)
                 status = pools[obs.pool]
-                obs = _with_verdict(obs, verdict(self.settings.machine.breaker, status, name))
+                judged = verdict(self.settings.machine.breaker, status, name)
+                obs = _with_verdict(obs, judged)
                 transition = advance(decoded.record, obs, now, self.settings.machine)
+                report.before[name] = decoded.record
+                report.pools[name] = obs.pool
+                if not judged.quarantine_allowed and transition.record.hold is not None:
+                    report.breaker_held.add(name)
                 self._carry_out(
                     name,
                     node_obj=node_obj,
@@ -361,6 +379,9 @@ class RemediationController:
             except Exception:  # one node's bad data must not stop the others
                 report.errors.append(f"{name}: unexpected error")
                 log.exception("remediation_node_failed", node=name)
+        report.finished_at = self._clock()
+        if self.on_report is not None:
+            self.on_report(report)
         return report
 
     # -- the breaker's view ---------------------------------------------------

@@ -122,6 +122,7 @@ def test_the_crds_carry_the_contract_names(control_plane: ControlPlane) -> None:
         contract.QUEUE_STATUS_ALLOCATED,
         contract.QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE,
         contract.QUEUE_STATUS_REQUESTED,
+        contract.QUEUE_STATUS_GPU_SECONDS_LOST,
         contract.STATUS_CONDITIONS,
         contract.STATUS_OBSERVED_GENERATION,
     }

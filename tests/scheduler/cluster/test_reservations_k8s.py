@@ -172,6 +172,10 @@ def test_a_faulted_gpu_loses_its_gang_through_evictions_a_budget_holds_back_and_
     assert "disruption budget" in blocked["message"]
     events = client.CoreV1Api(k8s).list_namespaced_event(namespace).items
     assert any(e.reason == "DisruptionBudget" and "gang-1" in e.message for e in events)
+    # The queue is told what the fault cost it: gang-0's GPU for as long as it had run.
+    assert result.lost_gpu_seconds.get(q, 0) > 0
+    lost = _queue_status(k8s, q).get(contract.QUEUE_STATUS_GPU_SECONDS_LOST)
+    assert lost is not None and lost == pytest.approx(result.lost_gpu_seconds[q], abs=0.01)
 
     # The budget lifts while gang-0 still terminates: the gang's last pod
     # goes at the next cycle; solo stays, and new work lands on the node's
