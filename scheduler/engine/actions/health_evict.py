@@ -5,7 +5,9 @@ pending) are seen by every later action. A pod is evicted when its node has a
 fatal fault or is being drained by remediation, or when it holds a GPU with a
 fatal fault (see :mod:`scheduler.engine.health` for which faults are fatal).
 A gang (``min_member`` > 1) hit anywhere loses all its pods: the survivors
-could not make progress without the lost member. A member still terminating
+could not make progress without the lost member, and room for it is held on
+healthy GPUs at once (the job's reservation) so its recreated pods are
+placed again without queueing. A member still terminating
 on the failed hardware counts as a hit too: when a disruption budget refused
 some of the gang's evictions, the rest are asked again every session until
 they go, instead of waiting for the stale-gang grace.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches
+from scheduler.engine.scoring import find_place
 from scheduler.engine.state import Cluster, JobState, TaskState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable
@@ -63,4 +66,24 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, why, None)
             elif job.spec.min_member > 1:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, f"gang member lost to a fault ({first})", None)
+        if job.spec.min_member > 1 and id(job) not in gone:
+            _keep_room(cluster, caches, stmt, job)
     stmt.commit()
+
+
+def _keep_room(cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState) -> None:
+    """Hold room on healthy GPUs for a gang that lost its place, whole or not at all.
+
+    Its controller recreates the pods; the room found here becomes the job's
+    reservation (scheduler.engine.reservations), so the gang is placed again
+    at once instead of queueing behind everyone else. A gang with a member
+    still terminating is left to find room when it comes back.
+    """
+    mark = stmt.mark()
+    for task in job.tasks:
+        if task.was_running and task.node is None and task.eviction is not None:
+            found = find_place(cluster, caches, task)
+            if found is None:
+                stmt.rollback(mark)
+                return
+            stmt.allocate(task, *found)

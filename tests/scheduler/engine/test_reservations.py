@@ -204,3 +204,30 @@ def test_reserved_gpus_go_to_their_job_or_to_nobody(snapshot: Snapshot, extra: i
     # Placeholders are neither evicted nor bound.
     assert all(not e.pod.startswith("reservation/") for e in decisions.evictions)
     assert all(not b.pod.startswith("reservation/") for b in decisions.binds)
+
+
+def test_a_gang_a_fault_evicts_gets_room_on_healthy_gpus_at_once() -> None:
+    fault = NodeCondition(ConditionType.GPU_XID_ERROR.value, True, xid_reason(48), "", Action.RESET_GPU, (0,))
+    gang = job("gang", "q", running("gang-0", "n1", (0,)), running("gang-1", "n1", (1,)), min_member=2)
+    snap = Snapshot(
+        nodes=(node("n1", 2, conditions=(fault,)), node("n2", 2)),
+        queues=(queue("q", 4),),
+        jobs=(gang, job("late", "q", pending("late-0", 1), created=5)),
+        now=NOW,
+    )
+    d = run_session(snap)
+    assert evicted(d) == {"gang-0": ("HealthEviction", None), "gang-1": ("HealthEviction", None)}
+    held = sorted((r.node, r.gpu_indices) for r in d.reservations if r.job == "default/gang")
+    assert len(held) == 2 and ("n1", (0,)) not in held, "two healthy GPUs, never the faulted one"
+    late = [(n, g) for _, n, g in binds_by_job(d).get("late", [])]
+    assert not set(late) & set(held), "the gang's room is not given away"
+    # Next session: the gang's pods are recreated (pending) and land in that room.
+    again = Snapshot(
+        nodes=snap.nodes,
+        queues=snap.queues,
+        jobs=(job("gang", "q", pending("gang-a", 1), pending("gang-b", 1), min_member=2), snap.jobs[1]),
+        now=NOW + 30,
+        reservations=d.reservations,
+    )
+    placed = run_session(again)
+    assert sorted((n, g) for _, n, g in binds_by_job(placed)["gang"]) == held
