@@ -28,7 +28,7 @@ from scheduler.cluster.retrying import RetryPolicy
 from scheduler.remediation.controller import RemediationController
 from scheduler.remediation.policy import ControllerSettings, Settings
 from tests.agent.publish.reports import xid_fault
-from tests.harness import complete_pod_deletion, mark_pod_running
+from tests.harness import complete_pod_deletion, mark_pod_running, unique_name
 from tests.scheduler.cluster.kube_objects import pod, podgroup, publish_health
 from tests.scheduler.cluster.test_cycle_k8s import new_cycle, view
 
@@ -254,3 +254,85 @@ def test_a_person_uncordoning_mid_workflow_stops_management_until_a_new_fault(
     _pass(k8s, {node}, clock)
     _pass(k8s, {node}, clock)
     assert _node(k8s, node).spec.unschedulable is True
+
+
+def test_the_breaker_stops_new_quarantines_while_a_validated_node_still_returns(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]]
+) -> None:
+    # A pool of 10 nodes with a limit of 10 % (one node out at a time).
+    names = cluster(10)
+    pool = unique_name("pool")
+    for name in names:
+        client.CoreV1Api(k8s).patch_node(name, {"metadata": {"labels": {contract.LABEL_NODE_POOL: pool}}})
+    nodes = set(names)
+    clock = Clock()
+    first, *rest = sorted(names)
+    publish_health(k8s, first, xid_fault(0, 79))
+    for _ in range(3):
+        _pass(k8s, nodes, clock)
+    assert _state(k8s, first) == "escalated"
+    # 30 % of the pool fails at once: the breaker holds them, they stay schedulable.
+    failing = rest[:3]
+    for name in failing:
+        publish_health(k8s, name, xid_fault(1, 79))
+    _pass(k8s, nodes, clock)
+    for name in failing:
+        assert _node(k8s, name).spec.unschedulable is not True
+        assert _record(k8s, name)["hold"]["reason"].startswith("circuit breaker")
+    # Meanwhile the first node is repaired, validated and returns: the breaker never blocks that.
+    publish_health(k8s, first)
+    client.CoreV1Api(k8s).patch_node(
+        first, {"metadata": {"annotations": {contract.ANNOTATION_ESCALATION_CLEARED: "T-1"}}}
+    )
+    _pass(k8s, nodes, clock)
+    _answer(k8s, first, contract.REMEDIATION_VALIDATIONS, passed=True)
+    _pass(k8s, nodes, clock)
+    assert _state(k8s, first) == "healthy" and _node(k8s, first).spec.unschedulable is not True
+    # With the first back, one held node may go out now (the limit is one).
+    _pass(k8s, nodes, clock)
+    out = [n for n in failing if _node(k8s, n).spec.unschedulable is True]
+    assert len(out) == 1
+
+
+def test_a_fault_back_within_the_window_is_escalated_to_replace_and_a_restart_mid_drain_resumes(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    (node,) = cluster(1)
+    nodes = {node}
+    clock = Clock()
+    q = queue(8)
+    podgroup(k8s, namespace, "w", q, 1)
+    pod(k8s, namespace, "w", group="w")
+    new_cycle(k8s).run(view(k8s, nodes))
+    mark_pod_running(k8s, "w", namespace)
+    (gpu,) = _gpus(k8s, namespace, "w")
+
+    publish_health(k8s, node, replace(xid_fault(gpu, 48), action=Action.RESET_GPU))
+    _pass(k8s, nodes, clock)
+    assert _state(k8s, node) == "gpu-draining"
+    # The scheduler restarts mid-drain: a new controller (each _pass builds one)
+    # finds the drain in the Node's record and finishes it once the pod is gone.
+    _pass(k8s, nodes, clock)
+    assert _state(k8s, node) == "gpu-draining"
+    complete_pod_deletion(k8s, "w", namespace)
+    _pass(k8s, nodes, clock)
+    _pass(k8s, nodes, clock)
+    assert _state(k8s, node) == "gpu-repairing"
+    _answer(k8s, node, contract.REMEDIATION_RESETS, result=contract.RESET_SUCCEEDED)
+    publish_health(k8s, node)
+    _pass(k8s, nodes, clock)
+    _answer(k8s, node, contract.REMEDIATION_VALIDATIONS, passed=True)
+    _pass(k8s, nodes, clock)
+    assert _state(k8s, node) == "healthy"
+
+    # The same GPU fails again days later (inside the 7-day window): no second reset, REPLACE.
+    clock.now += 3 * 86400
+    later = datetime.fromtimestamp(clock.now, UTC).replace(microsecond=0)
+    publish_health(k8s, node, replace(xid_fault(gpu, 48, since=later), action=Action.RESET_GPU))
+    for _ in range(3):
+        _pass(k8s, nodes, clock)
+    stored = _node(k8s, node)
+    assert stored.spec.unschedulable is True, "a replacement takes the node"
+    assert stored.metadata.labels[contract.LABEL_REPAIR_NEEDED] == "REPLACE"
+    events = client.CoreV1Api(k8s).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    assert any(e.reason == "RepeatFault" for e in events)
