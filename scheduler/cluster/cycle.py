@@ -30,7 +30,7 @@ from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
-from scheduler.cluster.convert import GroupInfo, is_external_queue
+from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictResult
 from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
@@ -127,6 +127,7 @@ class SchedulingCycle:
         reservations: ReservationWriter | None = None,
         owners: OwnerResolver | None = None,
         clock: Callable[[], float] = time.time,
+        incremental: bool = True,
     ) -> None:
         self._api = api
         self._config = config or SchedulerConfig()
@@ -140,6 +141,9 @@ class SchedulingCycle:
         self._short_since: dict[str, float] = {}
         self._created_groups: set[tuple[str, str]] = set()
         # Conversions made once per cache entry, reused while the entry is unchanged.
+        # ``incremental=False`` converts everything every cycle (snapshot_from),
+        # the reference the benchmarks compare against.
+        self._incremental = incremental
         self._groupings: dict[str, _Grouping] = {}
         self._snapshots = SnapshotAssembler()
 
@@ -275,21 +279,30 @@ class SchedulingCycle:
 
     # -- the cycle --------------------------------------------------------------
 
+    def prepare(self, view: ClusterView, now: float) -> Snapshot:
+        """The engine's input for ``view``: pods grouped, objects converted, gangs dated, reservations read.
+
+        This is the part of a cycle that reads every object; it makes no API
+        call unless a pod needs a derived PodGroup created or its owners read.
+        """
+        if not self._incremental:
+            self._groupings.clear()
+        groups, by_uid, _ = self._group_pods(view)
+        queues = self._queues(view)
+        if self._incremental:
+            snapshot = self._snapshots.snapshot(
+                view.nodes, view.gpunodes, view.pods, queues, groups, now, self._config, pod_groups=by_uid
+            )
+        else:
+            snapshot = snapshot_from(
+                view.nodes, view.gpunodes, view.pods.values(), queues, groups, now, self._config, pod_groups=by_uid
+            )
+        return replace(self._track_short_gangs(snapshot, now), reservations=reservations_from(view.podgroups))
+
     def run(self, view: ClusterView) -> CycleResult:
         started = time.monotonic()
         now = self._clock()
-        groups, by_uid, _ = self._group_pods(view)
-        snapshot = self._snapshots.snapshot(
-            view.nodes,
-            view.gpunodes,
-            view.pods,
-            self._queues(view),
-            groups,
-            now,
-            self._config,
-            pod_groups=by_uid,
-        )
-        snapshot = replace(self._track_short_gangs(snapshot, now), reservations=reservations_from(view.podgroups))
+        snapshot = self.prepare(view, now)
         timings: dict[str, float] = {}
         decisions = run_session(snapshot, timings)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
