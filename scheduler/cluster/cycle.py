@@ -145,6 +145,7 @@ class SchedulingCycle:
         # the reference the benchmarks compare against.
         self._incremental = incremental
         self._groupings: dict[str, _Grouping] = {}
+        self._podgroups: dict[tuple[str, str], tuple[Mapping[str, Any], GroupInfo | None]] = {}
         self._snapshots = SnapshotAssembler()
 
     # -- inputs ---------------------------------------------------------------
@@ -159,19 +160,35 @@ class SchedulingCycle:
             queues.append(parsed)
         return queues
 
-    def _explicit_groups(self, view: ClusterView) -> dict[tuple[str, str], GroupInfo]:
-        groups: dict[tuple[str, str], GroupInfo] = {}
-        for key, obj in view.podgroups.items():
-            spec = podgroup_spec(obj)
-            if isinstance(spec, str):
-                warn.warning("podgroup_invalid", ("podgroup", key, spec), podgroup="/".join(key), problem=spec)
-                continue
-            groups[key] = GroupInfo(
+    def _explicit_group(self, key: tuple[str, str], obj: Mapping[str, Any]) -> GroupInfo | None:
+        """What a PodGroup says (None when malformed), read again only when the cache replaced the entry."""
+        memo = self._podgroups.get(key)
+        if memo is not None and memo[0] is obj:
+            return memo[1]
+        spec = podgroup_spec(obj)
+        info: GroupInfo | None = None
+        if isinstance(spec, str):
+            warn.warning("podgroup_invalid", ("podgroup", key, spec), podgroup="/".join(key), problem=spec)
+        else:
+            info = GroupInfo(
                 queue=spec.queue,
                 min_member=spec.min_member,
                 preemptible=spec.preemptible,
                 uid=str(_meta(obj).get("uid") or ""),
             )
+        self._podgroups[key] = (obj, info)
+        return info
+
+    def _explicit_groups(self, view: ClusterView) -> dict[tuple[str, str], GroupInfo]:
+        if not self._incremental:
+            self._podgroups.clear()
+        groups: dict[tuple[str, str], GroupInfo] = {}
+        for key, obj in view.podgroups.items():
+            info = self._explicit_group(key, obj)
+            if info is not None:
+                groups[key] = info
+        if len(self._podgroups) > len(view.podgroups) + 1024:
+            self._podgroups = {key: memo for key, memo in self._podgroups.items() if key in view.podgroups}
         return groups
 
     def _derived(self, pod: Mapping[str, Any]) -> GroupSpec:
