@@ -621,13 +621,18 @@ def task_from_pod(pod: Mapping[str, Any]) -> Task:
     return _task(pod, external=False)
 
 
+def external_task_from_pod(pod: Mapping[str, Any]) -> Task:
+    """Another scheduler's pod as the engine sees it: RELEASING, holding whole devices (module docstring)."""
+    return _task(pod, external=True)
+
+
 # --------------------------------------------------------------------------
 # Snapshot
 # --------------------------------------------------------------------------
 
 
 @lru_cache(maxsize=65536)
-def _epoch(text: str) -> float | None:
+def creation_epoch(text: str) -> float | None:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
@@ -649,8 +654,48 @@ def _external_queue(pool: str) -> Queue:
     )
 
 
-def _takes_work(node: Node) -> bool:
+def keyed_node(name: str, node: Mapping[str, Any], gpunode: Mapping[str, Any] | None) -> Node:
+    """:func:`node_from_objects`, named after its key in the cache (the name the pods' nodeName uses)."""
+    converted = node_from_objects(node, gpunode)
+    if converted.name == name:
+        return converted
+    warn.warning("node name differs from its key", ("node-key", name), key=name, name=converted.name)
+    return Node(
+        name=name,
+        pool=converted.pool,
+        cpu_milli=converted.cpu_milli,
+        memory_mib=converted.memory_mib,
+        gpus=converted.gpus,
+        labels=converted.labels,
+        taints=converted.taints,
+        schedulable=converted.schedulable,
+        conditions=converted.conditions,
+    )
+
+
+def takes_work(node: Node) -> bool:
+    """Whether other schedulers' pods on ``node`` are charged (see the module docstring)."""
     return node.schedulable and judge(node).node_fatal is None
+
+
+def external_job(node: Node, tasks: list[Task], held: set[int], now: float) -> Job:
+    """The synthetic job holding other schedulers' pods on one node that takes work."""
+    if node.gpus and any(t.gpus for t in tasks):
+        tasks = _seat_external(tasks, node, held)
+    return Job(
+        name=f"{EXTERNAL_JOB_PREFIX}{node.name}",
+        queue=external_queue_name(node.pool),
+        namespace="",
+        priority=NON_PREEMPTIBLE_PRIORITY,
+        preemptible=False,
+        tasks=tuple(tasks),
+        created=now,
+    )
+
+
+def with_external_queues(queues: Sequence[Queue], pools: Iterable[str]) -> tuple[Queue, ...]:
+    """The real queues, then one reserved queue per pool where other schedulers' pods hold capacity."""
+    return (*queues, *(_external_queue(pool) for pool in sorted(pools)))
 
 
 def _seat_external(tasks: list[Task], node: Node, held: set[int]) -> list[Task]:
@@ -709,23 +754,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     known group still holds its resources, as other schedulers' pods do (see
     the module docstring).
     """
-    engine_nodes: dict[str, Node] = {}
-    for name, obj in nodes.items():
-        converted = node_from_objects(obj, gpunodes.get(name))
-        if converted.name != name:
-            warn.warning("node name differs from its key", ("node-key", name), key=name, name=converted.name)
-            converted = Node(
-                name=name,
-                pool=converted.pool,
-                cpu_milli=converted.cpu_milli,
-                memory_mib=converted.memory_mib,
-                gpus=converted.gpus,
-                labels=converted.labels,
-                taints=converted.taints,
-                schedulable=converted.schedulable,
-                conditions=converted.conditions,
-            )
-        engine_nodes[name] = converted
+    engine_nodes = {name: keyed_node(name, obj, gpunodes.get(name)) for name, obj in nodes.items()}
 
     by_uid = pod_groups or {}
     members: dict[tuple[str, str], list[Task]] = {}
@@ -786,7 +815,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     for key, tasks in members.items():
         info = groups[key]
         stamp = earliest.get(key)
-        created = _epoch(stamp) if stamp is not None else None
+        created = creation_epoch(stamp) if stamp is not None else None
         jobs.append(
             Job(
                 name=key[1],
@@ -805,24 +834,12 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     external_pools: set[str] = set()
     for node_name, node_pods in foreign.items():
         engine_node = engine_nodes.get(node_name)
-        if engine_node is None or not _takes_work(engine_node):
+        if engine_node is None or not takes_work(engine_node):
             continue
         tasks = [_task(p, external=True) for p in node_pods]
-        if engine_node.gpus and any(t.gpus for t in tasks):
-            tasks = _seat_external(tasks, engine_node, held.get(node_name, set()))
+        jobs.append(external_job(engine_node, tasks, held.get(node_name, set()), now))
         external_pools.add(engine_node.pool)
-        jobs.append(
-            Job(
-                name=f"{EXTERNAL_JOB_PREFIX}{node_name}",
-                queue=external_queue_name(engine_node.pool),
-                namespace="",
-                priority=NON_PREEMPTIBLE_PRIORITY,
-                preemptible=False,
-                tasks=tuple(tasks),
-                created=now,
-            )
-        )
-    all_queues = (*queues, *(_external_queue(pool) for pool in sorted(external_pools)))
+    all_queues = with_external_queues(queues, external_pools)
     return Snapshot(
         nodes=tuple(engine_nodes.values()),
         queues=all_queues,

@@ -56,7 +56,11 @@ def cluster_view(view: CacheView) -> ClusterView:
         m = obj.get("metadata")
         return m if isinstance(m, dict) else {}
 
-    pods = {str(meta(p).get("uid") or key): p for key, p in view.pods.items()}
+    pods: dict[str, JSON] = {}
+    for key, pod in view.pods.items():  # once per pod per cycle: kept to plain look-ups
+        m = pod.get("metadata")
+        uid = m.get("uid") if isinstance(m, dict) else None
+        pods[uid if isinstance(uid, str) and uid else str(uid or key)] = pod
     podgroups = {
         (str(meta(g).get("namespace") or ""), str(meta(g).get("name") or "")): g for g in view.podgroups.values()
     }
