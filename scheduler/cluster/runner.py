@@ -39,6 +39,7 @@ from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
 from scheduler.cluster.evict import Evictor
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
+from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.engine.model import SchedulerConfig
 
 log = get_logger(__name__)
@@ -70,6 +71,8 @@ class RunnerSettings:
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))
     bind_workers: int = 16
+    # Whether a GPU slice's ConfigMap also caps its share of the SMs (sliceconfig).
+    slice_compute: SliceCompute = SliceCompute.NONE
     evictions_per_s: float = 10.0
     sync_timeout_s: float = 120.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -103,7 +106,11 @@ class SchedulerRunner:
             self.api,
             config=settings.config,
             default_queue=settings.default_queue,
-            binder=Binder(self.api, workers=settings.bind_workers),
+            binder=Binder(
+                self.api,
+                workers=settings.bind_workers,
+                prebind=SliceConfigWriter(self.api, settings.slice_compute),
+            ),
             evictor=Evictor(self.api, evictions_per_s=settings.evictions_per_s),
         )
         self.cycles = 0
