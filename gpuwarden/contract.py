@@ -161,6 +161,20 @@ ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 ANNOTATION_POD_GROUP: Final = f"{SCHEDULING_API_GROUP}/pod-group"
 ANNOTATION_GPU_ASSIGNMENT: Final = f"{API_GROUP}/gpu-assignment"
 
+# The GPU slice a pod holds, as its containers see it: before binding a slice
+# pod the scheduler writes these keys into a ConfigMap owned by the pod (named
+# after it, with this suffix), and the admission webhook injects that
+# ConfigMap into the pod's containers with envFrom. HAMi-core, on the node,
+# reads the CUDA_* variables; CUDA_DEVICE_MEMORY_LIMIT is suffixed _0, _1, ...
+# per device for a slice on more than one GPU.
+SLICE_CONFIGMAP_SUFFIX: Final = "-gpu-slice"
+ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_CUDA_DEVICE_MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
+ENV_CUDA_DEVICE_SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
+ENV_GPU_FRACTION: Final = "GPUWARDEN_GPU_FRACTION"
+# The scheduler's admission webhook: its configuration, Service and certificate Secret.
+WEBHOOK_COMPONENT: Final = "gpuwarden-webhook"
+
 # Remediation state, persisted on the Node so a restarted scheduler loses
 # nothing (DESIGN.md, Remediation).
 ANNOTATION_REMEDIATION_STATE: Final = f"{API_GROUP}/remediation-state"

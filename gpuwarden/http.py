@@ -59,10 +59,11 @@ class Authorizer(Protocol):
     def authorize(self, authorization: str | None) -> AuthDecision: ...
 
 
-class _Server(ThreadingHTTPServer):
+class ThreadingTLSServer(ThreadingHTTPServer):
     """The standard threaded server, wrapping each accepted connection in TLS when asked.
 
-    The wrap happens per connection with the context :class:`ServingCertificate`
+    Public for the scheduler's admission webhook, which serves HTTPS the same
+    way. The wrap happens per connection with the context :class:`ServingCertificate`
     hands out at that moment, which is how a rotated certificate is served
     without a restart. The handshake itself runs in the connection's own
     thread (see ``Handler.setup``), so a slow or silent client cannot stall
@@ -118,7 +119,7 @@ class HealthServer:
         self._readiness = readiness
         self._authorizer = authorizer
         handler = self._handler_class()
-        self._server = _Server((host, port), handler, tls)
+        self._server = ThreadingTLSServer((host, port), handler, tls)
         self._thread: threading.Thread | None = None
 
     @property

@@ -24,6 +24,7 @@ from gpuwarden.contract import SCHEDULER_COMPONENT
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
 from gpuwarden.yamlfile import load_yaml
+from scheduler.cluster.webhook import cli as webhook_cli
 from scheduler.engine.fairshare import TreeQueue, build_tree, fair_shares
 from scheduler.engine.model import UNLIMITED, Decisions, Queue, SchedulerConfig
 from scheduler.engine.resources import MEMORY, MIB_PER_GIB, MILLI, RESOURCE_NAMES, RESOURCES
@@ -53,6 +54,14 @@ def register(sub: Any) -> None:
         connected, "--lease-duration", type=seconds(high=600.0), default=15.0, help="seconds a lease holds unrenewed"
     )
     add_flag(connected, "--bind-workers", type=positive_int, default=16, help="binds sent at once")
+    add_flag(
+        connected,
+        "--slice-compute",
+        choices=["none", "proportional"],
+        default="none",
+        help="CUDA_DEVICE_SM_LIMIT of a GPU slice: none (memory is capped, compute time-sliced) or "
+        "proportional (the SM share follows the memory share)",
+    )
     add_flag(
         connected,
         "--evictions-per-second",
@@ -100,6 +109,7 @@ def register(sub: Any) -> None:
     )
     fair.add_argument("file", help="YAML file with capacity, queues and demand")
     fair.set_defaults(func=run_fairshare)
+    webhook_cli.register(sub)
 
 
 # --------------------------------------------------------------------------
@@ -268,6 +278,7 @@ def run_connected(args: argparse.Namespace) -> int:
     from gpuwarden.servingcert import ServingCertificateError  # noqa: PLC0415
     from scheduler.cluster.leader import LeaderElectionConfig  # noqa: PLC0415
     from scheduler.cluster.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
+    from scheduler.cluster.sliceconfig import SliceCompute  # noqa: PLC0415
 
     duration = args.lease_duration
     security = serving.security_from_args(args)  # a usage error before anything connects
@@ -282,6 +293,7 @@ def run_connected(args: argparse.Namespace) -> int:
             retry_period_s=duration * 2 / 15,
         ),
         bind_workers=args.bind_workers,
+        slice_compute=SliceCompute(args.slice_compute),
         evictions_per_s=args.evictions_per_second,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_address,

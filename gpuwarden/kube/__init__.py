@@ -7,13 +7,14 @@ logging (:mod:`.retry`), and the calls themselves (:mod:`.api`).
 """
 
 from gpuwarden.kube.api import KubeApi
-from gpuwarden.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, load_api_client
+from gpuwarden.kube.client import JSON, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, load_api_client
 from gpuwarden.kube.errors import ApiError
 from gpuwarden.kube.retry import Backoff, OutageLog
 from gpuwarden.kube.stats import RequestStats
 
 __all__ = [
     "JSON",
+    "JSON_PATCH",
     "MERGE_PATCH",
     "STRATEGIC_MERGE_PATCH",
     "ApiError",

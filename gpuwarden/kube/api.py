@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden import contract
-from gpuwarden.kube.client import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from gpuwarden.kube.client import JSON, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from gpuwarden.kube.errors import ApiError, status_message
 from gpuwarden.kube.stats import RequestStats
 
@@ -325,6 +325,72 @@ class KubeApi:
     def create_subject_access_review(self, body: JSON) -> JSON:
         """POST a SubjectAccessReview (authorization.k8s.io/v1): whether a user may do one thing."""
         return self._call("create_subject_access_review", self._authorization.create_subject_access_review, body)
+
+    # -- GPU slices: the ConfigMap a slice pod's containers read -----------------
+
+    def create_config_map(self, namespace: str, body: JSON) -> JSON:
+        """Create a ConfigMap; HTTP 409 (AlreadyExists) when one of that name is there."""
+        return self._call(
+            "create_config_map",
+            self._core.create_namespaced_config_map,
+            namespace,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def json_patch_config_map(self, namespace: str, name: str, operations: list[JSON]) -> JSON:
+        """RFC 6902 patch of a ConfigMap: a failed ``test`` operation refuses the whole patch (422)."""
+        return self._call(
+            "patch_config_map",
+            self._core.patch_namespaced_config_map,
+            name,
+            namespace,
+            operations,
+            field_manager=self.field_manager,
+            _content_type=JSON_PATCH,
+        )
+
+    # -- The admission webhook's certificate: one Secret and one webhook configuration ----
+
+    @functools.cached_property
+    def _admission(self) -> client.AdmissionregistrationV1Api:
+        return client.AdmissionregistrationV1Api(self._core.api_client)
+
+    def get_secret(self, namespace: str, name: str) -> JSON | None:
+        return self._read("get_secret", self._core.read_namespaced_secret, name, namespace)
+
+    def create_secret(self, namespace: str, body: JSON) -> JSON:
+        """Create a Secret; HTTP 409 when another replica created it first."""
+        return self._call(
+            "create_secret", self._core.create_namespaced_secret, namespace, body, field_manager=self.field_manager
+        )
+
+    def replace_secret(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a Secret; ``body`` carries the resourceVersion it was read at, so 409 means someone wrote first."""
+        return self._call(
+            "replace_secret",
+            self._core.replace_namespaced_secret,
+            name,
+            namespace,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def get_mutating_webhook_configuration(self, name: str) -> JSON | None:
+        return self._read(
+            "get_mutating_webhook_configuration", self._admission.read_mutating_webhook_configuration, name
+        )
+
+    def patch_mutating_webhook_configuration(self, name: str, patch: JSON) -> JSON:
+        """Strategic-merge patch: ``webhooks`` merge by name, so only the fields sent change."""
+        return self._call(
+            "patch_mutating_webhook_configuration",
+            self._admission.patch_mutating_webhook_configuration,
+            name,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
 
     # -- Lease (leader election) ------------------------------------------------
     # Kept together at the end of the class: the scheduler's leader election

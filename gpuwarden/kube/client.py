@@ -15,6 +15,8 @@ JSON = dict[str, Any]
 
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# RFC 6902: its "test" operation makes a write conditional on what the object holds.
+JSON_PATCH = "application/json-patch+json"
 
 
 def load_api_client(kubeconfig: str | None, *, context: str | None = None) -> client.ApiClient:

@@ -15,6 +15,11 @@ and a pod left out by an API failure is placed again next cycle, into room
 the engine keeps for it. Transient failures are retried a few times with
 backoff; a pod that keeps failing holds up only its own worker.
 
+A slice pod's ConfigMap (the GPUs and memory limit its containers obey,
+:mod:`.sliceconfig`) is written by a pre-bind step just before its bind; a
+pod whose ConfigMap cannot be written is not bound, so no pod runs without
+its limits.
+
 A pipelined bind uses room that evictions on its node are still freeing. It
 waits (is reported deferred) while any pod on that node is terminating or any
 eviction passed along is still there; the next cycle decides it again.
@@ -26,6 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
 from gpuwarden.kube import JSON, ApiError, KubeApi
@@ -81,6 +87,12 @@ def binding_body(bind: Bind, assignment: str | None) -> JSON:
     }
 
 
+class PreBind(Protocol):
+    """A step before each bind (the GPU slice ConfigMap, :mod:`.sliceconfig`): None to go on, else why not."""
+
+    def prepare(self, bind: Bind, node: Node) -> str | None: ...
+
+
 class Binder:
     """Binds pods through the pods/binding subresource; thread-safe, one per scheduler."""
 
@@ -90,12 +102,14 @@ class Binder:
         *,
         workers: int = DEFAULT_BIND_WORKERS,
         retry: RetryPolicy | None = None,
+        prebind: PreBind | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self._api = api
         self._workers = workers
         self._retry = retry or RetryPolicy()
+        self._prebind = prebind
 
     def bind_all(
         self,
@@ -142,6 +156,10 @@ class Binder:
                 assignment = encode_assignment(bind, node)
             except ValueError as err:
                 return self._failed(bind, f"GPU assignment: {err}", 0)
+        if self._prebind is not None:
+            problem = self._prebind.prepare(bind, node)
+            if problem is not None:
+                return self._failed(bind, problem, 0)
         body = binding_body(bind, assignment)
         answer, tries = call_with_retries(
             self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)

@@ -39,6 +39,7 @@ from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
 from scheduler.cluster.evict import Evictor, refused_pods
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
+from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import RemediationController
 from scheduler.remediation.metrics import RemediationMetrics
@@ -77,6 +78,8 @@ class RunnerSettings:
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))
     bind_workers: int = 16
+    # Whether a GPU slice's ConfigMap also caps its share of the SMs (sliceconfig).
+    slice_compute: SliceCompute = SliceCompute.NONE
     evictions_per_s: float = 10.0
     sync_timeout_s: float = 120.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -114,7 +117,11 @@ class SchedulerRunner:
             self.api,
             config=settings.config,
             default_queue=settings.default_queue,
-            binder=Binder(self.api, workers=settings.bind_workers),
+            binder=Binder(
+                self.api,
+                workers=settings.bind_workers,
+                prebind=SliceConfigWriter(self.api, settings.slice_compute),
+            ),
             evictor=evictor,
         )
         # Remediation shares the cycle's evictor: one eviction rate for the process.

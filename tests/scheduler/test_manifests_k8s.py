@@ -350,11 +350,16 @@ def test_one_overlay_installs_agent_and_scheduler_with_least_privilege(
     control_plane: ControlPlane, k8s: client.ApiClient, scheduler_crds: None
 ) -> None:
     control_plane.kubectl("apply", "-k", str(ALL))
+    # Fail-closed with no webhook behind it: it would refuse the session's later slice pods.
+    control_plane.kubectl("delete", "mutatingwebhookconfiguration", contract.WEBHOOK_COMPONENT, "--ignore-not-found")
     apps = client.AppsV1Api(k8s)
     deployment = apps.read_namespaced_deployment("gpuwarden-scheduler", "gpuwarden")
     assert deployment.spec.replicas == 2
     assert deployment.spec.template.spec.service_account_name == "gpuwarden-scheduler"
     assert deployment.spec.template.spec.containers[0].args == ["scheduler"]
+    # The admission webhook runs beside it in every replica, leader or not.
+    webhook = deployment.spec.template.spec.containers[1]
+    assert webhook.args == ["webhook"] and webhook.readiness_probe.http_get.scheme == "HTTPS"
     assert apps.read_namespaced_daemon_set("gpuwarden-agent", "gpuwarden").spec.template.spec.containers[0].args == [
         "agent"
     ]
@@ -363,6 +368,15 @@ def test_one_overlay_installs_agent_and_scheduler_with_least_privilege(
     assert _can(control_plane, "create", "podgroups.scheduling.gpuwarden.io", "-n", "team-a")
     assert _can(control_plane, "get", "jobs.batch", "-n", "team-a")
     assert _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "gpuwarden")
+    # A slice pod's ConfigMap, written blind; the webhook's own Secret and configuration by name.
+    assert _can(control_plane, "create", "configmaps", "-n", "team-a")
+    assert _can(control_plane, "patch", "configmaps", "-n", "team-a")
+    assert _can(control_plane, "update", "secrets/gpuwarden-webhook-tls", "-n", "gpuwarden")
+    assert _can(control_plane, "patch", f"mutatingwebhookconfigurations/{contract.WEBHOOK_COMPONENT}")
+    assert not _can(control_plane, "get", "configmaps", "-n", "team-a")
+    assert not _can(control_plane, "get", "secrets", "-n", "gpuwarden")
+    assert not _can(control_plane, "create", "secrets", "-n", "gpuwarden")
+    assert not _can(control_plane, "patch", "mutatingwebhookconfigurations/someone-elses")
     # And nothing it does not need.
     assert not _can(control_plane, "get", "secrets", "-n", "team-a")
     assert not _can(control_plane, "update", "leases.coordination.k8s.io", "-n", "kube-system")

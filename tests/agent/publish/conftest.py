@@ -28,6 +28,7 @@ MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 AGENT_NAMESPACE = "gpuwarden"
 AGENT_SERVICE_ACCOUNT = "gpuwarden-agent"
 GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"
+WEBHOOK_CONFIGURATION = contract.WEBHOOK_COMPONENT
 # Fast enough that a test sees a polled fault within a second or two, slow
 # enough that several agents do not load a 2-core machine.
 TEST_POLL_INTERVAL_S = 0.5
@@ -38,6 +39,10 @@ def agent_manifests(control_plane: ControlPlane) -> Iterator[None]:
     """The kustomize base applied as a user would, removed at the end of the test run."""
     control_plane.kubectl("apply", "-k", str(MANIFESTS))
     control_plane.kubectl("wait", "--for=condition=Established", f"crd/{GPUNODE_CRD}", "--timeout=60s")
+    # No scheduler pod runs behind the webhook's Service here, and its
+    # failurePolicy is Fail: left in place it would refuse every GPU slice pod
+    # the rest of the session creates. Its tests point their own copy at 127.0.0.1.
+    control_plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK_CONFIGURATION, "--ignore-not-found")
     try:
         yield
     finally:

@@ -65,6 +65,14 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("RoleBinding", "gpuwarden-scheduler-leader-election"),
         ("Deployment", "gpuwarden-scheduler"),
         ("Service", "gpuwarden-scheduler"),
+        # The scheduler's admission webhook for GPU-sharing pods.
+        ("Service", "gpuwarden-webhook"),
+        ("Secret", "gpuwarden-webhook-tls"),
+        ("MutatingWebhookConfiguration", "gpuwarden-webhook"),
+        ("Role", "gpuwarden-webhook"),
+        ("RoleBinding", "gpuwarden-webhook"),
+        ("ClusterRole", "gpuwarden-webhook"),
+        ("ClusterRoleBinding", "gpuwarden-webhook"),
     }
     # As the API server stores it (defaults applied), not as written.
     ds = _get_json(control_plane, "daemonset")
