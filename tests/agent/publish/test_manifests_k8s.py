@@ -135,8 +135,10 @@ def test_cluster_role_grants_nothing_on_pods_or_secrets(control_plane: ControlPl
             assert rule["verbs"] == ["patch"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def monitoring_crds(control_plane: ControlPlane, agent_manifests: None) -> Iterator[None]:
+    """prometheus-operator's CRDs, once for the module: deleted and re-applied per test, a CRD
+    still being deleted would swallow the next test's apply."""
     control_plane.kubectl("apply", "-f", str(MONITORING_CRDS))
     for crd in ("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"):
         control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
