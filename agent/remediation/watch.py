@@ -157,6 +157,10 @@ class GpuNodeWatch:
         finally:
             with self._lock:
                 self._response = None
+            # Closed, not returned to the pool: an interrupted stream is only
+            # shut for reading, and the API server would keep the watch open
+            # (and wait for it when it stops) until it next wrote to it.
+            response.close()
             response.release_conn()
 
     def run(self, stop: threading.Event) -> None:
