@@ -13,7 +13,7 @@ status patch's answer also carry the spec, so requests still arrive, only
 later, while the watch is down.
 
 The stream is read as bytes and decoded with ``json.loads``: the client's
-``Watch`` helper would build models for a custom object it has none for.
+``Watch`` class would build models for a custom object it has none for.
 """
 
 from __future__ import annotations
