@@ -10,6 +10,7 @@ and every condition type and reason the agent writes has its runbook.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 from pathlib import Path
@@ -33,7 +34,7 @@ def _section(text: str, heading: str) -> str:
     """The text under ``heading`` up to the next heading of the same or a higher level."""
     level = len(heading) - len(heading.lstrip("#"))
     start = text.index(f"\n{heading}\n") + len(heading) + 2
-    ends = [m.start() for m in re.finditer(r"\n(#{1,%d}) " % level, text[start:])]
+    ends = [m.start() for m in re.finditer(rf"\n(#{{1,{level}}}) ", text[start:])]
     return text[start : start + ends[0]] if ends else text[start:]
 
 
@@ -78,8 +79,6 @@ def _rows(parser: argparse.ArgumentParser) -> list[str]:
 @pytest.fixture
 def parsers(monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.ArgumentParser]:
     """The parsers as a fresh shell builds them: no GPUWARDEN_ variable set, no NODE_NAME."""
-    import os
-
     for name in list(os.environ):
         if name.startswith("GPUWARDEN_") or name == "NODE_NAME":
             monkeypatch.delenv(name)
