@@ -19,6 +19,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
 from gpuwarden import serving
 from gpuwarden.contract import SCHEDULER_COMPONENT
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
@@ -43,7 +45,13 @@ def register(sub: Any) -> None:
         "or with --snapshot run one session over a snapshot file and print its decisions.",
     )
     add_flag(parser, "--snapshot", default=None, help="snapshot YAML file to schedule once, offline (no cluster)")
-    add_flag(parser, "--decisions-format", choices=["text", "json"], default="text", help="how to print the decisions")
+    add_flag(
+        parser,
+        "--decisions-format",
+        choices=["text", "json", "yaml"],
+        default="text",
+        help="how to print the decisions",
+    )
     connected = parser.add_argument_group("connected mode")
     add_flag(connected, "--kubeconfig", default=None, help="kubeconfig file; in-cluster service account when unset")
     add_flag(connected, "--default-queue", default="default", help="queue of pods and owners that name none")
@@ -265,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
     if args.decisions_format == "json":
         json.dump(asdict(decisions), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
+    elif args.decisions_format == "yaml":
+        # Through JSON: the decisions hold enums (str subclasses) that YAML's safe dumper refuses.
+        yaml.safe_dump(json.loads(json.dumps(asdict(decisions))), sys.stdout, sort_keys=True)
     else:
         print_decisions(decisions, sys.stdout)
     return 0

@@ -8,7 +8,7 @@ logging (:mod:`.retry`), and the calls themselves (:mod:`.api`).
 
 from gpuwarden.kube.api import KubeApi
 from gpuwarden.kube.client import JSON, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, load_api_client
-from gpuwarden.kube.errors import ApiError
+from gpuwarden.kube.errors import ApiError, resource_missing
 from gpuwarden.kube.retry import Backoff, OutageLog
 from gpuwarden.kube.stats import RequestStats
 
@@ -23,4 +23,5 @@ __all__ = [
     "OutageLog",
     "RequestStats",
     "load_api_client",
+    "resource_missing",
 ]

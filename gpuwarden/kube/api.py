@@ -308,6 +308,32 @@ class KubeApi:
             _content_type=MERGE_PATCH,
         )
 
+    # -- Listings (read-only views such as the kubectl plugin) -------------------
+
+    def _items(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[JSON]:
+        reply = self._call(operation, fn, *args, **kwargs)
+        return [item for item in reply.get("items") or [] if isinstance(item, dict)]
+
+    def list_nodes(self) -> list[JSON]:
+        return self._items("list_nodes", self._core.list_node)
+
+    def list_cluster_objects(self, group: str, version: str, plural: str) -> list[JSON]:
+        """Every object of a cluster-scoped custom resource (GPUNodes, Queues).
+
+        A missing CRD answers 404 ``page not found`` (see
+        :func:`gpuwarden.kube.errors.resource_missing`), not an empty list.
+        """
+        return self._items(f"list_{plural}", self._custom.list_cluster_custom_object, group, version, plural)
+
+    def list_namespaced_objects(self, group: str, version: str, plural: str, namespace: str) -> list[JSON]:
+        return self._items(
+            f"list_{plural}", self._custom.list_namespaced_custom_object, group, version, namespace, plural
+        )
+
+    def list_events(self, namespace: str, field_selector: str) -> list[JSON]:
+        """Core Events of one namespace that match ``field_selector`` (e.g. ``involvedObject.name=x``)."""
+        return self._items("list_events", self._core.list_namespaced_event, namespace, field_selector=field_selector)
+
     # -- Delegated authentication and authorization (the /metrics endpoint) -----
 
     @functools.cached_property

@@ -45,3 +45,13 @@ def status_message(exc: ApiException) -> str:
         if isinstance(status, dict) and status.get("message"):
             return str(status["message"])[:500]
     return str(exc.reason or "unknown error")
+
+
+def resource_missing(exc: ApiError) -> bool:
+    """Whether a 404 means the resource type is not served (its CRD is not installed), not a missing object.
+
+    The API server answers a path no installed resource serves with a plain
+    ``404 page not found`` body, and a missing object with a Status whose
+    reason is NotFound (its message names the object).
+    """
+    return exc.status == 404 and "page not found" in exc.detail

@@ -159,6 +159,13 @@ def test_monitoring_objects_apply_with_strict_validation(control_plane: ControlP
         )
         rules_file = yaml.safe_load((MANIFESTS / "monitoring" / "gpuwarden-rules.yaml").read_text())
         assert rule["spec"] == rules_file
+        # The dashboard, for Grafana's sidecar: its label, and the file as it is.
+        dashboard = json.loads(
+            control_plane.kubectl("get", "configmap", "gpuwarden-dashboard", "-n", AGENT_NAMESPACE, "-o", "json").stdout
+        )
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        shipped = (MANIFESTS / "monitoring" / "gpuwarden-dashboard.json").read_text()
+        assert dashboard["data"] == {"gpuwarden-dashboard.json": shipped}
         for name in ("gpuwarden-agent", "gpuwarden-scheduler"):
             monitor = json.loads(
                 control_plane.kubectl("get", "servicemonitor", name, "-n", AGENT_NAMESPACE, "-o", "json").stdout

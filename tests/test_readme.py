@@ -1,0 +1,135 @@
+"""The README's references cannot drift from the code: flags, alert runbooks, condition runbooks.
+
+The configuration reference is a table per command whose rows are what the
+argparse parsers say (flag, environment variable, default, help); a flag
+added, renamed or given a new default fails here with the row to paste.
+Every alert's ``runbook_url`` must lead to a runbook section that exists,
+and every condition type and reason the agent writes has its runbook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuwarden.cli import build_parser
+from gpuwarden.contract import ConditionType, Reason
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RULES = ROOT / "manifests" / "monitoring" / "gpuwarden-rules.yaml"
+RUNBOOK_PREFIX = "README.md#"
+# How the README writes the agent's --node-name default, which is this machine's.
+NODE_NAME_DEFAULT = "`$NODE_NAME`, else the host name"
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under ``heading`` up to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    ends = [m.start() for m in re.finditer(rf"\n(#{{1,{level}}}) ", text[start:])]
+    return text[start : start + ends[0]] if ends else text[start:]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
+def _default(action: argparse.Action) -> str:
+    if action.dest == "node_name":
+        return NODE_NAME_DEFAULT
+    value: Any = action.default
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if value is None:
+        return "-"
+    return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+
+
+def _help(action: argparse.Action) -> str:
+    text = re.sub(r" \[env [A-Z_]+\]$", "", action.help or "")
+    return re.sub(r" \(default: [^()]*\)$", "", text)
+
+
+def _rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = ["| flag | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            continue
+        env = re.search(r"\[env ([A-Z_]+)\]$", action.help or "")
+        assert env is not None, f"{action.option_strings[0]} has no environment variable"
+        choices = f" (one of {', '.join(f'`{c}`' for c in action.choices)})" if action.choices else ""
+        flag = action.option_strings[0]
+        rows.append(f"| `{flag}` | `{env.group(1)}` | {_default(action)} | {_help(action)}{choices} |")
+    return rows
+
+
+@pytest.fixture
+def parsers(monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.ArgumentParser]:
+    """The parsers as a fresh shell builds them: no GPUWARDEN_ variable set, no NODE_NAME."""
+    for name in list(os.environ):
+        if name.startswith("GPUWARDEN_") or name == "NODE_NAME":
+            monkeypatch.delenv(name)
+    root = build_parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    return {"gpuwarden": root, "agent": sub.choices["agent"], "scheduler": sub.choices["scheduler"]}
+
+
+@pytest.mark.parametrize(
+    ("command", "heading"),
+    [
+        ("gpuwarden", "### Every command"),
+        ("agent", "### `gpuwarden agent`"),
+        ("scheduler", "### `gpuwarden scheduler`"),
+    ],
+)
+def test_the_configuration_reference_is_what_the_parsers_say(
+    parsers: dict[str, argparse.ArgumentParser], command: str, heading: str
+) -> None:
+    reference = _section(README.read_text(), "## Configuration reference")
+    documented = [line for line in _section(reference, heading).splitlines() if line.startswith("|")]
+    expected = _rows(parsers[command])
+    assert documented == expected, "README table should read:\n" + "\n".join(expected)
+
+
+def test_the_agents_node_name_defaults_to_the_host_name(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """The one default the table cannot print: it is the machine's."""
+    (action,) = [a for a in parsers["agent"]._actions if a.dest == "node_name"]
+    assert action.default == socket.gethostname()
+
+
+def test_every_alert_links_to_its_runbook_section() -> None:
+    text = README.read_text()
+    runbooks = _section(text, "## Runbooks")
+    anchors = _anchors(_section(runbooks, "### Alert runbooks"))
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    assert rules
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"{RUNBOOK_PREFIX}{slug(rule['alert'])}", rule["alert"]
+        assert url.removeprefix(RUNBOOK_PREFIX) in anchors, f"{rule['alert']}: no README section {url}"
+    # Each anchor is unique in the whole README, so the link cannot land on another heading.
+    headings = [slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.MULTILINE)]
+    assert all(headings.count(slug(r["alert"])) == 1 for r in rules)
+
+
+def test_every_condition_type_and_reason_has_a_runbook() -> None:
+    runbooks = _section(_section(README.read_text(), "## Runbooks"), "### Condition runbooks")
+    assert {c.value.lower() for c in ConditionType} <= _anchors(runbooks)
+    for ctype in ConditionType:
+        body = _section(runbooks, f"#### {ctype.value}")
+        assert "What it means" in body and "What to do" in body, ctype.value
+    missing = [r.value for r in Reason if f"`{r.value}`" not in runbooks]
+    assert missing == []
