@@ -47,7 +47,10 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        # Not cached: a module's logger keeps following the configuration,
+        # so a later setup (or a test's capture) sees every logger, at the
+        # cost of a microsecond per line on paths that log rarely.
+        cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
