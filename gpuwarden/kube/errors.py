@@ -43,7 +43,12 @@ def status_message(exc: ApiException) -> str:
         except ValueError:
             return body[:500]
         if isinstance(status, dict) and status.get("message"):
-            return str(status["message"])[:500]
+            # The causes carry what the message leaves out, e.g. which
+            # disruption budget refused an eviction and what it needs.
+            details = status.get("details")
+            causes = details.get("causes") if isinstance(details, dict) else None
+            extra = [str(c["message"]) for c in causes or () if isinstance(c, dict) and c.get("message")]
+            return "; ".join([str(status["message"]), *extra])[:500]
     return str(exc.reason or "unknown error")
 
 

@@ -170,6 +170,7 @@ def test_a_faulted_gpu_loses_its_gang_through_evictions_a_budget_holds_back_and_
     blocked = conditions["EvictionBlocked"]
     assert blocked["status"] == "True" and "gang-1" in blocked["message"], conditions
     assert "disruption budget" in blocked["message"]
+    assert "guard" in blocked["message"], "the refusal names the budget"
     events = client.CoreV1Api(k8s).list_namespaced_event(namespace).items
     assert any(e.reason == "DisruptionBudget" and "gang-1" in e.message for e in events)
     # The queue is told what the fault cost it: gang-0's GPU for as long as it had run.
