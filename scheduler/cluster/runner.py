@@ -31,6 +31,7 @@ from gpuwarden import contract
 from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi
 from gpuwarden.logconfig import get_logger
+from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import CacheView, ClusterCache
 from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
@@ -99,6 +100,8 @@ class SchedulerRunner:
             binder=Binder(self.api, workers=settings.bind_workers),
             evictor=Evictor(self.api, evictions_per_s=settings.evictions_per_s),
         )
+        # Binds made that the watch has not shown yet (see :mod:`.assumed`).
+        self.assumed = AssumedBinds()
         self.cycles = 0
         self.last: CycleResult | None = None
         self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
@@ -172,7 +175,8 @@ class SchedulerRunner:
             return
         self._cycle_since = time.monotonic()
         try:
-            self.last = self.cycle.run(cluster_view(view))
+            self.last = self.cycle.run(self.assumed.overlay(cluster_view(view)))
+            self.assumed.record(self.last)
             self.cycles += 1
             self.metrics.observe(self.last)
         except Exception:
