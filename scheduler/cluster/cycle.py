@@ -6,6 +6,8 @@ The order is the one that keeps the cluster consistent when a step fails:
 2. Group pods: a pod of ours names its PodGroup, or gets one derived from its
    owners (:mod:`.grouping`, :mod:`.owners`); a derived PodGroup is created
    so that ``kubectl get podgroups`` and the status writer have an object.
+   Scheduling needs only the derived spec, so the creates go out after the
+   binds, many at once: 4,000 new bare pods do not wait on 4,000 creates.
 3. Build the engine's Snapshot (:mod:`.convert`) and run one session.
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,6 +110,7 @@ class SchedulingCycle:
         status: StatusWriter | None = None,
         owners: OwnerResolver | None = None,
         clock: Callable[[], float] = time.time,
+        writers: int = 16,
     ) -> None:
         self._api = api
         self._config = config or SchedulerConfig()
@@ -118,6 +122,9 @@ class SchedulingCycle:
         self._clock = clock
         self._short_since: dict[str, float] = {}
         self._created_groups: set[tuple[str, str]] = set()
+        # Derived PodGroups this cycle found missing, created after its binds.
+        self._to_create: dict[tuple[str, str], GroupSpec] = {}
+        self._writers = writers
 
     # -- inputs ---------------------------------------------------------------
 
@@ -178,6 +185,17 @@ class SchedulingCycle:
                 return
         self._created_groups.add(key)
 
+    def _create_podgroups(self) -> None:
+        """Create the derived PodGroups found missing, from a pool of threads (each create is one round trip)."""
+        specs = list(self._to_create.values())
+        self._to_create.clear()
+        if len(specs) <= 1:
+            for spec in specs:
+                self._ensure_podgroup(spec)
+            return
+        with ThreadPoolExecutor(max_workers=min(self._writers, len(specs)), thread_name_prefix="podgroup") as pool:
+            list(pool.map(self._ensure_podgroup, specs))
+
     def _group_pods(
         self, view: ClusterView
     ) -> tuple[dict[tuple[str, str], GroupInfo], dict[str, str], dict[tuple[str, str], list[Mapping[str, Any]]]]:
@@ -197,8 +215,8 @@ class SchedulingCycle:
                 derived = self._derived(pod)
                 key = (derived.namespace, derived.name)
                 by_uid[uid] = derived.name
-                if key not in view.podgroups:
-                    self._ensure_podgroup(derived)
+                if key not in view.podgroups and key not in self._created_groups:
+                    self._to_create.setdefault(key, derived)
                 groups.setdefault(key, GroupInfo(queue=derived.queue, min_member=derived.min_member))
             members.setdefault(key, []).append(pod)
         # A group's priority is its pods' (they share a priority class).
@@ -246,6 +264,7 @@ class SchedulingCycle:
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
+        self._create_podgroups()
         gang_met = [
             job.key
             for job in snapshot.jobs
