@@ -13,6 +13,9 @@ The order is the one that keeps the cluster consistent when a step fails:
    behind an eviction waits until the evicted pod is gone, so room is never
    double-booked.
 5. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
+   With ``writes_in_background`` (the runner's choice) steps 2's creates and
+   5 run in a thread while the next cycle places and binds: its binds need
+   none of them. One batch is in flight at a time, in cycle order.
 
 A malformed Queue or PodGroup is logged once and left out; it never stops the
 cycle for everyone else. The engine sees none of this: it gets a Snapshot.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -111,6 +114,7 @@ class SchedulingCycle:
         owners: OwnerResolver | None = None,
         clock: Callable[[], float] = time.time,
         writers: int = 16,
+        writes_in_background: bool = False,
     ) -> None:
         self._api = api
         self._config = config or SchedulerConfig()
@@ -125,6 +129,8 @@ class SchedulingCycle:
         # Derived PodGroups this cycle found missing, created after its binds.
         self._to_create: dict[tuple[str, str], GroupSpec] = {}
         self._writers = writers
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="cycle-writes") if writes_in_background else None
+        self._writing: Future[None] | None = None
 
     # -- inputs ---------------------------------------------------------------
 
@@ -185,10 +191,24 @@ class SchedulingCycle:
                 return
         self._created_groups.add(key)
 
-    def _create_podgroups(self) -> None:
+    def flush(self) -> None:
+        """Wait until the writes of the cycles run so far are done (at once without ``writes_in_background``)."""
+        writing, self._writing = self._writing, None
+        if writing is not None and writing.exception() is not None:
+            log.error("cycle_writes_failed", error=repr(writing.exception()))
+
+    def close(self) -> None:
+        """Finish the writes in flight and stop the background writer."""
+        self.flush()
+        if self._background is not None:
+            self._background.shutdown()
+
+    def _after_binds(self, specs: list[GroupSpec], decisions: Decisions, gang_met: list[str]) -> None:
+        self._create_podgroups(specs)
+        self.status.write(decisions, gang_met=gang_met)
+
+    def _create_podgroups(self, specs: list[GroupSpec]) -> None:
         """Create the derived PodGroups found missing, from a pool of threads (each create is one round trip)."""
-        specs = list(self._to_create.values())
-        self._to_create.clear()
         if len(specs) <= 1:
             for spec in specs:
                 self._ensure_podgroup(spec)
@@ -264,7 +284,6 @@ class SchedulingCycle:
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
-        self._create_podgroups()
         gang_met = [
             job.key
             for job in snapshot.jobs
@@ -272,7 +291,14 @@ class SchedulingCycle:
         ]
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
-        self.status.write(replace(decisions, queue_shares=shares, pending=pending), gang_met=gang_met)
+        written = replace(decisions, queue_shares=shares, pending=pending)
+        self.flush()  # the last cycle's creates are done: none is sent twice
+        specs = [spec for key, spec in self._to_create.items() if key not in self._created_groups]
+        self._to_create.clear()
+        if self._background is None:
+            self._after_binds(specs, written, gang_met)
+        else:
+            self._writing = self._background.submit(self._after_binds, specs, written, gang_met)
         seconds = time.monotonic() - started
         log.info(
             "cycle_done",

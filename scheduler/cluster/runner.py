@@ -99,6 +99,7 @@ class SchedulerRunner:
             default_queue=settings.default_queue,
             binder=Binder(self.api, workers=settings.bind_workers),
             evictor=Evictor(self.api, evictions_per_s=settings.evictions_per_s),
+            writes_in_background=True,
         )
         # Binds made that the watch has not shown yet (see :mod:`.assumed`).
         self.assumed = AssumedBinds()
@@ -162,6 +163,7 @@ class SchedulerRunner:
                 self._turn(stop)
                 self._last_turn = time.monotonic()
         finally:
+            self.cycle.close()
             self.elector.stop()
             self.cache.stop()
             if self.server is not None:
