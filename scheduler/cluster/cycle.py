@@ -14,8 +14,9 @@ The order is the one that keeps the cluster consistent when a step fails:
    double-booked.
 5. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
    With ``writes_in_background`` (the runner's choice) steps 2's creates and
-   5 run in a thread while the next cycle places and binds: its binds need
-   none of them. One batch is in flight at a time, in cycle order.
+   5 run in a thread while the next cycles place and bind: their binds need
+   none of them. Batches are written one after another, in cycle order, and
+   a cycle waits only when ``MAX_QUEUED_WRITES`` are still to be written.
 
 A malformed Queue or PodGroup is logged once and left out; it never stops the
 cycle for everyone else. The engine sees none of this: it gets a Snapshot.
@@ -24,6 +25,7 @@ cycle for everyone else. The engine sees none of this: it gets a Snapshot.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -45,6 +47,11 @@ from scheduler.engine.session import run_session
 
 log = get_logger(__name__)
 warn = WarnOnce(__name__)
+
+# Cycles whose writes may wait behind the one being written: enough that a
+# fill does not stall its binds on bookkeeping, few enough that statuses
+# stay close to current when writes cannot keep up.
+MAX_QUEUED_WRITES = 4
 
 JSON = dict[str, Any]
 
@@ -130,7 +137,9 @@ class SchedulingCycle:
         self._to_create: dict[tuple[str, str], GroupSpec] = {}
         self._writers = writers
         self._background = ThreadPoolExecutor(1, thread_name_prefix="cycle-writes") if writes_in_background else None
-        self._writing: Future[None] | None = None
+        self._writing: deque[Future[None]] = deque()
+        # Derived PodGroups handed to the background writer and not yet created.
+        self._queued: set[tuple[str, str]] = set()
 
     # -- inputs ---------------------------------------------------------------
 
@@ -193,9 +202,14 @@ class SchedulingCycle:
 
     def flush(self) -> None:
         """Wait until the writes of the cycles run so far are done (at once without ``writes_in_background``)."""
-        writing, self._writing = self._writing, None
-        if writing is not None and writing.exception() is not None:
-            log.error("cycle_writes_failed", error=repr(writing.exception()))
+        self._reap(keep=0)
+
+    def _reap(self, keep: int) -> None:
+        """Forget finished write batches; wait for the oldest until at most ``keep`` are unfinished."""
+        while self._writing and (self._writing[0].done() or len(self._writing) > keep):
+            error = self._writing.popleft().exception()
+            if error is not None:
+                log.error("cycle_writes_failed", error=repr(error))
 
     def close(self) -> None:
         """Finish the writes in flight and stop the background writer."""
@@ -204,7 +218,11 @@ class SchedulingCycle:
             self._background.shutdown()
 
     def _after_binds(self, specs: list[GroupSpec], decisions: Decisions, gang_met: list[str]) -> None:
-        self._create_podgroups(specs)
+        try:
+            self._create_podgroups(specs)
+        finally:
+            # Created, or to be tried again by the next cycle that finds it missing.
+            self._queued.difference_update((s.namespace, s.name) for s in specs)
         self.status.write(decisions, gang_met=gang_met)
 
     def _create_podgroups(self, specs: list[GroupSpec]) -> None:
@@ -292,13 +310,14 @@ class SchedulingCycle:
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
         written = replace(decisions, queue_shares=shares, pending=pending)
-        self.flush()  # the last cycle's creates are done: none is sent twice
-        specs = [spec for key, spec in self._to_create.items() if key not in self._created_groups]
+        specs = [s for k, s in self._to_create.items() if k not in self._created_groups and k not in self._queued]
         self._to_create.clear()
         if self._background is None:
             self._after_binds(specs, written, gang_met)
         else:
-            self._writing = self._background.submit(self._after_binds, specs, written, gang_met)
+            self._reap(keep=MAX_QUEUED_WRITES)
+            self._queued.update((s.namespace, s.name) for s in specs)
+            self._writing.append(self._background.submit(self._after_binds, specs, written, gang_met))
         seconds = time.monotonic() - started
         log.info(
             "cycle_done",
