@@ -56,6 +56,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -155,7 +156,7 @@ class BindWatch:
         # never go back to a pool other requests draw from.
         self._api = plane.api_client()
         self._core = client.CoreV1Api(self._api)
-        self._namespace = namespace
+        self.namespace = namespace
         self._prefix = prefix
         self._lock = threading.Condition()
         self.created: set[str] = set()
@@ -203,7 +204,7 @@ class BindWatch:
 
     def _stream(self) -> None:
         resp: Any = self._core.list_namespaced_pod(
-            self._namespace,
+            self.namespace,
             watch=True,
             resource_version=self._version,
             timeout_seconds=WATCH_TIMEOUT_S,
@@ -227,7 +228,7 @@ class BindWatch:
         if event.get("type") == "ERROR":
             # The version expired (it does not while we watch, but be safe):
             # resume from the current state, which a fresh list gives.
-            self._version = self._core.list_namespaced_pod(self._namespace, limit=1).metadata.resource_version
+            self._version = self._core.list_namespaced_pod(self.namespace, limit=1).metadata.resource_version
             raise RuntimeError("watch expired")
         meta = obj.get("metadata") or {}
         name = meta.get("name") or ""
@@ -482,6 +483,15 @@ class Launcher:
         self.started.clear()
 
 
+def stop_gently(proc: ManagedProcess, timeout: float = 60.0) -> None:
+    """SIGTERM and a minute to exit: a profiled scheduler writes its profile on the way out."""
+    if proc.popen is not None and proc.popen.poll() is None:
+        proc.popen.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout)
+    proc.stop()
+
+
 # ---------------------------------------------------------------------------
 # One timed run
 # ---------------------------------------------------------------------------
@@ -528,7 +538,7 @@ class Bench:
             finally:
                 watch.stop()
                 if proc is not None:
-                    proc.stop()
+                    stop_gently(proc)
 
     def _start_ready(self, contender: Contender, namespace: str, watch: BindWatch) -> ManagedProcess:
         """Start the scheduler and wait until it bound a canary pod (needs no GPU): it is up and scheduling."""
@@ -538,8 +548,9 @@ class Bench:
         self._wait_bound(watch, [f"fill-{CANARY}"], contender, proc)
         return proc
 
-    @staticmethod
-    def _wait_bound(watch: BindWatch, names: Sequence[str], contender: Contender, proc: ManagedProcess | None) -> None:
+    def _wait_bound(
+        self, watch: BindWatch, names: Sequence[str], contender: Contender, proc: ManagedProcess | None
+    ) -> None:
         def done() -> bool:
             if proc is not None and not proc.running():
                 raise RuntimeError(f"{contender.name} exited; its log ends:\n{proc.log_tail()}")
@@ -549,7 +560,15 @@ class Bench:
             watch.wait(done, f"{contender.name} binding {len(names)} pods")
         except TimeoutError as err:
             tail = f"\nits log ends:\n{proc.log_tail(20)}" if proc is not None else ""
-            raise TimeoutError(f"{err}{tail}") from err
+            over = watch.overfilled_nodes(GPUS_PER_NODE)
+            raise TimeoutError(f"{err}; {over} nodes hold more pods than GPUs{tail}{self._why(watch, names)}") from err
+
+    def _why(self, watch: BindWatch, names: Sequence[str]) -> str:
+        """The Warning Events of the namespace (a pending group's explanation), for a run that got stuck."""
+        events = client.CoreV1Api(self.api).list_namespaced_event(watch.namespace).items
+        left = sorted(n for n in names if n not in watch.bound)
+        lines = [f"{e.involved_object.name}: {e.reason}: {e.message}" for e in events if e.type == "Warning"]
+        return f"\nunbound: {', '.join(left[:10])}\nwarnings:\n" + "\n".join(lines[-10:])
 
 
 # ---------------------------------------------------------------------------
@@ -618,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=4000, help="single-GPU pods per run")
     parser.add_argument("--bare-threads", default="1,8,32", help="thread counts of the bare binders, comma-separated")
     parser.add_argument("--only", default="", help="contenders to run, comma-separated (default: all)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="workloads to run, comma-separated")
     parser.add_argument("--profile", type=Path, default=None, help="run gpuwarden under cProfile, profiles here")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 60 pods, one run")
     args = parser.parse_args(argv)
@@ -631,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown contenders: {', '.join(sorted(unknown))}")
     chosen = [c for c in everyone if not wanted or c.name in wanted]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if set(workloads) - set(WORKLOADS):
+        parser.error(f"workloads are {', '.join(WORKLOADS)}")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     configure_logging("console", "error")
@@ -661,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 outcomes: list[Outcome] = []
                 for run in range(args.runs):
                     order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
-                    for workload in WORKLOADS:
+                    for workload in workloads:
                         for contender in order:
                             if contender.kind == "bare" and workload != "backlog":
                                 continue
