@@ -38,7 +38,7 @@ each gets a derived PodGroup, as a user's bare pods would.
 
 Run it (not part of ``make test``; at the defaults about 7 minutes per run)::
 
-    make controlplane   # with the kube-scheduler: tests/controlplane/build.sh --with-kube-scheduler
+    make controlplane   # builds the kube-scheduler too
     .venv/bin/python benchmarks/scheduler_fill.py [--runs 3] [--nodes 500] [--pods 4000]
     .venv/bin/python benchmarks/scheduler_fill.py --quick   # a smoke run: 10 nodes, 60 pods, one run
 
@@ -422,8 +422,7 @@ def kube_scheduler_binary() -> Path:
     path = Path(override) if override else find_binaries().kube_apiserver.parent / "kube-scheduler"
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise SystemExit(
-            f"no kube-scheduler at {path}: build it with tests/controlplane/build.sh --with-kube-scheduler "
-            "(or point KUBE_SCHEDULER at one)"
+            f"no kube-scheduler at {path}: build it with `make controlplane` (or point KUBE_SCHEDULER at one)"
         )
     return path
 

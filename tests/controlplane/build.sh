@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the binaries of gpuwarden's test control plane -- etcd, kube-apiserver,
-# kube-controller-manager and kubectl -- from their released Go modules and
-# caches them outside the repository, keyed by version.
+# kube-controller-manager and kubectl, and the kube-scheduler that
+# benchmarks/scheduler_fill.py compares gpuwarden with -- from their released
+# Go modules and caches them outside the repository, keyed by version.
 #
 # Why from Go modules: the tests need a real API server (admission, RBAC,
 # subresources, garbage collection), and the Go module proxy is the one source
@@ -21,7 +22,7 @@
 #   GPUWARDEN_CACHE          cache folder (default ~/.cache/gpuwarden)
 #   GPUWARDEN_K8S_VERSION    k8s.io/kubernetes release (default in versions.env)
 #   GPUWARDEN_ETCD_VERSION   go.etcd.io/etcd release (default in versions.env)
-#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, ETCD
+#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, KUBE_SCHEDULER, ETCD
 #                            existing binaries to use instead; set ones are
 #                            checked and not built.
 #   GOTOOLCHAIN              e.g. go1.27.3 when a release needs a newer Go
@@ -84,6 +85,7 @@ k8s_targets=()
 need_build KUBE_APISERVER "${K8S_DIR}/kube-apiserver" && k8s_targets+=(kube-apiserver)
 need_build KUBE_CONTROLLER_MANAGER "${K8S_DIR}/kube-controller-manager" && k8s_targets+=(kube-controller-manager)
 need_build KUBECTL "${K8S_DIR}/kubectl" && k8s_targets+=(kubectl)
+need_build KUBE_SCHEDULER "${K8S_DIR}/kube-scheduler" && k8s_targets+=(kube-scheduler)
 
 if ((${#k8s_targets[@]})); then
     started=${SECONDS}
