@@ -319,7 +319,8 @@ def run_connected(args: argparse.Namespace) -> int:
         return 2
     settings = replace(settings, remediation=remediation)
     try:
-        api_client = load_api_client(args.kubeconfig)
+        # One connection per bind worker, besides those the watches and the lease hold.
+        api_client = load_api_client(args.kubeconfig, connections=args.bind_workers + 16)
     except Exception as exc:  # the kubernetes config loaders raise several unrelated types
         sys.stderr.write(f"gpuwarden scheduler: cannot use the kubeconfig {args.kubeconfig or '(in-cluster)'}: {exc}\n")
         return 2

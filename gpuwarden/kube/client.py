@@ -19,12 +19,20 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
-def load_api_client(kubeconfig: str | None, *, context: str | None = None) -> client.ApiClient:
+def load_api_client(
+    kubeconfig: str | None, *, context: str | None = None, connections: int | None = None
+) -> client.ApiClient:
     """An ApiClient from a kubeconfig file, or the pod's service account when None.
 
     urllib3's own retries are turned off: the publishers retry with backoff
     and jitter themselves, and immediate retries only multiply the load on an
     API server that is already failing.
+
+    ``connections`` is the most connections kept open for reuse (the client's
+    default is a handful). A process that sends from many threads at once, and
+    whose watches each hold a connection, needs one per thread: a connection
+    that does not fit back into the pool is closed, and the next request pays
+    for a new TLS handshake.
     """
     configuration = client.Configuration()
     if kubeconfig:
@@ -34,4 +42,6 @@ def load_api_client(kubeconfig: str | None, *, context: str | None = None) -> cl
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.retries = 0
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
     return client.ApiClient(configuration)

@@ -33,6 +33,7 @@ from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi
 from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
+from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import CacheView, ClusterCache
 from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
@@ -123,11 +124,14 @@ class SchedulerRunner:
                 prebind=SliceConfigWriter(self.api, settings.slice_compute),
             ),
             evictor=evictor,
+            writes_in_background=True,
         )
         # Remediation shares the cycle's evictor: one eviction rate for the process.
         self.remediation = (
             RemediationController(self.api, evictor, settings.remediation) if settings.remediation is not None else None
         )
+        # Binds made that the watch has not shown yet (see :mod:`.assumed`).
+        self.assumed = AssumedBinds()
         self.cycles = 0
         self.last: CycleResult | None = None
         self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
@@ -198,6 +202,7 @@ class SchedulerRunner:
                 self._turn(stop)
                 self._last_turn = time.monotonic()
         finally:
+            self.cycle.close()
             self.elector.stop()
             self.cache.stop()
             if self.server is not None:
@@ -210,9 +215,10 @@ class SchedulerRunner:
         if not view.synced:
             return
         self._cycle_since = time.monotonic()
-        current = cluster_view(view)
+        current = self.assumed.overlay(cluster_view(view))
         try:
             self.last = self.cycle.run(current)
+            self.assumed.record(self.last)
             self.cycles += 1
             self.metrics.observe(self.last)
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)

@@ -48,7 +48,9 @@ def _slice_positions(
 
 
 def _whole_positions(node: NodeState, count: int) -> tuple[int, ...]:
-    """The first ``count`` free whole GPUs; none for a pod that asks for none (a CPU-only pod)."""
+    """The first ``count`` free whole GPUs; none for a pod that asks for none (it must hold no GPU)."""
+    if count <= 0:
+        return ()
     found: list[int] = []
     for p in range(len(node.gpu_ok)):
         if len(found) >= count:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the binaries of gpuwarden's test control plane -- etcd, kube-apiserver,
-# kube-controller-manager and kubectl -- from their released Go modules and
-# caches them outside the repository, keyed by version.
+# kube-controller-manager and kubectl, and the kube-scheduler that
+# benchmarks/scheduler_fill.py compares gpuwarden with -- from their released
+# Go modules and caches them outside the repository, keyed by version.
 #
 # Why from Go modules: the tests need a real API server (admission, RBAC,
 # subresources, garbage collection), and the Go module proxy is the one source
@@ -21,24 +22,12 @@
 #   GPUWARDEN_CACHE          cache folder (default ~/.cache/gpuwarden)
 #   GPUWARDEN_K8S_VERSION    k8s.io/kubernetes release (default in versions.env)
 #   GPUWARDEN_ETCD_VERSION   go.etcd.io/etcd release (default in versions.env)
-#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, ETCD, KUBE_SCHEDULER
+#   KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, KUBECTL, KUBE_SCHEDULER, ETCD
 #                            existing binaries to use instead; set ones are
 #                            checked and not built.
 #   GOTOOLCHAIN              e.g. go1.27.3 when a release needs a newer Go
 #                            than the installed one.
-#
-# Arguments: `--with-kube-scheduler` also builds the upstream kube-scheduler,
-# which only benchmarks/scheduler_fill.py needs (it is the baseline gpuwarden's
-# scheduler is measured against), so the tests never wait for it.
 set -euo pipefail
-
-with_scheduler=0
-for arg in "$@"; do
-    case "${arg}" in
-    --with-kube-scheduler) with_scheduler=1 ;;
-    *) printf 'unknown argument %s (known: --with-kube-scheduler)\n' "${arg}" >&2; exit 2 ;;
-    esac
-done
 
 # The default releases, shared with tests/harness/processes.py, which finds the binaries.
 # shellcheck source=tests/controlplane/versions.env
@@ -96,9 +85,7 @@ k8s_targets=()
 need_build KUBE_APISERVER "${K8S_DIR}/kube-apiserver" && k8s_targets+=(kube-apiserver)
 need_build KUBE_CONTROLLER_MANAGER "${K8S_DIR}/kube-controller-manager" && k8s_targets+=(kube-controller-manager)
 need_build KUBECTL "${K8S_DIR}/kubectl" && k8s_targets+=(kubectl)
-if ((with_scheduler)); then
-    need_build KUBE_SCHEDULER "${K8S_DIR}/kube-scheduler" && k8s_targets+=(kube-scheduler)
-fi
+need_build KUBE_SCHEDULER "${K8S_DIR}/kube-scheduler" && k8s_targets+=(kube-scheduler)
 
 if ((${#k8s_targets[@]})); then
     started=${SECONDS}

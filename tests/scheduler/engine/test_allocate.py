@@ -44,6 +44,20 @@ def test_binpack_fills_the_fullest_node_that_fits() -> None:
     assert binds["b"] == [("b-0", "n2", (6, 7))]
 
 
+def test_pod_without_gpus_holds_no_gpu_and_leaves_the_node_to_gpu_pods() -> None:
+    snap = Snapshot(
+        nodes=(node("n1"),),
+        queues=(queue("q", 8),),
+        jobs=(
+            job("cpu", "q", pending("cpu-0"), created=1),
+            *(job(f"g{i}", "q", pending(f"g{i}-0", 1), created=2 + i) for i in range(8)),
+        ),
+    )
+    binds = binds_by_job(run_session(snap))
+    assert binds["cpu"] == [("cpu-0", "n1", ())]
+    assert sorted(b[0][2] for name, b in binds.items() if name != "cpu") == [(i,) for i in range(8)]
+
+
 def test_spread_prefers_the_emptiest_node() -> None:
     snap = Snapshot(
         nodes=(node("n1"), node("n2")),

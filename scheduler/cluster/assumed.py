@@ -1,0 +1,95 @@
+"""Binds the API server accepted that the watch has not shown yet: counted as bound until it does.
+
+A cycle that binds a thousand pods ends long before the watch has delivered
+those thousand MODIFIED events, and the next cycle starts as soon as the first
+of them arrive. Scheduled from the cache alone, it would see most of the pods
+just bound as still pending and their GPUs as free: it would place them again
+(a 409 for each) and, worse, place other pods onto GPUs that are taken. The
+API server accepts a binding to a full node (only the kubelet would refuse the
+pod later), so a fast fill would over-commit nodes.
+
+So, as kube-scheduler's cache "assumes" a pod it bound, the runner remembers
+every bind that succeeded, with the node and GPU assignment it wrote, and
+shows the next cycles each such pod as bound until the watch does: until the
+cache has the pod with a ``spec.nodeName`` (whatever node: the API server's
+word wins) or no longer has the pod at all. Nothing expires by time: a bind
+that was answered 201 happened, and the watch will show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
+from scheduler.cluster.assignment import encode_assignment
+from scheduler.cluster.cycle import ClusterView, CycleResult
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AssumedBind:
+    """Where a pod was bound, and the assignment annotation the bind wrote (None: no GPUs)."""
+
+    node: str
+    assignment: str | None
+
+
+class AssumedBinds:
+    """Pods bound by earlier cycles whose binding the cache does not show yet, by pod UID.
+
+    Used from the scheduling loop's one thread.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, AssumedBind] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def record(self, result: CycleResult) -> None:
+        """Remember the binds of ``result`` that the API server accepted."""
+        nodes = {n.name: n for n in result.snapshot.nodes}
+        for outcome in result.binds:
+            bind = outcome.bind
+            if not outcome.ok or not bind.uid:
+                continue
+            assignment = None
+            node = nodes.get(bind.node)
+            if bind.gpu_indices and node is not None:
+                try:
+                    assignment = encode_assignment(bind, node)
+                except ValueError:
+                    assignment = None  # the binder refused such a bind; nothing was written
+            self._pods[bind.uid] = AssumedBind(bind.node, assignment)
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """``view`` with every assumed pod shown bound; assumptions the view confirms are dropped."""
+        if not self._pods:
+            return view
+        shown: dict[str, JSON] = {}
+        for uid, assumed in list(self._pods.items()):
+            pod = view.pods.get(uid)
+            spec = pod.get("spec") if pod is not None else None
+            if pod is None or not isinstance(spec, dict) or spec.get("nodeName"):
+                del self._pods[uid]  # gone, or the watch caught up
+                continue
+            shown[uid] = _bound(pod, spec, assumed)
+        if not shown:
+            return view
+        return replace(view, pods={**view.pods, **shown})
+
+
+def _bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: AssumedBind) -> JSON:
+    """A copy of the pod as the API server holds it after the bind (the cache's own dict is not touched)."""
+    meta = pod.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    if assumed.assignment is not None:
+        annotations = meta.get("annotations")
+        meta["annotations"] = {
+            **(annotations if isinstance(annotations, dict) else {}),
+            ANNOTATION_GPU_ASSIGNMENT: assumed.assignment,
+        }
+    return {**pod, "metadata": meta, "spec": {**spec, "nodeName": assumed.node}}

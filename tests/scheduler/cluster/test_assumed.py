@@ -1,0 +1,82 @@
+"""Assumed binds: a pod bound by an earlier cycle counts as bound until the watch shows it."""
+
+from __future__ import annotations
+
+from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
+from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.assumed import AssumedBinds
+from scheduler.cluster.bind import BindOutcome, BindResult
+from scheduler.cluster.convert import task_from_pod
+from scheduler.cluster.cycle import ClusterView, CycleResult
+from scheduler.engine.model import Bind, Decisions, Snapshot, TaskStatus
+from tests.scheduler.builders import node
+from tests.scheduler.cluster.objects import pod_json
+
+
+def _result(*outcomes: tuple[Bind, BindOutcome]) -> CycleResult:
+    return CycleResult(
+        snapshot=Snapshot(nodes=(node("n1"), node("n2"))),
+        decisions=Decisions(binds=tuple(b for b, _ in outcomes)),
+        binds=tuple(BindResult(b, o) for b, o in outcomes),
+        evictions=(),
+        seconds=0.0,
+    )
+
+
+def _bind(pod: str, node_name: str, gpus: tuple[int, ...]) -> Bind:
+    return Bind(
+        job=f"team-a/{pod}", namespace="team-a", pod=pod, uid=f"uid-team-a-{pod}", node=node_name, gpu_indices=gpus
+    )
+
+
+def _view(*pods: dict[str, object]) -> ClusterView:
+    return ClusterView(pods={str(p["metadata"]["uid"]): p for p in pods})  # type: ignore[index]
+
+
+def test_a_bound_pod_the_watch_has_not_shown_is_seen_bound_with_its_gpus() -> None:
+    assumed = AssumedBinds()
+    assumed.record(_result((_bind("a", "n1", (2,)), BindOutcome.BOUND)))
+    pending = pod_json("a", gpus=1)
+
+    shown = assumed.overlay(_view(pending)).pods["uid-team-a-a"]
+
+    task = task_from_pod(shown)
+    assert (task.status, task.node, task.gpu_indices) == (TaskStatus.RUNNING, "n1", (2,))
+    assert decode_assignment(shown["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT], node="n1") == (2,)
+    assert "nodeName" not in pending["spec"], "the cache's own object is left as it is"
+
+
+def test_failed_and_conflicting_binds_are_not_assumed() -> None:
+    assumed = AssumedBinds()
+    assumed.record(
+        _result((_bind("a", "n1", (0,)), BindOutcome.FAILED), (_bind("b", "n1", (1,)), BindOutcome.CONFLICT))
+    )
+    view = _view(pod_json("a", gpus=1), pod_json("b", gpus=1))
+
+    assert len(assumed) == 0
+    assert assumed.overlay(view) is view
+
+
+def test_the_assumption_ends_when_the_watch_shows_the_pod_bound_or_gone() -> None:
+    assumed = AssumedBinds()
+    assumed.record(_result((_bind("a", "n1", (0,)), BindOutcome.BOUND), (_bind("b", "n2", (0,)), BindOutcome.BOUND)))
+    # The watch has the pod on another node than assumed: the API server's word wins.
+    seen = pod_json("a", gpus=1, node="n2")
+
+    view = assumed.overlay(_view(seen))
+
+    assert view.pods["uid-team-a-a"] is seen
+    # Pod b was not in that view (deleted): forgotten too.
+    assert len(assumed) == 0
+    later = pod_json("b", gpus=1)
+    assert assumed.overlay(_view(later)).pods["uid-team-a-b"] is later
+
+
+def test_a_pod_without_gpus_is_shown_bound_without_an_assignment() -> None:
+    assumed = AssumedBinds()
+    assumed.record(_result((_bind("cpu", "n2", ()), BindOutcome.BOUND)))
+
+    shown = assumed.overlay(_view(pod_json("cpu"))).pods["uid-team-a-cpu"]
+
+    assert shown["spec"]["nodeName"] == "n2"
+    assert ANNOTATION_GPU_ASSIGNMENT not in shown["metadata"]["annotations"]
