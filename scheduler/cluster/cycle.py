@@ -547,10 +547,10 @@ class SchedulingCycle:
                     pod_groups=self._by_uid,
                     changes=changes,
                 )
+                reservations = self._reservations(view, full=changes is None)
             except BaseException:
-                self._seen = None  # the assembler may be half updated: start over next cycle
+                self._seen = None  # the kept state may be half updated: start over next cycle
                 raise
-            reservations = self._reservations(view, full=changes is None)
         else:
             self._groupings.clear()
             groups, by_uid, _ = self._group_pods(view)
