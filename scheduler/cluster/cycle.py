@@ -496,7 +496,9 @@ class SchedulingCycle:
         for job in snapshot.jobs:
             key = job.key
             memo = kept.get(key)
-            if memo is not None and memo[0] is job:
+            # A dated copy holds only while the gang stayed short: a job that
+            # left the snapshot and came back (the same object) is dated anew.
+            if memo is not None and memo[0] is job and (memo[1] is None or self._short_since.get(key) == memo[1]):
                 since = memo[1]
                 if since is None:
                     jobs.append(job)
