@@ -16,19 +16,26 @@ was read from it:
 - per pod group, its Job, reused while the group's info, its tasks and its
   earliest creation time are unchanged.
 
-What is left per cycle is one pass of dictionary look-ups over the pods
-(group membership can change without the pod changing: a PodGroup created,
-the pod-grouper's answer) and the assembly of the changed jobs. The result
-equals ``snapshot_from`` over the same objects, in the same order
-(tests/scheduler/cluster/test_assemble.py checks it after random event
-sequences); a change to the rules is made in :mod:`.convert`, whose helpers
-this module calls.
+Told what changed since the previous call (:class:`Changes`: the keys the
+watch cache logged, the groups whose info changed, the pods whose derived
+group changed), it goes further and touches only those: it keeps each
+group's members and each node's other-scheduler pods, re-places the pods
+that changed (and the pods of a group that appeared or vanished), and
+rebuilds only the jobs and external jobs they belong to. Without changes it
+places every pod, as on the first cycle.
+
+Either way the result is ``snapshot_from`` over the same objects, up to the
+order of jobs and of pods within a job, which the engine does not depend on
+(it sorts both; :func:`canonical` puts two snapshots in one order to compare
+them). tests/scheduler/cluster/test_assemble.py checks it after random event
+sequences, with and without change lists; a change to the rules is made in
+:mod:`.convert`, whose helpers this module calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_POD_GROUP, SCHEDULER_NAME
@@ -40,6 +47,7 @@ from scheduler.cluster.convert import (
     keyed_node,
     takes_work,
     task_from_pod,
+    task_order,
     warn,
     with_external_queues,
 )
@@ -133,6 +141,69 @@ class _NodeMemo:
     value: Node
 
 
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What changed since the assembler's previous snapshot.
+
+    ``nodes``: names whose Node or GPUNode entry changed; ``pods``: keys of
+    pod entries added, replaced or removed; ``groups``: group keys whose
+    info changed, appeared or vanished; ``pod_groups``: UIDs whose derived
+    group changed.
+    """
+
+    nodes: Collection[str] = frozenset()
+    pods: Collection[str] = frozenset()
+    groups: Collection[tuple[str, str]] = frozenset()
+    pod_groups: Collection[str] = frozenset()
+
+
+@dataclass(slots=True)
+class _Place:
+    """Where one pod entry counts in the kept state, so that it can be taken out again."""
+
+    facts: _PodFacts
+    wanted: tuple[str, str] | None = None  # the group it names or was given, known or not
+    uid: str | None = None  # indexed by uid: it names no group, so pod_groups may give it one
+    member: tuple[str, str] | None = None  # the job it is a task of
+    foreign: str = ""  # the node whose external job holds it
+    held: str = ""  # the node on which it holds GPU indices
+
+
+def canonical(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with its jobs by key and each job's pods by namespace, name and uid.
+
+    The engine reads a snapshot in this order whatever order it comes in,
+    so two snapshots equal after this give the same decisions.
+    """
+    jobs = sorted(
+        (replace(job, tasks=tuple(sorted(job.tasks, key=task_order))) for job in snapshot.jobs),
+        key=lambda job: job.key,
+    )
+    return replace(snapshot, nodes=tuple(sorted(snapshot.nodes, key=lambda n: n.name)), jobs=tuple(jobs))
+
+
+def _facts_order(facts: _PodFacts) -> tuple[str, str, str]:
+    return (facts.namespace, facts.name, facts.uid)
+
+
+@dataclass(slots=True)
+class _State:
+    """What the previous snapshot was made of, kept to update it by what changed."""
+
+    engine_nodes: dict[str, Node] = field(default_factory=dict)
+    places: dict[str, _Place] = field(default_factory=dict)
+    wanting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    keys_of_uid: dict[str, set[str]] = field(default_factory=dict)
+    members: dict[tuple[str, str], dict[str, _PodFacts]] = field(default_factory=dict)
+    foreign: dict[str, dict[str, _PodFacts]] = field(default_factory=dict)
+    held: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], Job] = field(default_factory=dict)
+    externals: dict[str, Job] = field(default_factory=dict)
+    known_groups: set[tuple[str, str]] = field(default_factory=set)
+    # Jobs none of whose pods has a creation time: created "now", so rebuilt every time.
+    unstamped: set[tuple[str, str]] = field(default_factory=set)
+
+
 class SnapshotAssembler:
     """Snapshots from cache views, each object converted once per version; one per scheduling loop.
 
@@ -143,6 +214,7 @@ class SnapshotAssembler:
         self._nodes: dict[str, _NodeMemo] = {}
         self._pods: dict[str, _PodFacts] = {}
         self._jobs: dict[tuple[str, str], _JobMemo] = {}
+        self._state = _State()
 
     def pod_facts(self, key: str, pod: Mapping[str, Any]) -> _PodFacts:
         """What ``pod`` (the cache's entry under ``key``) says; read anew only when the entry was replaced."""
@@ -170,75 +242,209 @@ class SnapshotAssembler:
         config: SchedulerConfig,
         *,
         pod_groups: Mapping[str, str] | None = None,
+        changes: Changes | None = None,
     ) -> Snapshot:
         """``snapshot_from(nodes, gpunodes, pods.values(), ...)``, from memoized conversions.
 
         ``pods`` is keyed by anything that names a pod for as long as it lives
         (the cycle uses UIDs); the rest is as for ``snapshot_from``.
+        ``changes`` says what changed since the previous call (the caller
+        vouches for it); without it every pod is placed again.
         """
-        engine_nodes = {name: self._node(name, obj, gpunodes.get(name)) for name, obj in nodes.items()}
-        if len(self._nodes) > len(nodes):
-            self._nodes = {name: memo for name, memo in self._nodes.items() if name in nodes}
-
         by_uid = pod_groups or {}
-        members: dict[tuple[str, str], list[Task]] = {}
-        earliest: dict[tuple[str, str], str] = {}
-        foreign: dict[str, list[_PodFacts]] = {}
-        held: dict[str, set[int]] = {}
-        facts_of = self.pod_facts
-        for key, pod in pods.items():
-            facts = facts_of(key, pod)
-            kind = facts.kind
-            if kind == _SKIP:
-                continue
-            if kind == _FOREIGN:
-                foreign.setdefault(facts.node, []).append(facts)
-                continue
-            group = facts.group or by_uid.get(facts.uid)
-            gkey = (facts.namespace, group) if group else None
-            if gkey is None or gkey not in groups:
-                ident = f"{facts.namespace}/{facts.name}"
-                if facts.node:
-                    foreign.setdefault(facts.node, []).append(facts)
-                    warn.warning("bound pod has no known pod group; counted as held", ("nogroup", ident), pod=ident)
+        state = self._state
+        dirty_jobs: set[tuple[str, str]] = set()
+        dirty_nodes: set[str] = set()
+        if changes is None:
+            state = self._state = _State()
+            for name, obj in nodes.items():
+                state.engine_nodes[name] = self._node(name, obj, gpunodes.get(name))
+            if len(self._nodes) > len(nodes):
+                self._nodes = {name: memo for name, memo in self._nodes.items() if name in nodes}
+            state.known_groups = set(groups)
+            facts_of = self.pod_facts
+            for key, pod in pods.items():
+                self._place(key, facts_of(key, pod), groups, by_uid, dirty_jobs, dirty_nodes)
+            if len(self._pods) > len(pods) + max(1024, len(pods) // 4):
+                self._pods = {key: facts for key, facts in self._pods.items() if key in pods}
+            dirty_nodes.update(state.engine_nodes)
+        else:
+            for name in changes.nodes:
+                node_obj = nodes.get(name)
+                if node_obj is None:
+                    state.engine_nodes.pop(name, None)
+                    self._nodes.pop(name, None)
                 else:
-                    warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
-                continue
-            task = facts.task or facts.our_task()
-            tasks = members.get(gkey)
-            if tasks is None:
-                members[gkey] = [task]
-            else:
-                tasks.append(task)
-            if task.gpu_indices and task.node is not None:
-                held.setdefault(task.node, set()).update(task.gpu_indices)
-            created = facts.created
-            if created is not None:
-                first = earliest.get(gkey)
-                if first is None or created < first:
-                    earliest[gkey] = created
-        if len(self._pods) > len(pods) + max(1024, len(pods) // 4):
-            self._pods = {key: facts for key, facts in self._pods.items() if key in pods}
+                    state.engine_nodes[name] = self._node(name, node_obj, gpunodes.get(name))
+                dirty_nodes.add(name)
+            again = set(changes.pods)
+            for uid in changes.pod_groups:
+                again.update(state.keys_of_uid.get(uid, ()))
+            for gkey in changes.groups:
+                dirty_jobs.add(gkey)
+                present = gkey in groups
+                if present != (gkey in state.known_groups):
+                    again.update(state.wanting.get(gkey, ()))
+                    if present:
+                        state.known_groups.add(gkey)
+                    else:
+                        state.known_groups.discard(gkey)
+            for key in again:
+                self._unplace(key, dirty_jobs, dirty_nodes)
+                entry = pods.get(key)
+                if entry is None:
+                    self._pods.pop(key, None)
+                else:
+                    self._place(key, self.pod_facts(key, entry), groups, by_uid, dirty_jobs, dirty_nodes)
+            dirty_jobs.update(state.unstamped)
 
-        jobs = [self._job(key, groups[key], tasks, earliest.get(key), now) for key, tasks in members.items()]
-        if len(self._jobs) > len(members):
-            self._jobs = {key: memo for key, memo in self._jobs.items() if key in members}
-
-        external_pools: set[str] = set()
-        for node_name, node_pods in foreign.items():
-            engine_node = engine_nodes.get(node_name)
-            if engine_node is None or not takes_work(engine_node):
-                continue
-            tasks = [f.foreign_task() for f in node_pods]
-            jobs.append(external_job(engine_node, tasks, held.get(node_name, set()), now))
-            external_pools.add(engine_node.pool)
+        for gkey in dirty_jobs:
+            self._assemble_job(gkey, groups, now)
+        if len(self._jobs) > len(state.jobs) + 1024:
+            self._jobs = {key: memo for key, memo in self._jobs.items() if key in state.jobs}
         return Snapshot(
-            nodes=tuple(engine_nodes.values()),
-            queues=with_external_queues(queues, external_pools),
-            jobs=tuple(jobs),
+            nodes=tuple(state.engine_nodes.values()),
+            queues=with_external_queues(queues, self._externals(dirty_nodes, now)),
+            jobs=(*state.jobs.values(), *state.externals.values()),
             now=now,
             config=config,
         )
+
+    def _place(  # noqa: PLR0917 (one call site per mode, all positional)
+        self,
+        key: str,
+        facts: _PodFacts,
+        groups: Mapping[tuple[str, str], GroupInfo],
+        by_uid: Mapping[str, str],
+        dirty_jobs: set[tuple[str, str]],
+        dirty_nodes: set[str],
+    ) -> None:
+        """Count the pod entry where ``snapshot_from``'s loop would, and remember where."""
+        kind = facts.kind
+        if kind == _SKIP:
+            return
+        state = self._state
+        place = _Place(facts)
+        state.places[key] = place
+        if kind == _FOREIGN:
+            self._add_foreign(place, key, facts.node, dirty_nodes)
+            return
+        group = facts.group
+        if group is None:
+            uid = facts.uid
+            place.uid = uid
+            keys = state.keys_of_uid.get(uid)
+            if keys is None:
+                state.keys_of_uid[uid] = {key}
+            else:
+                keys.add(key)
+            group = by_uid.get(uid)
+        gkey = (facts.namespace, group) if group else None
+        if gkey is not None:
+            place.wanted = gkey
+            wanting = state.wanting.get(gkey)
+            if wanting is None:
+                state.wanting[gkey] = {key}
+            else:
+                wanting.add(key)
+        if gkey is None or gkey not in groups:
+            ident = f"{facts.namespace}/{facts.name}"
+            if facts.node:
+                self._add_foreign(place, key, facts.node, dirty_nodes)
+                warn.warning("bound pod has no known pod group; counted as held", ("nogroup", ident), pod=ident)
+            else:
+                warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
+            return
+        task = facts.task or facts.our_task()
+        place.member = gkey
+        members = state.members.get(gkey)
+        if members is None:
+            state.members[gkey] = {key: facts}
+        else:
+            members[key] = facts
+        dirty_jobs.add(gkey)
+        if task.gpu_indices and task.node is not None:
+            place.held = task.node
+            held = state.held.get(task.node)
+            if held is None:
+                state.held[task.node] = {key: task.gpu_indices}
+            else:
+                held[key] = task.gpu_indices
+            dirty_nodes.add(task.node)
+
+    def _add_foreign(self, place: _Place, key: str, node: str, dirty_nodes: set[str]) -> None:
+        place.foreign = node
+        pods = self._state.foreign.get(node)
+        if pods is None:
+            self._state.foreign[node] = {key: place.facts}
+        else:
+            pods[key] = place.facts
+        dirty_nodes.add(node)
+
+    def _unplace(self, key: str, dirty_jobs: set[tuple[str, str]], dirty_nodes: set[str]) -> None:
+        """Take the pod entry out of everything :meth:`_place` put it in."""
+        state = self._state
+        place = state.places.pop(key, None)
+        if place is None:
+            return
+        if place.wanted is not None:
+            _discard(state.wanting, place.wanted, key)
+        if place.uid is not None:
+            _discard(state.keys_of_uid, place.uid, key)
+        if place.member is not None:
+            _discard(state.members, place.member, key)
+            dirty_jobs.add(place.member)
+        if place.foreign:
+            _discard(state.foreign, place.foreign, key)
+            dirty_nodes.add(place.foreign)
+        if place.held:
+            _discard(state.held, place.held, key)
+            dirty_nodes.add(place.held)
+
+    def _assemble_job(self, gkey: tuple[str, str], groups: Mapping[tuple[str, str], GroupInfo], now: float) -> None:
+        state = self._state
+        members = state.members.get(gkey)
+        info = groups.get(gkey)
+        if not members or info is None:
+            state.jobs.pop(gkey, None)
+            state.unstamped.discard(gkey)
+            self._jobs.pop(gkey, None)
+            return
+        ordered = sorted(members.values(), key=_facts_order) if len(members) > 1 else list(members.values())
+        stamp: str | None = None
+        tasks: list[Task] = []
+        for facts in ordered:
+            tasks.append(facts.task or facts.our_task())
+            created = facts.created
+            if created is not None and (stamp is None or created < stamp):
+                stamp = created
+        state.jobs[gkey] = self._job(gkey, info, tasks, stamp, now)
+        if stamp is None:
+            state.unstamped.add(gkey)
+        else:
+            state.unstamped.discard(gkey)
+
+    def _externals(self, dirty_nodes: set[str], now: float) -> set[str]:
+        """Rebuild the external jobs of ``dirty_nodes``, date the rest ``now``; the pools they are in."""
+        state = self._state
+        externals = state.externals
+        for name in dirty_nodes:
+            node_pods = state.foreign.get(name)
+            engine_node = state.engine_nodes.get(name)
+            if not node_pods or engine_node is None or not takes_work(engine_node):
+                externals.pop(name, None)
+                continue
+            held: set[int] = set()
+            for indices in state.held.get(name, {}).values():
+                held.update(indices)
+            tasks = [f.foreign_task() for f in node_pods.values()]
+            externals[name] = external_job(engine_node, tasks, held, now)
+        pools: set[str] = set()
+        for name, job in externals.items():
+            if job.created != now:
+                externals[name] = replace(job, created=now)
+            pools.add(state.engine_nodes[name].pool)
+        return pools
 
     def _job(self, key: tuple[str, str], info: GroupInfo, members: list[Task], stamp: str | None, now: float) -> Job:
         tasks = tuple(members)
@@ -263,3 +469,16 @@ class SnapshotAssembler:
         else:
             self._jobs.pop(key, None)
         return job
+
+
+def _discard(index: dict[Any, Any], slot: Any, key: str) -> None:
+    """Remove ``key`` from the set or dict ``index[slot]``, and the slot once empty."""
+    held = index.get(slot)
+    if held is None:
+        return
+    if isinstance(held, set):
+        held.discard(key)
+    else:
+        held.pop(key, None)
+    if not held:
+        del index[slot]

@@ -79,7 +79,12 @@ class AssumedBinds:
             shown[uid] = _bound(pod, spec, assumed)
         if not shown:
             return view
-        return replace(view, pods={**view.pods, **shown})
+        # The shown pods are new objects: a cycle reading only what changed
+        # must read them too (and again each cycle while they are assumed).
+        changed = view.changed
+        if changed is not None:
+            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
+        return replace(view, pods={**view.pods, **shown}, changed=changed)
 
 
 def _bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: AssumedBind) -> JSON:

@@ -14,6 +14,14 @@ the entry), which is what makes shallow copies enough.
 The loop runs "every second, or sooner after a change" with
 :meth:`ClusterCache.wait_for_change`.
 
+A cycle that kept what it read of the previous view needs only what changed
+since: the cache keeps a bounded log of the keys each event touched, and a
+view taken ``since`` an earlier generation names them
+(:attr:`CacheView.changed`). A relist reaches the stores as the events it
+found (added, changed, vanished), so it is logged like any other change;
+once more changes came than the log holds, the view says it cannot tell
+(``changed`` is None) and the cycle reads everything again.
+
 At 150,000 pods most of an initial sync is Python's cyclic collector
 scanning the young containers of each decoded list page; a process that
 hosts the cache should raise the collector's first threshold (e.g.
@@ -27,6 +35,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -102,13 +111,19 @@ class CacheView:
     dicts are the cycle's own copies; the entries are shared and must not be
     changed. ``generation`` is the change counter the view was taken at;
     ``missing`` names collections whose API is not served (a CRD not
-    installed), which are empty.
+    installed), which are empty. ``changed``, for a view taken ``since`` an
+    earlier generation, holds per collection the keys added, replaced or
+    removed after it (a collection absent from it did not change); None
+    when that is not known (no ``since``, or the change log no longer
+    reaches back to it): everything may have changed.
     """
 
     stores: Mapping[str, Mapping[str, JSON]]
     generation: int
     synced: bool
     missing: frozenset[str] = field(default_factory=frozenset)
+    changed: Mapping[str, frozenset[str]] | None = None
+    since: int | None = None
 
     def store(self, name: str) -> Mapping[str, JSON]:
         return self.stores.get(name, {})
@@ -142,7 +157,10 @@ class ClusterCache:
     """Watched stores of every collection the scheduler reads; thread-safe.
 
     Without an ``api_client`` (benchmarks, tests of the stores) nothing is
-    watched and events are fed with :meth:`apply`.
+    watched and events are fed with :meth:`apply`. ``change_log`` bounds
+    how many changes a later view can still name (see the module
+    docstring); a sync of the whole cluster needs no log, since the first
+    view reads everything anyway.
     """
 
     def __init__(
@@ -152,11 +170,17 @@ class ClusterCache:
         resources: Sequence[WatchedResource] | None = None,
         settings: ReflectorSettings | None = None,
         stats: RequestStats | None = None,
+        change_log: int = 100_000,
     ) -> None:
         self._resources = {r.name: r for r in (resources if resources is not None else default_resources())}
         self._stores: dict[str, dict[str, JSON]] = {name: {} for name in self._resources}
         self._changed = threading.Condition(threading.Lock())
         self._generation = 0
+        # (generation, collection, key) per change, oldest first; a change at
+        # or before ``_log_floor`` may have been dropped from it.
+        self._log: deque[tuple[int, str, str]] = deque()
+        self._log_size = max(1, change_log)
+        self._log_floor = 0
         self._reflectors: list[Reflector] = []
         if api_client is not None:
             for resource in self._resources.values():
@@ -208,14 +232,21 @@ class ClusterCache:
         if event.type is EventType.DELETED:
             with self._changed:
                 self._stores[resource].pop(event.key, None)
-                self._generation += 1
-                self._changed.notify_all()
+                self._logged(resource, event.key)
             return
         entry = self._resources[resource].slim(event.obj)
         with self._changed:
             self._stores[resource][event.key] = entry
-            self._generation += 1
-            self._changed.notify_all()
+            self._logged(resource, event.key)
+
+    def _logged(self, resource: str, key: str) -> None:
+        """Count one change and log its key; the caller holds the lock."""
+        self._generation += 1
+        entries = self._log
+        entries.append((self._generation, resource, key))
+        if len(entries) > self._log_size:
+            self._log_floor = entries.popleft()[0]
+        self._changed.notify_all()
 
     def _bump(self) -> None:
         with self._changed:
@@ -240,13 +271,35 @@ class ClusterCache:
 
     # -- reading ----------------------------------------------------------
 
-    def view(self) -> CacheView:
-        """Shallow copies of every store, taken together under the lock."""
+    def view(self, since: int | None = None) -> CacheView:
+        """Shallow copies of every store, taken together under the lock.
+
+        With ``since`` (the generation of an earlier view) the view also
+        names the keys changed after it, when the log still reaches back.
+        """
         missing = frozenset(r.name for r in self._reflectors if r.missing)
         with self._changed:
             stores = {name: dict(store) for name, store in self._stores.items()}
             generation = self._generation
-        return CacheView(stores=stores, generation=generation, synced=self.synced(), missing=missing)
+            changed = self._changes_since(since) if since is not None else None
+        return CacheView(
+            stores=stores, generation=generation, synced=self.synced(), missing=missing, changed=changed, since=since
+        )
+
+    def _changes_since(self, since: int) -> dict[str, frozenset[str]] | None:
+        """Keys changed after generation ``since``, per collection; None if the log lost some."""
+        if since < self._log_floor or since > self._generation:
+            return None
+        keys: dict[str, set[str]] = {}
+        for generation, resource, key in reversed(self._log):
+            if generation <= since:
+                break
+            found = keys.get(resource)
+            if found is None:
+                keys[resource] = {key}
+            else:
+                found.add(key)
+        return {resource: frozenset(found) for resource, found in keys.items()}
 
     def get(self, resource: str, key: str) -> JSON | None:
         with self._changed:

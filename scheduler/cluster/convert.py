@@ -607,6 +607,11 @@ def _task(pod: Mapping[str, Any], external: bool) -> Task:
     )
 
 
+def task_order(task: Task) -> tuple[str, str, str]:
+    """How a job's pods are ordered in a Snapshot: namespace, name, uid."""
+    return (task.namespace, task.name, task.uid)
+
+
 def task_from_pod(pod: Mapping[str, Any]) -> Task:
     """A pod as the engine sees it.
 
@@ -679,7 +684,12 @@ def takes_work(node: Node) -> bool:
 
 
 def external_job(node: Node, tasks: list[Task], held: set[int], now: float) -> Job:
-    """The synthetic job holding other schedulers' pods on one node that takes work."""
+    """The synthetic job holding other schedulers' pods on one node that takes work.
+
+    Its pods are taken in name order, not in the order they were read, so
+    the GPUs named for them do not depend on how the cache lists its pods.
+    """
+    tasks = sorted(tasks, key=task_order)
     if node.gpus and any(t.gpus for t in tasks):
         tasks = _seat_external(tasks, node, held)
     return Job(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
-from scheduler.cluster.assemble import SnapshotAssembler
+from scheduler.cluster.assemble import Changes, SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
 from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictResult
@@ -45,9 +45,9 @@ from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
-from scheduler.cluster.reservations import ReservationWriter, reservations_from
+from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
-from scheduler.engine.model import Decisions, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
+from scheduler.engine.model import Decisions, Job, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
 from scheduler.engine.session import run_session
 
 log = get_logger(__name__)
@@ -62,11 +62,30 @@ JSON = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class ViewChanges:
+    """The keys (in :class:`ClusterView`'s keys) that changed since the view of generation ``since``.
+
+    A key is named when its entry was added, replaced or removed; naming one
+    that did not change costs a little work and changes nothing.
+    """
+
+    since: int
+    nodes: frozenset[str] = frozenset()
+    gpunodes: frozenset[str] = frozenset()
+    pods: frozenset[str] = frozenset()
+    queues: frozenset[str] = frozenset()
+    podgroups: frozenset[tuple[str, str]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterView:
     """The objects one cycle schedules from, as the API server returned them.
 
     ``pods`` is keyed by UID, ``podgroups`` by (namespace, name), the rest by
     name. The watch cache hands out one per cycle; a test can list them.
+    ``generation`` and ``changed`` let a cycle that scheduled from the view
+    of generation ``changed.since`` read only what changed (entries are
+    never changed in place); without them it reads everything.
     """
 
     nodes: Mapping[str, JSON] = field(default_factory=dict)
@@ -74,6 +93,8 @@ class ClusterView:
     pods: Mapping[str, JSON] = field(default_factory=dict)
     queues: Mapping[str, JSON] = field(default_factory=dict)
     podgroups: Mapping[tuple[str, str], JSON] = field(default_factory=dict)
+    generation: int | None = None
+    changed: ViewChanges | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +142,14 @@ class _Grouping:
     priority: int = 0
 
 
+@dataclass(slots=True)
+class _Grouped:
+    """What the kept grouping holds of one pod: the group it counts for, and whether that was derived."""
+
+    key: tuple[str, str] | None
+    derived: bool
+
+
 class SchedulingCycle:
     """Runs cycles over views; keeps what must survive from one cycle to the next.
 
@@ -129,6 +158,13 @@ class SchedulingCycle:
     (whose rate limits and last-written statuses span cycles), and what was
     read and converted of each cache entry (:mod:`.assemble`), so that a
     cycle converts only the objects that changed since the last.
+
+    Given a view that says what changed since the one it last scheduled
+    from, a cycle also groups only the pods that changed: it keeps each
+    group's members and their priorities, and hands the assembler the
+    groups and pods whose grouping changed. Pods whose group is derived
+    from their owners are grouped again every cycle, since an owner can
+    change (or become readable) without the pod changing.
     """
 
     def __init__(
@@ -172,6 +208,18 @@ class SchedulingCycle:
         self._writing: deque[Future[None]] = deque()
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
+        # The grouping kept from view to view (see the class docstring);
+        # ``_seen`` is the generation of the view it reflects, None when none.
+        self._seen: int | None = None
+        self._grouped: dict[str, _Grouped] = {}
+        self._members: dict[tuple[str, str], dict[str, int]] = {}
+        self._derived_infos: dict[tuple[str, str], dict[str, GroupInfo]] = {}
+        self._derived_uids: set[str] = set()
+        self._explicit: dict[tuple[str, str], GroupInfo] = {}
+        self._groups: dict[tuple[str, str], GroupInfo] = {}
+        self._by_uid: dict[str, str] = {}
+        self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
+        self._short: dict[str, tuple[Job, float | None, Job]] = {}
 
     # -- inputs ---------------------------------------------------------------
 
@@ -312,6 +360,7 @@ class SchedulingCycle:
         groups = self._explicit_groups(view)
         by_uid: dict[str, str] = {}
         members: dict[tuple[str, str], list[int]] = {}
+        derived_infos: dict[tuple[str, str], tuple[str, GroupInfo]] = {}
         for uid, pod in view.pods.items():
             facts = self._grouping(uid, pod)
             if not facts.ours:
@@ -327,7 +376,10 @@ class SchedulingCycle:
                 by_uid[uid] = derived.name
                 if key not in view.podgroups and key not in self._created_groups:
                     self._to_create.setdefault(key, derived)
-                groups.setdefault(key, GroupInfo(queue=derived.queue, min_member=derived.min_member))
+                if key not in groups:
+                    chosen = derived_infos.get(key)
+                    if chosen is None or uid < chosen[0]:
+                        derived_infos[key] = (uid, GroupInfo(queue=derived.queue, min_member=derived.min_member))
             priorities = members.get(key)
             if priorities is None:
                 members[key] = [facts.priority]
@@ -335,6 +387,9 @@ class SchedulingCycle:
                 priorities.append(facts.priority)
         if len(self._groupings) > len(view.pods) + max(1024, len(view.pods) // 4):
             self._groupings = {uid: memo for uid, memo in self._groupings.items() if uid in view.pods}
+        # A derived group's spec is its least pod's (by UID): the same whatever order the pods come in.
+        for key, (_, derived_info) in derived_infos.items():
+            groups[key] = derived_info
         # A group's priority is its pods' (they share a priority class).
         for key, priorities in members.items():
             info = groups.get(key)
@@ -342,20 +397,188 @@ class SchedulingCycle:
                 groups[key] = replace(info, priority=max(priorities))
         return groups, by_uid, members
 
+    def _regroup(self, view: ClusterView) -> Changes | None:
+        """Bring the kept grouping up to ``view``; what changed for the assembler, None if everything did.
+
+        Everything is grouped again when the view does not say what changed
+        since the view this state reflects (the first cycle, a cache whose
+        change log overflowed, a cycle that failed half way).
+        """
+        changed = view.changed
+        full = changed is None or self._seen is None or changed.since != self._seen
+        self._seen = None  # until this grouping is complete
+        if full:
+            self._grouped.clear()
+            self._members.clear()
+            self._derived_infos.clear()
+            self._derived_uids.clear()
+            self._explicit.clear()
+            self._groups.clear()
+            self._by_uid.clear()
+            pod_keys: Collection[str] = list(view.pods)
+            group_keys: Collection[tuple[str, str]] = list(view.podgroups)
+        else:
+            assert changed is not None
+            pod_keys = changed.pods | self._derived_uids
+            group_keys = changed.podgroups
+        dirty: set[tuple[str, str]] = set()
+        for key in group_keys:
+            obj = view.podgroups.get(key)
+            if obj is None:
+                self._podgroups.pop(key, None)
+                info = None
+            else:
+                info = self._explicit_group(key, obj)
+            if info is None:
+                before = self._explicit.pop(key, None)
+            else:
+                before = self._explicit.get(key)
+                self._explicit[key] = info
+            if before != info:
+                dirty.add(key)
+        regrouped: set[str] = set()
+        for uid in pod_keys:
+            before_name = self._by_uid.pop(uid, None)
+            self._ungroup(uid, dirty)
+            pod = view.pods.get(uid)
+            if pod is None:
+                self._groupings.pop(uid, None)
+            else:
+                self._group(uid, pod, view, dirty)
+            if self._by_uid.get(uid) != before_name:
+                regrouped.add(uid)
+        groups_changed: set[tuple[str, str]] = set()
+        for key in dirty:
+            if self._refresh_group(key):
+                groups_changed.add(key)
+        self._seen = view.generation
+        if full:
+            return None
+        return Changes(pods=pod_keys, groups=groups_changed, pod_groups=regrouped)
+
+    def _ungroup(self, uid: str, dirty: set[tuple[str, str]]) -> None:
+        grouped = self._grouped.pop(uid, None)
+        if grouped is None or grouped.key is None:
+            self._derived_uids.discard(uid)
+            return
+        key = grouped.key
+        dirty.add(key)
+        members = self._members.get(key)
+        if members is not None:
+            members.pop(uid, None)
+            if not members:
+                del self._members[key]
+        if grouped.derived:
+            self._derived_uids.discard(uid)
+            infos = self._derived_infos.get(key)
+            if infos is not None:
+                infos.pop(uid, None)
+                if not infos:
+                    del self._derived_infos[key]
+
+    def _group(self, uid: str, pod: Mapping[str, Any], view: ClusterView, dirty: set[tuple[str, str]]) -> None:
+        facts = self._grouping(uid, pod)
+        if not facts.ours:
+            return
+        if facts.named is not None:
+            key = (facts.namespace, facts.named)
+            self._grouped[uid] = _Grouped(key, derived=False)
+        else:
+            self._derived_uids.add(uid)
+            try:
+                derived = self._derived(pod)
+            except OwnerLookupError:
+                self._grouped[uid] = _Grouped(None, derived=True)
+                return  # no group rather than a wrong one: the pod waits (the resolver logged why)
+            key = (derived.namespace, derived.name)
+            self._grouped[uid] = _Grouped(key, derived=True)
+            self._by_uid[uid] = derived.name
+            if key not in view.podgroups:
+                self._ensure_podgroup(derived)
+            infos = self._derived_infos.get(key)
+            info = GroupInfo(queue=derived.queue, min_member=derived.min_member)
+            if infos is None:
+                self._derived_infos[key] = {uid: info}
+            else:
+                infos[uid] = info
+        dirty.add(key)
+        members = self._members.get(key)
+        if members is None:
+            self._members[key] = {uid: facts.priority}
+        else:
+            members[uid] = facts.priority
+
+    def _refresh_group(self, key: tuple[str, str]) -> bool:
+        """Recompute one group's info as ``_group_pods`` would; True if it changed."""
+        info = self._explicit.get(key)
+        if info is None:
+            infos = self._derived_infos.get(key)
+            if infos:
+                info = infos[min(infos)]
+        members = self._members.get(key)
+        if info is not None and members:
+            info = replace(info, priority=max(members.values()))
+        before = self._groups.get(key)
+        if info is None:
+            self._groups.pop(key, None)
+        else:
+            self._groups[key] = info
+        return before != info
+
+    def _reservations(self, view: ClusterView, *, full: bool) -> tuple[Reservation, ...]:
+        """:func:`reservations_from` over the view's PodGroups; unless ``full``, only changed ones read again."""
+        keys: Collection[tuple[str, str]]
+        if full or view.changed is None:
+            self._reserved.clear()
+            keys = list(view.podgroups)
+        else:
+            keys = view.changed.podgroups
+        for key in keys:
+            group = view.podgroups.get(key)
+            found = reservations_of(key, group) if group is not None else ()
+            if found:
+                self._reserved[key] = found
+            else:
+                self._reserved.pop(key, None)
+        return tuple(res for key in sorted(self._reserved) for res in self._reserved[key])
+
     def _track_short_gangs(self, snapshot: Snapshot, now: float) -> Snapshot:
-        """Date when each running gang first fell below minMember (stale-gang eviction needs it)."""
+        """Date when each running gang first fell below minMember (stale-gang eviction needs it).
+
+        A job the assembler handed over unchanged was counted last cycle: its
+        count, and the dated copy made of it, are reused.
+        """
         jobs = []
         seen: set[str] = set()
+        kept = self._short
         for job in snapshot.jobs:
+            key = job.key
+            memo = kept.get(key)
+            # A dated copy holds only while the gang stayed short: a job that
+            # left the snapshot and came back (the same object) is dated anew.
+            if memo is not None and memo[0] is job and (memo[1] is None or self._short_since.get(key) == memo[1]):
+                since = memo[1]
+                if since is None:
+                    jobs.append(job)
+                    continue
+                seen.add(key)
+                jobs.append(memo[2])
+                continue
             running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING)
             if 0 < running < job.min_member:
-                since = self._short_since.setdefault(job.key, now)
-                jobs.append(replace(job, below_min_member_since=since))
-                seen.add(job.key)
+                since = self._short_since.setdefault(key, now)
+                dated = replace(job, below_min_member_since=since)
+                jobs.append(dated)
+                kept[key] = (job, since, dated)
+                seen.add(key)
             else:
+                kept[key] = (job, None, job)
                 jobs.append(job)
         for key in [k for k in self._short_since if k not in seen]:
             del self._short_since[key]
+        if len(kept) > len(snapshot.jobs) + 1024:
+            present = {job.key for job in snapshot.jobs}
+            self._short = {key: memo for key, memo in kept.items() if key in present}
         return replace(snapshot, jobs=tuple(jobs))
 
     # -- the cycle --------------------------------------------------------------
@@ -366,19 +589,36 @@ class SchedulingCycle:
         This is the part of a cycle that reads every object; it makes no API
         call unless a pod needs a derived PodGroup created or its owners read.
         """
-        if not self._incremental:
-            self._groupings.clear()
-        groups, by_uid, _ = self._group_pods(view)
         queues = self._queues(view)
         if self._incremental:
-            snapshot = self._snapshots.snapshot(
-                view.nodes, view.gpunodes, view.pods, queues, groups, now, self._config, pod_groups=by_uid
-            )
+            changes = self._regroup(view)
+            if changes is not None:
+                assert view.changed is not None
+                changes = replace(changes, nodes=view.changed.nodes | view.changed.gpunodes)
+            try:
+                snapshot = self._snapshots.snapshot(
+                    view.nodes,
+                    view.gpunodes,
+                    view.pods,
+                    queues,
+                    self._groups,
+                    now,
+                    self._config,
+                    pod_groups=self._by_uid,
+                    changes=changes,
+                )
+                reservations = self._reservations(view, full=changes is None)
+            except BaseException:
+                self._seen = None  # the kept state may be half updated: start over next cycle
+                raise
         else:
+            self._groupings.clear()
+            groups, by_uid, _ = self._group_pods(view)
             snapshot = snapshot_from(
                 view.nodes, view.gpunodes, view.pods.values(), queues, groups, now, self._config, pod_groups=by_uid
             )
-        return replace(self._track_short_gangs(snapshot, now), reservations=reservations_from(view.podgroups))
+            reservations = reservations_from(view.podgroups)
+        return replace(self._track_short_gangs(snapshot, now), reservations=reservations)
 
     def run(self, view: ClusterView) -> CycleResult:
         started = time.monotonic()

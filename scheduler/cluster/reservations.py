@@ -114,25 +114,30 @@ def _listed(obj: Mapping[str, Any]) -> Any:
     return status.get(STATUS_FIELD) if isinstance(status, dict) else None
 
 
+def reservations_of(key: GroupKey, obj: Mapping[str, Any]) -> tuple[Reservation, ...]:
+    """The well-formed reservations one PodGroup lists (malformed entries are logged and left out)."""
+    listed = _listed(obj)
+    if listed is None:
+        return ()
+    namespace, name = key
+    job = f"{namespace}/{name}"
+    if not isinstance(listed, list):
+        warn.warning("reservations_invalid", ("reservations", job), podgroup=job, problem="not a list")
+        return ()
+    out: list[Reservation] = []
+    for i, entry in enumerate(listed):
+        try:
+            out.append(decode_entry(job, entry))
+        except ValueError as err:
+            warn.warning(
+                "reservation_invalid", ("reservation", job, i, str(err)), podgroup=job, entry=i, problem=str(err)
+            )
+    return tuple(out)
+
+
 def reservations_from(podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> tuple[Reservation, ...]:
     """Every well-formed reservation of the watched PodGroups (the engine drops expired ones)."""
-    out: list[Reservation] = []
-    for (namespace, name), obj in sorted(podgroups.items()):
-        listed = _listed(obj)
-        if listed is None:
-            continue
-        job = f"{namespace}/{name}"
-        if not isinstance(listed, list):
-            warn.warning("reservations_invalid", ("reservations", job), podgroup=job, problem="not a list")
-            continue
-        for i, entry in enumerate(listed):
-            try:
-                out.append(decode_entry(job, entry))
-            except ValueError as err:
-                warn.warning(
-                    "reservation_invalid", ("reservation", job, i, str(err)), podgroup=job, entry=i, problem=str(err)
-                )
-    return tuple(out)
+    return tuple(res for key, obj in sorted(podgroups.items()) for res in reservations_of(key, obj))
 
 
 class ReservationWriter:

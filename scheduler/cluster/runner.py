@@ -22,9 +22,9 @@ import gc
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubernetes import client
 
@@ -35,8 +35,8 @@ from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
-from scheduler.cluster.cache import CacheView, ClusterCache
-from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle
+from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache
+from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle, ViewChanges
 from scheduler.cluster.evict import Evictor, refused_pods
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
@@ -51,8 +51,109 @@ log = get_logger(__name__)
 JSON = dict[str, Any]
 
 
+K = TypeVar("K")
+
+
+def _pod_slot(key: str, pod: Mapping[str, Any]) -> str:
+    """A pod's key in a :class:`ClusterView`: its UID (its cache key if it has none)."""
+    m = pod.get("metadata")
+    uid = m.get("uid") if isinstance(m, dict) else None
+    return uid if isinstance(uid, str) and uid else str(uid or key)
+
+
+def _group_slot(key: str, group: Mapping[str, Any]) -> tuple[str, str]:
+    m = group.get("metadata")
+    meta = m if isinstance(m, dict) else {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+class _Rekeyed(Generic[K]):
+    """One store under the cycle's keys, with the cache key each entry came from."""
+
+    def __init__(self, slot_of: Callable[[str, JSON], K]) -> None:
+        self.entries: dict[K, JSON] = {}
+        self._slot_of = slot_of
+        self._slots: dict[str, K] = {}  # cache key -> the cycle's key
+        self._owner: dict[K, str] = {}  # the cycle's key -> the cache key holding it
+
+    def put(self, key: str, obj: JSON) -> K:
+        slot = self._slot_of(key, obj)
+        self.entries[slot] = obj
+        self._slots[key] = slot
+        self._owner[slot] = key
+        return slot
+
+    def update(self, store: Mapping[str, JSON], keys: Iterable[str]) -> frozenset[K]:
+        """Take the entries of ``keys`` from ``store`` again; the cycle's keys that changed."""
+        changed: set[K] = set()
+        for key in keys:
+            slot = self._slots.pop(key, None)
+            if slot is not None and self._owner.get(slot) == key:
+                del self.entries[slot]
+                del self._owner[slot]
+                changed.add(slot)
+            obj = store.get(key)
+            if obj is not None:
+                changed.add(self.put(key, obj))
+        return frozenset(changed)
+
+
+class ClusterViews:
+    """Cluster views from cache views, re-keyed by what changed since the previous one.
+
+    A cycle wants pods by UID and PodGroups by (namespace, name), the cache
+    keys both by ``namespace/name``. Re-keying 150,000 pods every cycle
+    costs more than the rest of a quiet cycle, so the re-keyed stores are
+    kept, and a view that names what changed since the previous one
+    (:meth:`ClusterCache.view` with ``since``) updates only those entries.
+    Each view also carries those changes in its own keys
+    (:class:`~scheduler.cluster.cycle.ViewChanges`) for the cycle.
+    """
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self._pods = _Rekeyed(_pod_slot)
+        self._groups = _Rekeyed(_group_slot)
+
+    def next(self, view: CacheView) -> ClusterView:
+        """The cluster view of ``view``; it says what changed when ``view`` was taken since :attr:`generation`."""
+        changed = view.changed if self.generation is not None and view.since == self.generation else None
+        self.generation = None
+        changes: ViewChanges | None = None
+        if changed is None:
+            self._pods = _Rekeyed(_pod_slot)
+            self._groups = _Rekeyed(_group_slot)
+            for key, pod in view.pods.items():
+                self._pods.put(key, pod)
+            for key, group in view.podgroups.items():
+                self._groups.put(key, group)
+        else:
+            assert view.since is not None
+            changes = ViewChanges(
+                since=view.since,
+                nodes=changed.get(NODES, frozenset()),
+                gpunodes=changed.get(GPUNODES, frozenset()),
+                pods=self._pods.update(view.pods, changed.get(PODS, ())),
+                queues=changed.get(QUEUES, frozenset()),
+                podgroups=self._groups.update(view.podgroups, changed.get(PODGROUPS, ())),
+            )
+        self.generation = view.generation
+        return ClusterView(
+            nodes=view.nodes,
+            gpunodes=view.gpunodes,
+            pods=dict(self._pods.entries),
+            queues=view.queues,
+            podgroups=dict(self._groups.entries),
+            generation=view.generation,
+            changed=changes,
+        )
+
+
 def cluster_view(view: CacheView) -> ClusterView:
-    """The cache's stores in the keys a cycle uses (pods by UID, PodGroups by namespace and name)."""
+    """The cache's stores in the keys a cycle uses (pods by UID, PodGroups by namespace and name), all re-keyed.
+
+    What :class:`ClusterViews` keeps current by changes, built from scratch.
+    """
 
     def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
         m = obj.get("metadata")
@@ -132,6 +233,7 @@ class SchedulerRunner:
         )
         # Binds made that the watch has not shown yet (see :mod:`.assumed`).
         self.assumed = AssumedBinds()
+        self.views = ClusterViews()
         self.cycles = 0
         self.last: CycleResult | None = None
         self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
@@ -211,11 +313,11 @@ class SchedulerRunner:
     def _turn(self, stop: threading.Event) -> None:
         if stop.is_set() or not self.elector.is_leader():
             return
-        view = self.cache.view()
+        view = self.cache.view(since=self.views.generation)
         if not view.synced:
             return
         self._cycle_since = time.monotonic()
-        current = self.assumed.overlay(cluster_view(view))
+        current = self.assumed.overlay(self.views.next(view))
         try:
             self.last = self.cycle.run(current)
             self.assumed.record(self.last)

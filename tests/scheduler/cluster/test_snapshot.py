@@ -101,8 +101,10 @@ def test_other_schedulers_pods_hold_capacity_in_a_reserved_queue() -> None:
     by_name = {t.name: t for t in job.tasks}
     assert set(by_name) == {"theirs", "daemon", "ours-ungrouped"}
     assert all(t.status is TaskStatus.RELEASING for t in job.tasks)
-    # Their GPUs are named among those our pods do not hold.
-    assert by_name["theirs"].gpu_indices == (2, 3, 4)
+    # Their GPUs are named among those our pods do not hold, pod by pod in name
+    # order: ours-ungrouped (one GPU) comes before theirs (three).
+    assert by_name["ours-ungrouped"].gpu_indices == (2,)
+    assert by_name["theirs"].gpu_indices == (3, 4, 5)
     queue = next(q for q in snap.queues if q.name == external_queue_name("p"))
     assert queue.node_pool == "p" and queue.gpu.quota == UNLIMITED and queue.gpu.over_quota_weight == 0
 

@@ -1,0 +1,160 @@
+"""A cycle that reads only what changed schedules from the same snapshot as one that reads everything.
+
+The watch cache logs the keys each event touched; a view taken ``since`` an
+earlier one names them, the cluster views re-key only those, and the cycle
+groups and assembles only those. Random event sequences (pods, PodGroups,
+Nodes, GPUNodes, Queues; added, replaced, deleted) are fed to a real
+:class:`ClusterCache` with a small change log, so that some views overflow
+it and must be read in full; after every batch the incremental cycle's
+engine input must equal the full rebuild's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
+from scheduler.cluster.assemble import canonical
+from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
+from scheduler.cluster.cycle import SchedulingCycle
+from scheduler.cluster.grouping import derive_group
+from scheduler.cluster.runner import ClusterViews, cluster_view
+from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.watch import EventType, WatchEvent, object_key
+from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report, xid_fault
+
+NOW = 1_800_000_000.0
+NODE_NAMES = ("n0", "n1", "n2")
+POD_NAMES = tuple(f"p{i}" for i in range(8))
+GROUPS = ("g", "h")
+JSON = dict[str, Any]
+
+
+def _cache(change_log: int) -> ClusterCache:
+    slims = {NODES: slim_node, PODS: slim_pod}
+    return ClusterCache(
+        resources=[
+            WatchedResource(name, lambda api: None, slims.get(name, without_managed_fields))
+            for name in (NODES, GPUNODES, PODS, QUEUES, PODGROUPS)
+        ],
+        change_log=change_log,
+    )
+
+
+def _podgroup(name: str, *, min_member: int = 1, queue: str = "team-a") -> JSON:
+    return {
+        "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+        "kind": contract.PODGROUP_KIND,
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"pg-{name}"},
+        "spec": {"minMember": min_member, "queue": queue},
+    }
+
+
+def _queue(name: str, quota: int) -> JSON:
+    return {
+        "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+        "kind": contract.QUEUE_KIND,
+        "metadata": {"name": name, "uid": f"queue-{name}"},
+        "spec": {"resources": {"gpu": {"quota": quota}}},
+    }
+
+
+def _derived_groups() -> list[JSON]:
+    """The PodGroups pods without a group annotation get (one per pod): present, so none is created."""
+    return [_podgroup(derive_group(pod_json(name), []).name) for name in POD_NAMES]
+
+
+@st.composite
+def pod_objects(draw: st.DrawFn, name: str) -> JSON:
+    node = draw(st.sampled_from([None, *NODE_NAMES]))
+    return pod_json(
+        name,
+        gpus=draw(st.integers(0, 2)),
+        node=node,
+        group=draw(st.sampled_from([None, *GROUPS, "unknown"])),
+        scheduler=draw(st.sampled_from([contract.SCHEDULER_NAME, contract.SCHEDULER_NAME, "default-scheduler"])),
+        created=draw(st.sampled_from(["2026-11-29T09:00:00Z", "2026-11-29T08:00:00Z"])),
+        phase=draw(st.sampled_from([None, None, "Succeeded"])),
+        labels={"step": str(draw(st.integers(0, 3)))},
+    )
+
+
+@st.composite
+def events(draw: st.DrawFn) -> tuple[str, WatchEvent]:
+    store = draw(st.sampled_from([PODS, PODS, PODS, PODGROUPS, NODES, GPUNODES, QUEUES]))
+    obj: JSON
+    if store == PODS:
+        obj = draw(pod_objects(draw(st.sampled_from(POD_NAMES))))
+    elif store == PODGROUPS:
+        obj = _podgroup(draw(st.sampled_from(GROUPS)), min_member=draw(st.integers(1, 3)))
+    elif store == NODES:
+        obj = node_json(draw(st.sampled_from(NODE_NAMES)), gpus=draw(st.sampled_from([0, 8])))
+    elif store == GPUNODES:
+        name = draw(st.sampled_from(NODE_NAMES))
+        faults = [xid_fault(name, i) for i in draw(st.sets(st.integers(0, 7), max_size=2))]
+        obj = gpunode_json(report(name, *faults))
+    else:
+        obj = _queue("team-a", draw(st.sampled_from([800, 8000])))
+    kind = EventType.DELETED if draw(st.integers(0, 3)) == 0 else EventType.MODIFIED
+    return store, WatchEvent(kind, object_key(obj), obj)
+
+
+def _fill(cache: ClusterCache) -> None:
+    for store, obj in [(QUEUES, _queue("team-a", 8000)), *((PODGROUPS, g) for g in _derived_groups())]:
+        cache.apply(store, WatchEvent(EventType.ADDED, object_key(obj), obj))
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.integers(2, 40),
+    st.lists(st.tuples(st.lists(events(), max_size=8), st.booleans()), min_size=1, max_size=10),
+)
+def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
+    change_log: int, batches: list[tuple[list[tuple[str, WatchEvent]], bool]]
+) -> None:
+    cache = _cache(change_log)
+    _fill(cache)
+    api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
+    incremental, full = SchedulingCycle(api), SchedulingCycle(api, incremental=False)
+    views = ClusterViews()
+    for step, (batch, forget) in enumerate(batches):
+        for store, event in batch:
+            cache.apply(store, event)
+        # Now and then a view taken without ``since``: the cycle must notice it cannot tell what changed.
+        view = views.next(cache.view(since=None if forget else views.generation))
+        now = NOW + step
+        told = incremental.prepare(view, now)
+        assert canonical(told) == canonical(full.prepare(cluster_view(cache.view()), now))
+
+
+def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
+    cache = _cache(100)
+    first = cache.view()
+    assert first.changed is None  # no earlier view: everything is new
+    for name in ("p0", "p1"):
+        obj = pod_json(name)
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    node = node_json("n0")
+    cache.apply(NODES, WatchEvent(EventType.ADDED, "n0", node))
+    middle = cache.view(since=first.generation)
+    assert middle.changed == {PODS: frozenset({"team-a/p0", "team-a/p1"}), NODES: frozenset({"n0"})}
+    cache.apply(PODS, WatchEvent(EventType.DELETED, "team-a/p0", pod_json("p0")))
+    last = cache.view(since=middle.generation)
+    assert last.changed == {PODS: frozenset({"team-a/p0"})}
+    assert "team-a/p0" not in last.pods
+    assert cache.view(since=last.generation).changed == {}
+
+
+def test_a_view_past_the_change_log_says_it_cannot_tell() -> None:
+    cache = _cache(3)
+    start = cache.view().generation
+    for i in range(4):
+        obj = pod_json(f"p{i}")
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    assert cache.view(since=start).changed is None  # the first change was dropped from the log
+    assert cache.view(since=start + 1).changed == {PODS: frozenset({"team-a/p1", "team-a/p2", "team-a/p3"})}
