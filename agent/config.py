@@ -48,6 +48,12 @@ Example with every key at its default::
       netdev: true               # read netdev state and speed through netlink
     storage:
       mounts: []                 # [{path: /mnt/shared, timeout_s: 5}]
+    remediation:                 # what the agent does when the scheduler's remediation asks (GPUNode spec)
+      nvidia_smi: nvidia-smi     # the binary that resets a GPU (NVML's Python binding has no reset call)
+      reset_timeout_s: 30        # a reset still running after this is killed and reported Failed
+      dcgmi: dcgmi               # run as `dcgmi diag -r <level>` during validation when found on PATH
+      dcgm_diag_level: 1         # 1 takes seconds; 2 and 3 run for minutes
+      dcgm_diag_timeout_s: 300   # a diagnostic still running after this is killed and fails the check
 """
 
 from __future__ import annotations
@@ -132,6 +138,15 @@ class StorageConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RemediationConfig:
+    nvidia_smi: str = "nvidia-smi"
+    reset_timeout_s: float = 30.0
+    dcgmi: str = "dcgmi"
+    dcgm_diag_level: int = 1
+    dcgm_diag_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     poll_interval_s: float = 10.0
     kmsg_path: str = "/dev/kmsg"
@@ -144,6 +159,7 @@ class AgentConfig:
     pcie: PcieConfig = field(default_factory=PcieConfig)
     infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
 
 
 _ACTIONS = {a.value for a in Action}
@@ -285,6 +301,13 @@ def _validate(cfg: AgentConfig) -> None:
         # Both required and ignored: a contradiction nobody meant.
         if port in cfg.infiniband.expected_ports:
             raise ConfigError(f"infiniband.ignore_ports[{i}]: {port!r} is also in expected_ports")
+    positive("remediation.reset_timeout_s", cfg.remediation.reset_timeout_s)
+    positive("remediation.dcgm_diag_timeout_s", cfg.remediation.dcgm_diag_timeout_s)
+    if cfg.remediation.dcgm_diag_level not in (1, 2, 3, 4):
+        raise ConfigError(f"remediation.dcgm_diag_level: must be 1, 2, 3 or 4, got {cfg.remediation.dcgm_diag_level}")
+    for key in ("nvidia_smi", "dcgmi"):
+        if not getattr(cfg.remediation, key).strip():
+            raise ConfigError(f"remediation.{key}: must name a binary")
     for i, m in enumerate(cfg.storage.mounts):
         positive(f"storage.mounts[{i}].timeout_s", m.timeout_s)
         if not m.path.startswith("/"):

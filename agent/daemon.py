@@ -13,6 +13,10 @@ Three threads, so that no part can stall another:
   republishes everything when the API server answers again.
 * the **HTTP** thread serves /metrics, /healthz and /readyz (plain HTTP,
   or TLS with delegated authorization of /metrics: :mod:`gpuwarden.serving`).
+* the **remediation** thread carries out the GPU resets and validations the
+  scheduler asks for in the GPUNode's spec (:mod:`agent.remediation`), and a
+  **watch** thread follows the GPUNode so that a request is seen at once; the
+  answers go out with the GPUNode's status.
 
 Restart safety: before publishing anything the agent reads its Node and
 GPUNode back, seeds the monitor with the faults they record under the
@@ -30,7 +34,8 @@ decisions are pure and live in :mod:`agent.restore`; this module keeps the
 threads, the locking and the requests.
 
 Request budget in steady state: one heartbeat patch of nodes/status and one
-GET of the GPUNode per heartbeat period (60 s by default) and nothing else;
+GET of the GPUNode per heartbeat period (60 s by default), plus one open
+watch on the GPUNode (re-opened every few minutes), and nothing else;
 the GET is what finds a GPUNode deleted behind the agent's back, since its
 status is only sent when it changes. The agent does not
 watch or poll its Node: what it needs to know about it -- the quarantine
@@ -58,6 +63,16 @@ from agent.publish.events import MAX_QUEUED, EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
 from agent.publish.metrics import MetricsPublisher
 from agent.publish.settings import DaemonSettings, settings_from_args
+from agent.remediation.model import (
+    RemediationCounts,
+    RemediationSpec,
+    answers_from_gpunode,
+    repaired_at,
+    spec_from_gpunode,
+    without_repaired,
+)
+from agent.remediation.watch import GpuNodeWatch
+from agent.remediation.worker import Remediator
 from agent.restore import (
     FaultTransition,
     RestoredFaults,
@@ -98,13 +113,22 @@ class AgentDaemon:
             api_client, field_manager=AGENT_COMPONENT, timeout_s=settings.api_timeout_s, stats=self.stats
         )
         node = settings.node_name
-        self.metrics = MetricsPublisher(self.stats)
+        self.remediation_counts = RemediationCounts()
+        self.metrics = MetricsPublisher(self.stats, remediation=self.remediation_counts)
         self.conditions = ConditionsPublisher(
             self.api, node, heartbeat_period_s=settings.heartbeat_period_s, on_node=self._observe_node
         )
         self.capacity = CapacityPublisher(self.api, node)
-        self.gpunode = GpuNodePublisher(self.api, node)
+        self.gpunode = GpuNodePublisher(self.api, node, on_object=self._gpunode_seen)
         self.events = EventsPublisher(self.api, node)
+        self.remediator = Remediator(monitor, monitor.hardware.gpu, self._answers, counts=self.remediation_counts)
+        self.watch = GpuNodeWatch(
+            api_client,
+            node,
+            self._gpunode_watched,
+            stats=self.stats,
+            backoff=Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s),
+        )
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
             self.server = build_server(
@@ -163,7 +187,12 @@ class AgentDaemon:
             self._failed(exc)
         if self.server is not None:
             self.server.start()
-        for name, target in (("gpuwarden-publisher", self._publish_loop), ("gpuwarden-monitor", self._monitor_loop)):
+        for name, target in (
+            ("gpuwarden-publisher", self._publish_loop),
+            ("gpuwarden-monitor", self._monitor_loop),
+            ("gpuwarden-remediation", lambda: self.remediator.run(self._stop)),
+            ("gpuwarden-gpunode-watch", lambda: self.watch.run(self._stop)),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -186,6 +215,8 @@ class AgentDaemon:
         self._stop.set()
         self._wake.set()
         self.monitor.wake()
+        self.remediator.wake()
+        self.watch.interrupt()
         for thread in self._threads:
             thread.join(timeout=timeout_s)
         self._threads = []
@@ -260,6 +291,7 @@ class AgentDaemon:
         """
         self.metrics.observe_sample(sample)
         self.metrics.observe_report(report)
+        self.remediator.observe(report)
         self.metrics.observe_poll_duration(max(0.0, (datetime.now(UTC) - sample.time).total_seconds()))
         with self._lock:
             self._latest = report
@@ -280,6 +312,20 @@ class AgentDaemon:
         self._held, overflow = hold(self._held, transitions, MAX_QUEUED)
         if overflow > 0:
             log.warning("held_events_dropped", node=self.settings.node_name, dropped=overflow, limit=MAX_QUEUED)
+
+    # -------------------------------------------------------- remediation
+
+    def _gpunode_seen(self, obj: JSON) -> None:
+        """A state of the GPUNode read or written by the publisher: its spec holds the requests."""
+        self.remediator.set_spec(spec_from_gpunode(obj))
+
+    def _gpunode_watched(self, obj: JSON | None) -> None:
+        self.remediator.set_spec(spec_from_gpunode(obj) if obj is not None else RemediationSpec())
+
+    def _answers(self, status: JSON) -> None:
+        """Remediation thread: new answers, written by the publisher with the next status."""
+        self.gpunode.set_remediation(status)
+        self._wake.set()
 
     # ---------------------------------------------------------- publisher
 
@@ -394,8 +440,14 @@ class AgentDaemon:
         self._observe_node(node)
         found = self.conditions.restore(node)
         self.capacity.restore(node)
-        faults = faults_to_restore(found, self.gpunode.restore(gpunode))
-        added = self.monitor.restore(faults)
+        # A GPU's last successful reset: what it repaired stays repaired, and
+        # kernel-log XIDs from before it (read again from the ring buffer's
+        # start) are history.
+        resets, validations = answers_from_gpunode(gpunode)
+        repaired = repaired_at(resets)
+        faults = without_repaired(faults_to_restore(found, self.gpunode.restore(gpunode)), repaired)
+        added = self.monitor.restore(faults, repaired)
+        self.remediator.restore(resets, validations)
         restored = RestoredFaults.of(faults)
         with self._lock:
             self._epoch = self.monitor.restore_epoch

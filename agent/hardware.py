@@ -39,7 +39,11 @@ def build_hardware(
         return SimNode(load_scenario(scenario)).hardware()
     if backend == "nvml":
         return NodeHardware(
-            gpu=NvmlBackend(nvml_module),
+            gpu=NvmlBackend(
+                nvml_module,
+                nvidia_smi=config.remediation.nvidia_smi,
+                reset_timeout_s=config.remediation.reset_timeout_s,
+            ),
             kmsg=open_kmsg(config.kmsg_path),
             ib=SysfsIbSource(config.sysfs_root, NetdevReader() if config.infiniband.netdev else None),
             mounts=StatvfsMountSource(config.storage.mounts, config.poll_interval_s),

@@ -20,20 +20,25 @@ Other entry points, all thread-safe:
 * :meth:`Monitor.clear`: clear latched faults of one entity after repair and
   re-validation; the next report no longer has them (unless the signal is
   still there).
+* :meth:`Monitor.clear_gpu`: the same for every fault on one GPU, by
+  whatever key it was raised or restored under (after a GPU reset).
+* :meth:`Monitor.hold`: no poll runs inside (a GPU reset: a GPU being reset
+  answers errors that are no fault).
 * :meth:`Monitor.wake`: ask ``run`` for a report now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
 from agent.config import AgentConfig
 from agent.eventhub import EventHub
-from agent.model import Fault, HealthReport
+from agent.model import Entity, EntityKind, Fault, HealthReport
 from agent.probes.gpu import GpuProbe
 from agent.probes.kmsg import KmsgProbe
 from agent.rules.engine import HealthRules
@@ -236,6 +241,40 @@ class Monitor:
             gone = self.rules.clear(entity_key, when)
         self._wake.set()
         return gone
+
+    def clear_gpu(self, index: int, uuid: str, pci_bus_id: str, when: datetime | None = None) -> tuple[Fault, ...]:
+        """Clear every fault on one GPU after its reset, and wake :meth:`run`.
+
+        A GPU's faults are keyed by UUID, by bus id when NVML could not name
+        it, and -- restored from a condition message that named neither -- by
+        index alone; all of them go, so the GPU comes back once the next polls
+        are clean. Signals still present (a remap failure) raise their faults
+        again at the next poll.
+        """
+        with self._lock:
+            keys = {Entity.gpu(index, uuid or None, pci_bus_id or None).key}
+            for fault in self.rules.active_faults:
+                e = fault.entity
+                if e.kind is EntityKind.GPU and (
+                    e.gpu_index == index or (uuid and e.uuid == uuid) or (pci_bus_id and e.pci_bus_id == pci_bus_id)
+                ):
+                    keys.add(e.key)
+            gone: list[Fault] = []
+            for key in sorted(keys):
+                gone += self.rules.clear(key, when)
+        self._wake.set()
+        return tuple(gone)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """No poll runs while inside (the caller's thread may still poll).
+
+        For a GPU reset: NVML is released for it and the GPU answers errors
+        meanwhile, which a poll would judge as a lost GPU. The poll loop
+        waits, and XIDs arriving meanwhile wait in the event hub.
+        """
+        with self._lock:
+            yield
 
     def run(self, stop: threading.Event, on_report: OnReport) -> None:
         """Poll every interval and on every GPU event until ``stop`` is set."""

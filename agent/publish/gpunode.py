@@ -16,6 +16,13 @@ unchanged status is never sent, a GPUNode deleted behind the agent's back
 (``kubectl delete``, the CRD deleted and applied again) would stay gone
 while the node is steady; the daemon therefore reads it once per heartbeat
 (:meth:`GpuNodePublisher.verify`) and it is created again from the report.
+
+The status also carries the agent's answers to remediation's requests
+(``status.remediation``, see :mod:`agent.remediation`), set with
+:meth:`GpuNodePublisher.set_remediation` and written with the rest, so they
+survive the agent's restart. Every state of the object the publisher reads
+or is answered with goes to ``on_object``: the spec in it is where those
+requests come from.
 """
 
 from __future__ import annotations
@@ -279,8 +286,17 @@ def _owner_uids(obj: JSON) -> set[str]:
 class GpuNodePublisher:
     """Creates the node's GPUNode once and keeps its status equal to the report."""
 
-    def __init__(self, api: KubeApi, node_name: str, *, clock: Callable[[], datetime] = now_utc) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        node_name: str,
+        *,
+        clock: Callable[[], datetime] = now_utc,
+        on_object: Callable[[JSON], None] | None = None,
+    ) -> None:
         self._api = api
+        self._on_object = on_object
+        self._remediation: JSON | None = None
         self._node = node_name
         self._clock = clock
         self._node_uid: str | None = None
@@ -294,6 +310,15 @@ class GpuNodePublisher:
         """When the Node's quarantine began (None: not quarantined); written with the next status."""
         self._quarantined_since = since
 
+    def set_remediation(self, status: JSON | None) -> None:
+        """The answers to remediation's requests (``status.remediation``); written with the next status."""
+        self._remediation = status
+
+    def _seen(self, obj: JSON | None) -> JSON | None:
+        if obj is not None and self._on_object is not None:
+            self._on_object(obj)
+        return obj
+
     def set_node_uid(self, uid: str | None) -> None:
         """The Node's uid, for the owner reference (a recreated node has a new one)."""
         if uid and uid != self._node_uid:
@@ -303,6 +328,7 @@ class GpuNodePublisher:
         """Adopt an existing GPUNode; returns the faults it records."""
         if obj is None:
             return []
+        self._seen(obj)
         self._object = obj
         status = obj.get("status")
         if isinstance(status, dict):
@@ -325,7 +351,7 @@ class GpuNodePublisher:
         """
         if self._object is None:
             return False
-        if self._api.get_gpunode(self._node) is not None:
+        if self._seen(self._api.get_gpunode(self._node)) is not None:
             return False
         self._lost("the GPUNode was deleted while the agent ran (or its CRD was deleted and applied again)")
         return True
@@ -346,6 +372,11 @@ class GpuNodePublisher:
         desired = {k: v for k, v in self._desired.items() if k != QUARANTINED_SINCE}
         if self._quarantined_since is not None:
             desired[QUARANTINED_SINCE] = format_time(self._quarantined_since)
+        if self._remediation is not None:
+            desired[contract.GPUNODE_REMEDIATION] = self._remediation
+        elif self._published and contract.GPUNODE_REMEDIATION in self._published:
+            # Nothing set here (yet): what an earlier run answered stays.
+            desired[contract.GPUNODE_REMEDIATION] = self._published[contract.GPUNODE_REMEDIATION]
         if desired == self._published:
             return sent
         status: JSON = {**desired, "observedTime": format_time(self._clock())}
@@ -353,7 +384,7 @@ class GpuNodePublisher:
         status.update({k: None for k in self._published or {} if k not in desired})
         patch = {"status": status}
         try:
-            self._object = self._api.patch_gpunode_status(self._node, patch)
+            self._object = self._seen(self._api.patch_gpunode_status(self._node, patch))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -365,7 +396,7 @@ class GpuNodePublisher:
             self._lost("patching its status answered 404")
             self._ensure_object()
             fresh: JSON = {**desired, "observedTime": status["observedTime"]}
-            self._object = self._api.patch_gpunode_status(self._node, {"status": fresh})
+            self._object = self._seen(self._api.patch_gpunode_status(self._node, {"status": fresh}))
         self._published = desired
         log.info(
             "gpunode_published",
@@ -379,7 +410,7 @@ class GpuNodePublisher:
     def _ensure_object(self) -> bool:
         sent = False
         if self._object is None:
-            existing = self._api.get_gpunode(self._node)
+            existing = self._seen(self._api.get_gpunode(self._node))
             sent = True
             if existing is None:
                 try:

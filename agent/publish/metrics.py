@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from agent.model import HealthReport
 from agent.publish.conditions import ConditionState, desired_conditions
+from agent.remediation.model import RemediationCounts
 from agent.samples import GpuSample, IbPortSample, NodeSample
 from gpuwarden import __version__
 from gpuwarden.contract import METRICS_PREFIX, ConditionType
@@ -141,6 +142,18 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "Kubernetes API requests that failed (no answer or an error status), by operation.",
         ["operation"],
     ),
+    _doc(
+        "gpu_resets_total",
+        "counter",
+        "GPU resets remediation asked for that the agent carried out, by result (Succeeded, Failed).",
+        ["result"],
+    ),
+    _doc(
+        "validations_total",
+        "counter",
+        "Validations remediation asked for that the agent answered, by result (passed, failed).",
+        ["result"],
+    ),
     _doc("agent_info", "gauge", "Always 1; the version label is the agent's.", ["version"]),
 )
 
@@ -160,9 +173,16 @@ class MetricsPublisher(Collector):
     swap references under a lock, so a scrape never sees half a poll.
     """
 
-    def __init__(self, stats: RequestStats | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        stats: RequestStats | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        remediation: RemediationCounts | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._stats = stats
+        self._remediation = remediation
         self._clock = clock
         self._lock = threading.Lock()
         self._sample: NodeSample | None = None
@@ -272,6 +292,15 @@ class MetricsPublisher(Collector):
                 err.add_metric([op], float(errors.get(op, 0)))
             yield req
             yield err
+
+        if self._remediation is not None:
+            # Every result from the start, zeros included, so rate() sees the first one.
+            resets, validations = self._remediation.snapshot()
+            for name, counts in (("gpu_resets_total", resets), ("validations_total", validations)):
+                family = counter(name)
+                for result in sorted(counts):
+                    family.add_metric([result], float(counts[result]))
+                yield family
 
     @staticmethod
     def _gpu_metrics(

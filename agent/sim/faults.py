@@ -21,6 +21,7 @@ and [optional] parameters::
     pcie_gen         gpu, gen              current link generation
     pcie_replays     gpu, count            add to the PCIe replay counter
     utilization      gpu, pct
+    processes        gpu, count            that many processes use the GPU (0: none); a reset waits
     ib_rate          device, port, rate_gbps
     ib_down          device, port          port DOWN/Polling, netdev LOWERLAYERDOWN
     ib_up            device, port
@@ -124,6 +125,13 @@ def _utilization(node: SimNodeState, p: Params) -> None:
     node.gpu(p).util = int(p["pct"])
 
 
+def _processes(node: SimNodeState, p: Params) -> None:
+    count = int(p["count"])
+    if count < 0:
+        raise ValueError(f"sim GPU process count must not be negative, got {count}")
+    node.gpu(p).processes = count
+
+
 def _ib_rate(node: SimNodeState, p: Params) -> None:
     node.port(p).rate = float(p["rate_gbps"])
 
@@ -163,6 +171,7 @@ FAULTS: dict[str, FaultKind] = {
     "pcie_gen": FaultKind(("gpu", "gen"), _pcie_gen),
     "pcie_replays": FaultKind(("gpu", "count"), _pcie_replays),
     "utilization": FaultKind(("gpu", "pct"), _utilization),
+    "processes": FaultKind(("gpu", "count"), _processes),
     "ib_rate": FaultKind(("device", "port", "rate_gbps"), _ib_rate),
     "ib_down": FaultKind(("device", "port"), _ib_down),
     "ib_up": FaultKind(("device", "port"), _ib_up),

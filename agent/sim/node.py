@@ -23,7 +23,7 @@ from agent.sim.faults import FAULTS, missing_params
 from agent.sim.scenario import Scenario
 from agent.sim.sources import SimGpuBackend, SimIbSource, SimKmsgSource, SimMountSource
 from agent.sim.state import SimGpu, SimLink, SimNodeState, SimPort
-from agent.sources.base import NodeHardware
+from agent.sources.base import GpuResetError, NodeHardware
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
@@ -100,6 +100,8 @@ class SimNode:
         self._state.kmsg_line(6, "Linux version 6.1.0-sim (gpuwarden sim node)")
         self._state.kmsg_line(6, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15")
         self.injected = 0
+        # GPU resets asked of the node (tried, failed ones included), for tests.
+        self.resets: list[int] = []
 
     def hardware(self) -> NodeHardware:
         """The node's four sources, for :class:`~agent.monitor.Monitor`."""
@@ -184,6 +186,35 @@ class SimNode:
         with self._cond:
             self._advance()
             return self._state.sample_mounts()
+
+    def running_processes(self, index: int) -> tuple[int, ...]:
+        with self._cond:
+            self._advance()
+            return self._state.gpu({"gpu": index}).pids()
+
+    def reset_gpu(self, index: int) -> str:
+        """What ``nvidia-smi --gpu-reset`` does to the simulated GPU ``index``.
+
+        A lost GPU cannot be reached, one in ``scenario.reset.fail_gpus``
+        fails as the scenario says, and one still in use is refused, as the
+        real command refuses; otherwise the GPU's injected faults that a reset
+        repairs are gone (see the ``gpu_reset`` fault kind): a remap failure
+        stays, since a reset finds no spare rows.
+        """
+        with self._cond:
+            self._advance()
+            g = self._state.gpu({"gpu": index})
+            self.resets.append(index)
+            if g.lost:
+                raise GpuResetError(f"GPU {g.bus} is lost (fallen off the bus): it cannot be reset (simulated)")
+            if index in self.scenario.reset.fail_gpus:
+                raise GpuResetError(self.scenario.reset.error)
+            if g.processes:
+                raise GpuResetError(f"GPU {g.bus} is in use by {g.processes} processes (simulated)")
+            FAULTS["gpu_reset"].apply(self._state, {"gpu": index})
+            self._cond.notify_all()
+        log.info("sim_gpu_reset", gpu=index)
+        return f"GPU {g.bus} was successfully reset (simulated)"
 
     def notify(self) -> None:
         with self._cond:

@@ -47,6 +47,16 @@ class SimInfiniband:
 
 
 @dataclass(frozen=True, slots=True)
+class SimReset:
+    """How the simulated ``nvidia-smi --gpu-reset`` answers: a reset of one of
+    ``fail_gpus`` fails with ``error`` (the failure path of remediation, which
+    escalates to a reboot); any other reset succeeds once no process uses the GPU."""
+
+    fail_gpus: list[int] = field(default_factory=list)
+    error: str = "Unable to reset this GPU: it is in a state that needs a node reboot (simulated)"
+
+
+@dataclass(frozen=True, slots=True)
 class SimFault:
     """One timeline entry: fault ``inject`` at ``at`` seconds after start,
     with the parameters its kind takes (the others stay ``None``)."""
@@ -79,6 +89,7 @@ class Scenario:
     infiniband: SimInfiniband = field(default_factory=SimInfiniband)
     mounts: list[str] = field(default_factory=list)
     faults: list[SimFault] = field(default_factory=list)
+    reset: SimReset = field(default_factory=SimReset)
 
 
 def _finite(source: str, key: str, value: float, minimum: float, inclusive: bool) -> None:

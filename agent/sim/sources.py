@@ -30,6 +30,10 @@ class SimReads(Protocol):
 
     def notify(self) -> None: ...
 
+    def running_processes(self, index: int) -> tuple[int, ...]: ...
+
+    def reset_gpu(self, index: int) -> str: ...
+
 
 class SimGpuBackend(GpuBackend):
     name = "sim"
@@ -51,6 +55,16 @@ class SimGpuBackend(GpuBackend):
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         return self.node.wait_event(timeout_s)
+
+    def running_processes(self, index: int) -> tuple[int, ...]:
+        if not self._open:
+            raise BackendUnavailableError("sim GPU backend is not open")
+        return self.node.running_processes(index)
+
+    def reset(self, index: int) -> str:
+        if not self._open:
+            raise BackendUnavailableError("sim GPU backend is not open")
+        return self.node.reset_gpu(index)
 
 
 class SimKmsgSource(KmsgSource):

@@ -68,6 +68,12 @@ class SimGpu:
     max_width: int = 16
     replays: int = 0
     lost: bool = False
+    # Processes using the GPU (compute or graphics): a reset waits for none.
+    processes: int = 0
+
+    def pids(self) -> tuple[int, ...]:
+        """The PIDs NVML would list for the GPU's processes (made up, stable per GPU)."""
+        return tuple(range(10_000 + 100 * self.index, 10_000 + 100 * self.index + self.processes))
 
     def sample(self) -> GpuSample:
         """What NVML would report for this GPU now."""

@@ -29,6 +29,11 @@ class BackendUnavailableError(Exception):
     backoff; the rest of the agent keeps running."""
 
 
+class GpuResetError(Exception):
+    """A GPU reset was refused or failed; the message says why, for the
+    answer remediation reads (it escalates to a reboot)."""
+
+
 class GpuBackend(ABC):
     """GPUs as NVML shows them.
 
@@ -36,6 +41,10 @@ class GpuBackend(ABC):
     :class:`BackendUnavailableError` from either, the caller closes and reopens.
     ``sample`` is called from the poll loop, ``wait_event`` from one event
     thread; implementations must allow those two to run concurrently.
+    ``running_processes`` and ``reset`` serve remediation (its own thread):
+    the caller holds the poll loop off while ``reset`` runs
+    (:meth:`agent.monitor.Monitor.hold`), since a GPU being reset answers
+    errors that are no fault.
     """
 
     name: str = "gpu"
@@ -60,6 +69,23 @@ class GpuBackend(ABC):
         """Block up to ``timeout_s`` for the next XID/ECC/retirement event.
 
         Returns ``None`` when nothing happened in time.
+        """
+
+    @abstractmethod
+    def running_processes(self, index: int) -> tuple[int, ...]:
+        """PIDs of the compute and graphics processes on GPU ``index`` (sorted, no duplicates).
+
+        Raises :class:`BackendUnavailableError` when the GPU library cannot be
+        used, :class:`GpuResetError` when the GPU cannot be asked (a reset is
+        then no answer either).
+        """
+
+    @abstractmethod
+    def reset(self, index: int) -> str:
+        """Reset GPU ``index``; returns what was done, for the answer's message.
+
+        Raises :class:`GpuResetError` with the reason when the reset fails.
+        Called only when :meth:`running_processes` found none.
         """
 
 

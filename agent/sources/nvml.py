@@ -19,6 +19,12 @@ NVML's failure modes shape this module:
 * Anything else fails one field of one GPU, is listed in the sample's
   ``errors`` and logged; the rest of the sample stands.
 
+Remediation resets a GPU with ``nvidia-smi --gpu-reset -i <PCI bus id>``
+(NVML's Python binding has no reset call) under a timeout. nvidia-smi
+refuses to reset a GPU that any process holds open, and an NVML client such
+as this agent is one: NVML is shut down for the reset and initialised again
+after it, events registered anew.
+
 XID, ECC and retirement events come through an NVML event set that
 :meth:`NvmlBackend.wait_event` blocks on from the event thread. The set is a
 C object: freeing it (``close``, after NVML broke) while that thread is still
@@ -30,6 +36,7 @@ are serialised by their own lock; ``close`` waits at most one wait timeout.
 from __future__ import annotations
 
 import ctypes
+import subprocess
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -47,7 +54,7 @@ from agent.samples import (
     RetiredPages,
     normalize_bus_id,
 )
-from agent.sources.base import BackendUnavailableError, GpuBackend
+from agent.sources.base import BackendUnavailableError, GpuBackend, GpuResetError
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
@@ -61,6 +68,12 @@ class _GpuLostError(Exception):
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a command's output: what nvidia-smi says last is its verdict."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:512] if lines else ""
 
 
 def _handle_key(handle: Any) -> int | None:
@@ -77,7 +90,9 @@ class NvmlBackend(GpuBackend):
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, *, nvidia_smi: str = "nvidia-smi", reset_timeout_s: float = 30.0) -> None:
+        self._nvidia_smi = nvidia_smi
+        self._reset_timeout_s = reset_timeout_s
         if nvml is None:
             import pynvml as nvml_module  # noqa: PLC0415 - tests inject a stand-in instead
 
@@ -121,27 +136,30 @@ class NvmlBackend(GpuBackend):
     # ------------------------------------------------------------------ open
 
     def open(self) -> None:
-        nv = self._nv
         with self._lock:
-            if self._open:
-                return
-            try:
-                nv.nvmlInit()
-            except nv.NVMLError as exc:
-                raise BackendUnavailableError(f"NVML could not initialise: {exc}") from exc
-            self._open = True
-            try:
-                count = nv.nvmlDeviceGetCount()
-            except nv.NVMLError as exc:
-                self._shutdown_locked()
-                raise BackendUnavailableError(f"NVML could not count GPUs: {exc}") from exc
-            try:
-                self._event_set = nv.nvmlEventSetCreate()
-            except nv.NVMLError as exc:
-                log.warning("nvml_event_set_unavailable", error=str(exc), effect="XIDs come from the kernel log only")
-                self._event_set = None
-            for index in range(count):
-                self._register_events(index)
+            self._open_locked()
+
+    def _open_locked(self) -> None:
+        nv = self._nv
+        if self._open:
+            return
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise BackendUnavailableError(f"NVML could not initialise: {exc}") from exc
+        self._open = True
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            self._shutdown_locked()
+            raise BackendUnavailableError(f"NVML could not count GPUs: {exc}") from exc
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.warning("nvml_event_set_unavailable", error=str(exc), effect="XIDs come from the kernel log only")
+            self._event_set = None
+        for index in range(count):
+            self._register_events(index)
         log.info("nvml_opened", gpus=count, events=self._event_set is not None)
 
     def _register_events(self, index: int) -> None:
@@ -385,6 +403,84 @@ class NvmlBackend(GpuBackend):
             max_width=static["max_width"],
             replay_counter=replay,
         )
+
+    # ----------------------------------------------------------- remediation
+
+    def running_processes(self, index: int) -> tuple[int, ...]:
+        nv = self._nv
+        with self._lock:
+            if not self._open:
+                raise BackendUnavailableError("NVML is not initialised")
+            try:
+                handle = self._handle(index)
+            except self._unavailable as exc:
+                raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
+            except nv.NVMLError as exc:
+                raise GpuResetError(f"NVML cannot reach GPU {index}: {exc}") from exc
+            pids: set[int] = set()
+            for kind in ("Compute", "Graphics"):
+                pids.update(int(p.pid) for p in self._processes(index, handle, kind))
+            return tuple(sorted(pids))
+
+    def _processes(self, index: int, handle: Any, kind: str) -> list[Any]:
+        """One kind of running process on a GPU; none where the GPU has no such kind.
+
+        The unversioned call is the newest struct version; a driver older
+        than the bindings lacks it (the bindings then raise their
+        ``NVMLLibraryMismatchError``), and the ``_v2`` call is what it has.
+        """
+        nv = self._nv
+        name = f"nvmlDeviceGet{kind}RunningProcesses"
+        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+        calls = [getattr(nv, name)]
+        if hasattr(nv, f"{name}_v2"):
+            calls.append(getattr(nv, f"{name}_v2"))
+        for call in calls:
+            try:
+                return list(call(handle))
+            except self._not_supported:
+                return []
+            except self._unavailable as exc:
+                raise BackendUnavailableError(f"NVML became unusable: {exc}") from exc
+            except nv.NVMLError as exc:
+                raise GpuResetError(f"NVML cannot list the {kind.lower()} processes on GPU {index}: {exc}") from exc
+            except Exception as exc:
+                if mismatch is None or not isinstance(exc, mismatch):
+                    raise
+        raise GpuResetError(f"NVML cannot list the {kind.lower()} processes on GPU {index}: no call the driver has")
+
+    def reset(self, index: int) -> str:
+        with self._lock:
+            if not self._open:
+                raise BackendUnavailableError("NVML is not initialised")
+            bus = self._identity.get(index, ("", "", ""))[1]
+            if not bus:
+                raise GpuResetError(f"GPU {index} has not been sampled, so its PCI bus id is unknown")
+            command = [self._nvidia_smi, "--gpu-reset", "-i", bus]
+            shown = " ".join(command)
+            # nvidia-smi refuses a GPU any process holds open, this one included.
+            self._shutdown_locked()
+            try:
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=self._reset_timeout_s, check=False
+                )
+            except FileNotFoundError as exc:
+                raise GpuResetError(f"{self._nvidia_smi} not found: {exc}") from exc
+            except subprocess.TimeoutExpired as exc:
+                raise GpuResetError(f"{shown} did not finish within {self._reset_timeout_s:g}s (killed)") from exc
+            except OSError as exc:
+                raise GpuResetError(f"{shown} could not run: {exc}") from exc
+            finally:
+                try:
+                    self._open_locked()
+                except BackendUnavailableError as exc:
+                    # The next sample reports it and the probe retries.
+                    log.error("nvml_reopen_after_reset_failed", gpu=index, error=str(exc))
+            output = _last_line(done.stdout + "\n" + done.stderr)
+            if done.returncode != 0:
+                raise GpuResetError(f"{shown} exited with status {done.returncode}: {output or 'no output'}")
+            log.info("gpu_reset_done", gpu=index, pci_bus_id=bus, output=output)
+            return f"{shown}: {output}" if output else shown
 
     # ---------------------------------------------------------------- events
 

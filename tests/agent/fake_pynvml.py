@@ -78,6 +78,9 @@ class FakeGpu:
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: a driver without that field.
     recovery_action: int | None = None
     lost: bool = False
+    # PIDs of the processes NVML lists on the GPU, by kind.
+    compute_pids: list[int] = field(default_factory=list)
+    graphics_pids: list[int] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -261,6 +264,21 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
         return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    @staticmethod
+    def _process_infos(pids: list[int]) -> list[Any]:
+        """As the real bindings return them: one friendly object per process,
+        with the fields of ``c_nvmlProcessInfo_v3_t``."""
+        return [
+            _real.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": GIB, "gpuInstanceId": 0, "computeInstanceId": 0})
+            for pid in pids
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._process_infos(self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses").compute_pids)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._process_infos(self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses").graphics_pids)
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
         """As the real call: one ``c_nvmlFieldValue_t`` per id, each with its

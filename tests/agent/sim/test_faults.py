@@ -27,6 +27,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "pcie_gen": {"gpu": 1, "gen": 3},
     "pcie_replays": {"gpu": 1, "count": 7},
     "utilization": {"gpu": 1, "pct": 55},
+    "processes": {"gpu": 1, "count": 3},
     "ib_rate": {"device": "mlx5_1", "port": 1, "rate_gbps": 200.0},
     "ib_down": {"device": "mlx5_1", "port": 1},
     "ib_up": {"device": "mlx5_1", "port": 1},
@@ -54,7 +55,9 @@ def reads(node: SimNode) -> tuple[Any, ...]:
     while (ev := node.wait_event(0)) is not None:
         events.append((ev.kind, ev.xid, ev.uuid))
     records, _ = node.read_kmsg(0, 0)
-    return node.sample_gpus(), node.ib_ports(), node.mounts(), tuple(events), len(records)
+    gpus = node.sample_gpus()
+    processes = tuple(node.running_processes(g.index) for g in gpus)
+    return gpus, processes, node.ib_ports(), node.mounts(), tuple(events), len(records)
 
 
 def test_the_table_names_every_kind_once_with_parameters_a_scenario_can_hold() -> None:

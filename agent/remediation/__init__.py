@@ -1,0 +1,1 @@
+"""The agent's half of remediation: GPU resets and validations asked for on the GPUNode."""
