@@ -4,7 +4,7 @@ Why it is in the product: ``gpuwarden demo`` runs the whole system on a
 laptop, with no cluster, on the same etcd, kube-apiserver and
 kube-controller-manager the tests use (built by ``make controlplane``), so
 what a newcomer sees is what the tests check. The tests reach it through
-``tests.harness``, which re-exports it beside their own helpers; the core
+``tests.harness``, which re-exports it beside what only tests use; the core
 rule holds here as everywhere in ``gpuwarden/``: it imports neither the agent
 nor the scheduler.
 
