@@ -2,8 +2,9 @@
 
 Each stream of the scenario (:class:`~demo.scenario.StreamSpec`) submits a
 job every ``every_s`` seconds (sooner on a bigger cluster) while fewer than
-``max_pending`` of its jobs wait (and no gang in the scenario's last
-``settle_s`` seconds), into its queue's department namespace:
+``max_pending`` of its jobs wait, into its queue's department namespace
+(in the scenario's last ``settle_s`` seconds no gang arrives, and those
+still waiting are withdrawn):
 
 * ``job``: a batch Job; the controller manager's Job controller makes its
   pods, and makes new ones when an eviction takes them (the pod failure
@@ -189,7 +190,9 @@ class Workload:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-workload", daemon=True)
         self._started = 0.0
+        self._withdrawn = False
         self.submitted = 0
+        self.withdrawn = 0
 
     @property
     def namespaces(self) -> list[str]:
@@ -216,6 +219,9 @@ class Workload:
     def _tick(self, elapsed: float) -> None:
         pending = self._pending_jobs()
         now = time.monotonic()
+        if elapsed >= self._settle_from and not self._withdrawn:
+            self._withdrawn = True
+            self._withdraw_gangs(pending)
         for state in self._streams:
             if elapsed < state.next_at or (state.spec.pods > 1 and elapsed >= self._settle_from):
                 continue
@@ -224,6 +230,30 @@ class Workload:
             waiting = pending.get(state.spec.name, set()) | set(state.recent)
             if len(waiting) < state.spec.max_pending:
                 self._submit(state)
+
+    def _withdraw_gangs(self, pending: Mapping[str, set[str]]) -> None:
+        """The settling begins: gangs that have not started are withdrawn by their owners.
+
+        A waiting gang still counts in its queue's request, and so in its fair
+        share, which it may never fit: withdrawn, the share is what the
+        queue's placeable work asks for.
+        """
+        for state in self._streams:
+            if state.spec.pods <= 1:
+                continue
+            for name in sorted(pending.get(state.spec.name, set())):
+                try:
+                    if state.spec.owner == Owner.PYTORCHJOB:
+                        client.CustomObjectsApi(self._api).delete_namespaced_custom_object(
+                            PYTORCH_GROUP, PYTORCH_VERSION, state.namespace, PYTORCH_PLURAL, name
+                        )
+                    else:
+                        client.BatchV1Api(self._api).delete_namespaced_job(
+                            name, state.namespace, propagation_policy="Background"
+                        )
+                    self.withdrawn += 1
+                except client.ApiException as exc:
+                    log.warning("demo_withdraw_failed", job=f"{state.namespace}/{name}", status=exc.status)
 
     def _pending_jobs(self) -> dict[str, set[str]]:
         """Per stream, the jobs with a pod not yet placed."""
