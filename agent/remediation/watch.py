@@ -13,7 +13,7 @@ status patch's answer also carry the spec, so requests still arrive, only
 later, while the watch is down.
 
 The stream is read as bytes and decoded with ``json.loads``: the client's
-``Watch`` helper would build models for a custom object it has none for.
+``Watch`` class would build models for a custom object it has none for.
 """
 
 from __future__ import annotations
@@ -157,6 +157,10 @@ class GpuNodeWatch:
         finally:
             with self._lock:
                 self._response = None
+            # Closed, not returned to the pool: an interrupted stream is only
+            # shut for reading, and the API server would keep the watch open
+            # (and wait for it when it stops) until it next wrote to it.
+            response.close()
             response.release_conn()
 
     def run(self, stop: threading.Event) -> None:

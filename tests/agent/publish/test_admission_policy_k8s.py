@@ -132,3 +132,59 @@ def test_the_agents_token_writes_only_its_own_nodes_health(
         assert create(node_b) == 403
         assert create(node_a, finalizers=["example.com/keep"]) == 403
         assert create(node_a) == 201
+
+
+def test_the_agent_answers_in_status_remediation_but_never_writes_the_spec(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
+) -> None:
+    node_a, _ = two_nodes
+    group = (contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)
+    asked = {"resets": [{"gpu": 1, "requestedAt": "2026-12-01T10:00:00Z"}]}
+    answered = {
+        "resets": [
+            {
+                "gpu": 1,
+                "requestedAt": "2026-12-01T10:00:00Z",
+                "result": contract.RESET_SUCCEEDED,
+                "finishedAt": "2026-12-01T10:00:05.250000Z",
+            }
+        ],
+        "validations": [],
+    }
+    with contextlib.closing(_agent_on(control_plane, k8s, node_a)) as agent:
+        custom = client.CustomObjectsApi(agent)
+
+        def status_of(call: Any, *args: Any) -> int:
+            try:
+                call(*group, *args)
+            except client.ApiException as exc:
+                return int(exc.status)
+            return 200
+
+        forged = gpunode_object(node_a, None)
+        forged["spec"][contract.GPUNODE_REMEDIATION] = {"validations": [{"requestedAt": "2026-12-01T10:00:00Z"}]}
+        wait_for(
+            lambda: status_of(custom.create_cluster_custom_object, forged) == 403,
+            timeout=30,
+            interval=0.5,
+            description="the agent refused a GPUNode created with remediation requests",
+        )
+        assert status_of(custom.create_cluster_custom_object, gpunode_object(node_a, None)) == 200
+        # The scheduler asks (an administrator's client here).
+        client.CustomObjectsApi(k8s).patch_cluster_custom_object(
+            *group, node_a, {"spec": {contract.GPUNODE_REMEDIATION: asked}}
+        )
+        # The agent sees the request through its own watch's list (RBAC: list with its name).
+        listed = custom.list_cluster_custom_object(*group, field_selector=f"metadata.name={node_a}")
+        assert [i["spec"][contract.GPUNODE_REMEDIATION] for i in listed["items"]] == [asked]
+        # It answers in status, and may not rewrite, drop or add to the requests.
+        patch = {"status": {contract.GPUNODE_REMEDIATION: answered}}
+        assert status_of(custom.patch_cluster_custom_object_status, node_a, patch) == 200
+        for spec in ({contract.GPUNODE_REMEDIATION: None}, {contract.GPUNODE_REMEDIATION: {"resets": []}}):
+            assert status_of(custom.patch_cluster_custom_object, node_a, {"spec": spec}) == 403
+        # A spec sent to the status subresource is not applied.
+        sneaky = {"spec": {contract.GPUNODE_REMEDIATION: None}, "status": {"gpuCount": 8}}
+        assert status_of(custom.patch_cluster_custom_object_status, node_a, sneaky) == 200
+    stored = client.CustomObjectsApi(k8s).get_cluster_custom_object(*group, node_a)
+    assert stored["spec"][contract.GPUNODE_REMEDIATION] == asked
+    assert stored["status"][contract.GPUNODE_REMEDIATION] == answered
