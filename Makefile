@@ -30,15 +30,17 @@ tools:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 lint: venv
-	$(VENV)/bin/ruff check gpuwarden agent scheduler tests benchmarks
-	$(VENV)/bin/ruff format --check gpuwarden agent scheduler tests benchmarks
+	$(VENV)/bin/ruff check gpuwarden agent scheduler demo tests benchmarks
+	$(VENV)/bin/ruff format --check gpuwarden agent scheduler demo tests benchmarks
 	$(VENV)/bin/mypy
 
 test: venv controlplane tools lint
 	$(VENV)/bin/pytest
 
-run: venv
-	$(VENV)/bin/gpuwarden agent --backend sim --once
+# The whole system on this machine (gpuwarden demo): builds the control plane
+# first if it is missing, about 11 minutes the first time on two cores.
+run: venv controlplane
+	$(VENV)/bin/gpuwarden demo
 
 bench: venv
 	$(PY) benchmarks/agent_poll.py

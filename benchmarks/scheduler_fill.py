@@ -73,8 +73,15 @@ from kubernetes import client  # noqa: E402
 
 from gpuwarden import contract  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
-from tests.harness import ControlPlane, create_gpu_node, find_binaries, running_control_plane, unique_name  # noqa: E402
-from tests.harness.processes import ManagedProcess, free_ports  # noqa: E402
+from tests.harness import (  # noqa: E402  # noqa: E402
+    ControlPlane,
+    ManagedProcess,
+    create_gpu_node,
+    find_binaries,
+    free_ports,
+    running_control_plane,
+    unique_name,
+)
 
 GPUS_PER_NODE = 8
 CREATE_THREADS = 16

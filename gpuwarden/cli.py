@@ -63,9 +63,10 @@ def build_parser(commands: Sequence[tuple[str, Register]] | None = None) -> argp
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, commands: Sequence[tuple[str, Register]] | None = None) -> int:
+    """Run the command line; ``commands`` replaces the installed registrars (``python -m demo``)."""
     try:
-        parser = build_parser()
+        parser = build_parser(commands)
     except FlagError as exc:
         # The same usage error, and exit status 2, as a bad value on the command line.
         argparse.ArgumentParser(prog="gpuwarden").error(str(exc))

@@ -2,7 +2,8 @@
 
 ``gpuwarden`` is the shared core; ``agent`` and ``scheduler`` import it and
 never each other, and the core imports neither (its CLI finds their
-subcommands through entry points). The scheduler's engine and the core of
+subcommands through entry points). ``demo`` runs the whole system, so it is
+the one package that may import all three, and nothing imports it. The scheduler's engine and the core of
 remediation are pure: no Kubernetes client, and no import circle between its modules, so each can be
 read, tested and replaced on its own. Imports inside functions count too: a
 late import is still a dependency.
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gpuwarden", "agent", "scheduler")
+PACKAGES = ("gpuwarden", "agent", "scheduler", "demo")
 
 
 def _module_name(path: Path) -> str:
@@ -99,11 +100,22 @@ def _top(module: str) -> str:
 
 
 def test_agent_and_scheduler_never_import_each_other_and_the_core_imports_neither() -> None:
-    allowed = {"gpuwarden": {"gpuwarden"}, "agent": {"gpuwarden", "agent"}, "scheduler": {"gpuwarden", "scheduler"}}
+    allowed = {
+        "gpuwarden": {"gpuwarden"},
+        "agent": {"gpuwarden", "agent"},
+        "scheduler": {"gpuwarden", "scheduler"},
+        "demo": {"gpuwarden", "agent", "scheduler", "demo"},
+    }
     crossings = sorted(
         f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts if _top(dst) not in allowed[_top(src)]
     )
     assert crossings == []
+
+
+def test_nothing_but_the_demo_imports_the_demo() -> None:
+    graph = _graph()
+    importers = sorted(src for src, dsts in graph.items() for dst in dsts if _top(dst) == "demo" != _top(src))
+    assert importers == []
 
 
 def test_no_import_cycle_between_modules() -> None:

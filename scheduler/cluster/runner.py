@@ -243,6 +243,8 @@ class SchedulerRunner:
         )
         if self.remediation is not None:
             self.remediation.on_report = self.remediation_metrics.observe
+        # Called with every cycle's result, in the loop's thread (the demo times the cycles with it).
+        self.on_cycle: Callable[[CycleResult], None] | None = None
         self.server: HealthServer | None = None
         if settings.metrics_port is not None:
             self.server = build_server(
@@ -324,6 +326,8 @@ class SchedulerRunner:
             self.cycles += 1
             self.metrics.observe(self.last)
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)
+            if self.on_cycle is not None:
+                self.on_cycle(self.last)
         except Exception:
             # A bug in one cycle must not end scheduling: log, and try the next.
             log.exception("cycle_failed")

@@ -29,9 +29,9 @@
 #                            than the installed one.
 set -euo pipefail
 
-# The default releases, shared with tests/harness/processes.py, which finds the binaries.
-# shellcheck source=tests/controlplane/versions.env
-source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
+# The default releases, shared with gpuwarden/localcluster/processes.py, which finds the binaries.
+# shellcheck source=gpuwarden/localcluster/versions.env
+source "$(dirname "${BASH_SOURCE[0]}")/../../gpuwarden/localcluster/versions.env"
 K8S_VERSION="${GPUWARDEN_K8S_VERSION:-${K8S_VERSION}}"
 ETCD_VERSION="${GPUWARDEN_ETCD_VERSION:-${ETCD_VERSION}}"
 CACHE="${GPUWARDEN_CACHE:-${HOME}/.cache/gpuwarden}"

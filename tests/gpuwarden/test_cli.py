@@ -13,11 +13,11 @@ from gpuwarden import cli
 from gpuwarden.cli import build_parser, main, registered_commands
 
 
-def test_agent_and_scheduler_register_through_entry_points() -> None:
-    names = [name for name, _ in registered_commands()]
-    assert names == ["agent", "scheduler"]
+def test_agent_scheduler_and_demo_register_through_entry_points() -> None:
+    names = sorted(name for name, _ in registered_commands())
+    assert names == ["agent", "demo", "scheduler"]
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert {"agent", "scheduler", "fairshare"} <= set(sub.choices)
+    assert {"agent", "scheduler", "fairshare", "demo"} <= set(sub.choices)
 
 
 def test_a_registered_command_runs_with_the_root_flags(capsys: pytest.CaptureFixture[str]) -> None:

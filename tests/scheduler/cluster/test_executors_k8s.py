@@ -1,7 +1,7 @@
 """The executors against the real API server: binds, evictions, status, Events, RBAC.
 
 Nodes here have no kubelet, so a test marks pods running and finishes
-graceful deletions itself (tests.harness.kubelet). The Queue and PodGroup
+graceful deletions itself (gpuwarden.localcluster.kubelet). The Queue and PodGroup
 CRDs are created minimal (any spec and status, status subresource on) unless
 the real ones are installed already; they are left in place because CRD
 deletion is slow and another test may apply the real ones over them.

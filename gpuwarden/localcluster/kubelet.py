@@ -1,9 +1,9 @@
-"""The kubelet's side of the API, written by hand because the test cluster has no kubelets.
+"""The kubelet's side of the API, written by hand because the local cluster has no kubelets.
 
-A real node's status, the not-ready taint lifted, a pod reported running, a
-graceful deletion finished: these are what a kubelet (and NVIDIA's device
-plugin) would write, so code under test sees nodes and pods that look like a
-cluster's.
+A real node's status, the not-ready taint lifted, a pod reported running or
+finished, a graceful deletion completed: these are what a kubelet (and
+NVIDIA's device plugin) would write, so code under test, and the demo's
+scheduler and controllers, see nodes and pods that look like a cluster's.
 """
 
 from __future__ import annotations
@@ -148,6 +148,47 @@ def mark_pod_running(api: client.ApiClient, name: str, namespace: str, *, ready:
             "startTime": now,
             "podIP": "10.1.0.1",
             "hostIP": "10.0.0.1",
+        }
+    }
+    return core.patch_namespaced_pod_status(name, namespace, body)
+
+
+def mark_pod_finished(api: client.ApiClient, name: str, namespace: str, *, succeeded: bool = True) -> client.V1Pod:
+    """Write a pod's status as the kubelet does once its containers exited (code 0, or 1).
+
+    A Job's controller counts the pod as a completion (or a failure) from
+    this status, as it would from a real kubelet's.
+    """
+    core = client.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    now = _now()
+    code = 0 if succeeded else 1
+    reason = "Completed" if succeeded else "Error"
+    started = pod.status.start_time if pod.status is not None and pod.status.start_time is not None else None
+    started_at = started.strftime("%Y-%m-%dT%H:%M:%SZ") if started is not None else now
+    containers = [
+        {
+            "name": c.name,
+            "image": c.image,
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": started_at, "finishedAt": now}},
+        }
+        for c in (pod.spec.containers if pod.spec is not None else [])
+    ]
+    conditions = [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+        {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+    ]
+    body = {
+        "status": {
+            "phase": "Succeeded" if succeeded else "Failed",
+            "conditions": conditions,
+            "containerStatuses": containers,
         }
     }
     return core.patch_namespaced_pod_status(name, namespace, body)

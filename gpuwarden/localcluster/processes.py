@@ -1,8 +1,9 @@
-"""Finding the control-plane binaries and running them as processes that never outlive the tests.
+"""Finding the control-plane binaries and running them as processes that never outlive their owner.
 
-Each server runs in its own process group, logs to a file and is listed in
-its run folder's ``pids`` file, so a later run can stop what a killed run
-left behind without touching anything else.
+The owner is a test session, a benchmark or ``gpuwarden demo``. Each server
+runs in its own process group, logs to a file and is listed in its run
+folder's ``pids`` file, so a later run can stop what a killed run left behind
+without touching anything else.
 """
 
 from __future__ import annotations
@@ -17,11 +18,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-VERSIONS_FILE = REPO_ROOT / "tests" / "controlplane" / "versions.env"
+# The folder that holds the gpuwarden package: the repository root in a
+# checkout, where kubectl runs so that paths such as ``manifests/`` resolve.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+# The releases `make controlplane` (tests/controlplane/build.sh) builds; that
+# script reads this same file, so the builder and the finder never disagree.
+VERSIONS_FILE = Path(__file__).resolve().parent / "versions.env"
+# How long `make controlplane` takes the first time (it compiles Kubernetes
+# from its Go modules); said wherever the binaries are found missing.
+FIRST_BUILD_HINT = "about 11 minutes the first time on two cores, then cached"
 
-# Temporary folders are named after the pytest process that owns them, so a
-# later run can tell a crashed run's leftovers from a live run's files.
+# Temporary folders are named after the process that owns them (pytest, a
+# benchmark, the demo), so a later run can tell a crashed run's leftovers
+# from a live run's files.
 RUN_DIR_PREFIX = "gpuwarden-controlplane-"
 
 STOP_TIMEOUT_S = 10.0
@@ -66,7 +75,7 @@ def find_binaries() -> Binaries:
     """Locate the binaries: environment overrides first, then the build cache.
 
     Raises :class:`ControlPlaneError` naming every missing binary and the fix,
-    because a test run without them cannot test anything that matters.
+    because a run without them can neither test nor show anything that matters.
     """
     versions = _read_versions()
     k8s = os.environ.get("GPUWARDEN_K8S_VERSION") or versions["K8S_VERSION"]
@@ -94,10 +103,10 @@ def find_binaries() -> Binaries:
             missing.append(f"{path} is missing")
     if missing:
         raise ControlPlaneError(
-            "the test control plane binaries are not built: "
+            "the local control plane binaries are not built: "
             + "; ".join(missing)
-            + ". Run `make controlplane` (or point ETCD, KUBE_APISERVER, KUBE_CONTROLLER_MANAGER"
-            " and KUBECTL at existing binaries)."
+            + f". Run `make controlplane` ({FIRST_BUILD_HINT}), or point ETCD, KUBE_APISERVER,"
+            " KUBE_CONTROLLER_MANAGER and KUBECTL at existing binaries."
         )
     return Binaries(**found)
 
@@ -108,9 +117,9 @@ def find_binaries() -> Binaries:
 
 
 def _with_parent_death_signal(argv: list[str]) -> list[str]:
-    """Make the child die with the test process, via util-linux's ``setpriv``.
+    """Make the child die with its owner process, via util-linux's ``setpriv``.
 
-    atexit handlers and fixture finalizers do not run when pytest is killed
+    atexit handlers and fixture finalizers do not run when the owner is killed
     (SIGKILL, an OOM kill, a CI timeout); the kernel's parent-death signal
     still stops etcd and the API server then, instead of leaving them to hold
     ports and CPU. ``setpriv`` sets it and execs the server, so no Python runs
@@ -192,9 +201,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def reap_leftovers(tmp_root: Path | None = None) -> list[Path]:
-    """Stop the processes and remove the folders of control planes whose pytest died.
+    """Stop the processes and remove the folders of control planes whose owner died.
 
-    A run folder is named ``gpuwarden-controlplane-<pytest pid>-...`` and lists
+    A run folder is named ``gpuwarden-controlplane-<owner pid>-...`` and lists
     its children's pids; a child is only killed when its command line still
     names that folder, so a recycled pid is never touched.
     """

@@ -2,9 +2,14 @@
 
 gpuwarden talks to Kubernetes through status patches, subresources (binding,
 eviction), RBAC, ownerReferences and admission-defaulted fields; a fake API
-would agree with whatever the code assumes. So tests and benchmarks run
-against the real servers, with only the controllers whose behaviour the code
-relies on (garbage collector and namespace controllers).
+would agree with whatever the code assumes. So tests, benchmarks and
+``gpuwarden demo`` run against the real servers, with only the controllers
+whose behaviour the code relies on (garbage collector and namespace
+controllers by default; the demo adds the Job controller, so its batch Jobs
+get their pods as in a cluster).
+
+It lives in the product, not in ``tests/``, because the demo needs it too;
+``tests.harness`` re-exports it for the tests.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from tests.harness.certificates import generate_pki
-from tests.harness.impersonation import impersonating_client
-from tests.harness.processes import (
-    REPO_ROOT,
+from gpuwarden.localcluster.certificates import generate_pki
+from gpuwarden.localcluster.impersonation import impersonating_client
+from gpuwarden.localcluster.processes import (
     RUN_DIR_PREFIX,
+    SOURCE_ROOT,
     Binaries,
     ControlPlaneError,
     ManagedProcess,
@@ -48,6 +53,10 @@ READY_TIMEOUT_S = 60.0
 KUBECTL_TIMEOUT_S = 60.0
 
 ADMIN_GROUP = "system:masters"
+# Only what makes ownerReferences and namespace deletion behave as in a
+# cluster. No node-lifecycle controller: fake nodes have no kubelet and would
+# be tainted and evicted.
+DEFAULT_CONTROLLERS = ("garbagecollector", "namespace")
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -62,8 +71,8 @@ class KubectlError(subprocess.CalledProcessError):
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager on loopback ports.
 
-    One instance serves a whole pytest session; tests keep out of each other's
-    way with :func:`unique_name`. :meth:`stop_apiserver` and
+    One instance serves a whole pytest session (tests keep out of each other's
+    way with unique names) or one demo run. :meth:`stop_apiserver` and
     :meth:`start_apiserver` simulate an API-server outage: the server comes
     back on the same port with the same etcd data, as after a restart.
     """
@@ -76,6 +85,7 @@ class ControlPlane:
     ca_file: Path = field(init=False)
     etcd_url: str = ""
     startup_seconds: float = 0.0
+    controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     _etcd: ManagedProcess | None = None
     _apiserver: ManagedProcess | None = None
     _controller_manager: ManagedProcess | None = None
@@ -88,18 +98,25 @@ class ControlPlane:
     # -- life cycle -------------------------------------------------------
 
     @classmethod
-    def start(cls, binaries: Binaries | None = None, *, attempts: int = 3) -> ControlPlane:
+    def start(
+        cls,
+        binaries: Binaries | None = None,
+        *,
+        attempts: int = 3,
+        controllers: tuple[str, ...] = DEFAULT_CONTROLLERS,
+    ) -> ControlPlane:
         """Start a control plane and wait until the API server is ready.
 
         Ports are chosen free but may be taken by someone else before the
         servers bind them; a start that fails that way is retried on new ports.
+        ``controllers`` are the kube-controller-manager controllers to run.
         """
         binaries = binaries or find_binaries()
         reap_leftovers()
         last_error: ControlPlaneError | None = None
         for _ in range(attempts):
             run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
-            plane = cls(binaries=binaries, run_dir=run_dir)
+            plane = cls(binaries=binaries, run_dir=run_dir, controllers=controllers)
             try:
                 plane._start()
             except ControlPlaneError as err:
@@ -157,10 +174,7 @@ class ControlPlane:
             [
                 str(self.binaries.kube_controller_manager),
                 f"--kubeconfig={self.kubeconfig}",
-                # Only what makes ownerReferences and namespace deletion behave
-                # as in a cluster. No node-lifecycle controller: fake nodes
-                # have no kubelet and would be tainted and evicted.
-                "--controllers=garbagecollector,namespace",
+                f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--v=1",
@@ -314,7 +328,7 @@ class ControlPlane:
         """Run kubectl with the admin kubeconfig; raise :class:`KubectlError` on failure when ``check``.
 
         Runs in the repository root, so ``kubectl("apply", "-k", "manifests/")``
-        means the same wherever pytest was started.
+        means the same wherever pytest or the demo was started.
         """
         argv = [
             str(self.binaries.kubectl),
@@ -323,7 +337,7 @@ class ControlPlane:
             *args,
         ]
         result = subprocess.run(  # noqa: PLW1510 - checked below, with stderr in the error
-            argv, input=input, text=True, capture_output=True, timeout=timeout, cwd=REPO_ROOT
+            argv, input=input, text=True, capture_output=True, timeout=timeout, cwd=SOURCE_ROOT
         )
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)

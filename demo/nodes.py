@@ -1,0 +1,154 @@
+"""The simulated GPU nodes: each a sim node, a real agent publishing to the API server, and its repairs.
+
+Many agents share this process, but each is what ``gpuwarden agent
+--backend sim`` runs on its own node: a :class:`~agent.monitor.Monitor` over
+the node's simulated hardware and an :class:`~agent.daemon.AgentDaemon` with
+its own API client, Node and GPUNode, answering remediation's resets and
+validations itself. The demo adds only what a person would do: the reboot
+or replacement an escalation asks for (:meth:`SimulatedNode.repair`), and a
+stopwatch on the poll loop, so the summary can say whether every agent kept
+its poll interval on this machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from kubernetes import client
+
+from agent.config import config_from_dict
+from agent.daemon import AgentDaemon
+from agent.model import HealthReport
+from agent.monitor import Monitor
+from agent.publish.settings import DaemonSettings
+from agent.samples import NodeSample
+from agent.sim.node import SimNode
+from agent.sim.scenario import Scenario
+from gpuwarden.logconfig import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class PollLag:
+    """How late scheduled polls came against the poll interval, as the poll loop saw them."""
+
+    interval_s: float
+    polls: int = 0
+    worst_s: float = 0.0
+    _last: float | None = None
+
+    def scheduled_poll(self, now: float) -> None:
+        if self._last is not None:
+            self.worst_s = max(self.worst_s, now - self._last - self.interval_s)
+        self._last = now
+        self.polls += 1
+
+
+class TimedAgentDaemon(AgentDaemon):
+    """The agent, unchanged, with each scheduled poll's time noted for :class:`PollLag`."""
+
+    def __init__(self, monitor: Monitor, api_client: client.ApiClient, settings: DaemonSettings) -> None:
+        super().__init__(monitor, api_client, settings)
+        self.lag = PollLag(monitor.config.poll_interval_s)
+        self._lag_lock = threading.Lock()
+
+    def on_report(self, report: HealthReport, sample: NodeSample) -> None:
+        if sample.scheduled:
+            with self._lag_lock:
+                self.lag.scheduled_poll(time.monotonic())
+        super().on_report(report, sample)
+
+
+class SimulatedNode:
+    """One simulated GPU node with its agent; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        pool: str,
+        scenario: Scenario,
+        configuration: client.Configuration,
+        *,
+        poll_interval_s: float,
+        heartbeat_period_s: float,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self.scenario = scenario
+        self.sim = SimNode(scenario, identity=name)
+        self.monitor = Monitor(config_from_dict({"poll_interval_s": poll_interval_s}), self.sim.hardware(), name)
+        # Its own client (connection pool), as a separate agent process would have.
+        self.api = client.ApiClient(configuration)
+        self.daemon = TimedAgentDaemon(
+            self.monitor,
+            self.api,
+            DaemonSettings(node_name=name, metrics_port=None, heartbeat_period_s=heartbeat_period_s),
+        )
+        self._processes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.daemon.start()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.monitor.close()
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    @property
+    def published(self) -> bool:
+        return self.daemon.published_seq > 0
+
+    def inject(self, kind: str, **params: object) -> None:
+        self.sim.inject(kind, **params)
+
+    def gpu_uuid(self, index: int) -> str:
+        report = self.monitor.last_report
+        gpus = report.gpus if report is not None else ()
+        return next((g.uuid for g in gpus if g.index == index and g.uuid), "")
+
+    def using(self, gpus: tuple[int, ...], delta: int) -> None:
+        """A container started (``delta`` 1) or stopped (-1) on ``gpus``: their process counts follow.
+
+        A GPU reset waits until no process uses the GPU, as ``nvidia-smi
+        --gpu-reset`` refuses to reset a GPU in use; the stand-in kubelet
+        reports its containers here so the sim knows.
+        """
+        with self._lock:
+            for index in gpus:
+                count = max(0, self._processes.get(index, 0) + delta)
+                self._processes[index] = count
+                try:
+                    self.sim.inject("processes", gpu=index, count=count)
+                except ValueError:
+                    log.warning("demo_gpu_unknown", node=self.name, gpu=index)
+
+    def repair(self) -> list[str]:
+        """What people do for an escalated node: reboot it, replacing what is broken; the entities cleared.
+
+        Every GPU comes back as after a reset (remaps applied, links
+        trained, PCIe at full width), every InfiniBand port up at the
+        scenario's rate, and the agent's latched faults -- the XIDs of the
+        boot before -- are cleared, as a fresh boot starts a fresh kernel log.
+        """
+        for index in range(self.scenario.gpus.count):
+            self.sim.inject("gpu_reset", gpu=index)
+        ib = self.scenario.infiniband
+        for h in range(ib.hcas):
+            for port in range(1, ib.ports_per_hca + 1):
+                self.sim.inject("ib_up", device=f"mlx5_{h}", port=port)
+                self.sim.inject("ib_rate", device=f"mlx5_{h}", port=port, rate_gbps=ib.rate_gbps)
+        report = self.monitor.last_report
+        keys = sorted({f.entity.key for f in report.faults}) if report is not None else []
+        for key in keys:
+            self.monitor.clear(key)
+        log.info("demo_node_repaired", node=self.name, cleared=keys)
+        return keys
+
+    def clean(self) -> bool:
+        """Whether the agent's latest report shows no fault on this node."""
+        report = self.monitor.last_report
+        return report is not None and not report.faults

@@ -1,0 +1,1 @@
+"""The demo scenarios shipped with gpuwarden (package data, read by :mod:`demo.scenario`)."""

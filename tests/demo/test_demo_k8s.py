@@ -1,0 +1,197 @@
+"""``gpuwarden demo`` end to end, shortened: real effects read back from its API server while it runs.
+
+The demo starts its own control plane, so the test runs it as a process
+(``python -m demo``, the same command ``gpuwarden demo`` runs) with few
+nodes, a short duration and plain output, reads the kubeconfig path it
+prints, and watches the cluster through it as a person with kubectl would:
+the faulty nodes' conditions, their pods evicted and their jobs placed
+again, a GPU quarantined and returned after the agent's reset and
+validation, a node returned after people cleared its escalation, and every
+queue within one GPU of its fair share at the end. Afterwards nothing the
+demo started may still run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from demo.scenario import load_scenario
+from gpuwarden import contract
+from tests.harness import RUN_DIR_PREFIX
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = 6
+DURATION_S = 150
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(DURATION_S + 240)]
+
+
+@dataclass
+class Seen:
+    """What the test read from the demo's API server while it ran."""
+
+    conditions: dict[str, set[str]] = field(default_factory=dict)  # node -> condition types seen True
+    on_faulty: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # pod uid -> (job, node, phase)
+    placements: list[tuple[str, str, str]] = field(default_factory=list)  # (job, node, uid) of running pods
+    present: set[str] = field(default_factory=set)  # uids of the demo's pods in the latest read
+    node_events: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    reads: int = 0
+
+
+def _watch(api: client.ApiClient, faulty: set[str], seen: Seen, stop: threading.Event) -> None:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    while not stop.is_set():
+        try:
+            for node in core.list_node().items:
+                true = {c.type for c in node.status.conditions or [] if c.status == "True"}
+                seen.conditions.setdefault(node.metadata.name, set()).update(true)
+            pods = core.list_pod_for_all_namespaces(label_selector="app.kubernetes.io/part-of=gpuwarden-demo").items
+            seen.present = {p.metadata.uid for p in pods}
+            for pod in pods:
+                job = (pod.metadata.labels or {}).get("demo.gpuwarden.io/job", "")
+                node = pod.spec.node_name
+                if node and pod.status.phase == "Running":
+                    seen.placements.append((job, node, pod.metadata.uid))
+                if node in faulty:
+                    seen.on_faulty[pod.metadata.uid] = (job, node, pod.status.phase)
+            events = core.list_event_for_all_namespaces().items
+            seen.node_events = [(e.involved_object.name, e.reason) for e in events if e.involved_object.kind == "Node"]
+            listed = custom.list_cluster_custom_object(
+                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL
+            )
+            seen.queues = listed["items"]
+            seen.reads += 1
+        except Exception:  # the demo is tearing its cluster down: the last good read stands
+            if stop.wait(0.5):
+                return
+        stop.wait(2.0)
+
+
+@pytest.fixture
+def demo_run() -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo", "--nodes", str(NODES), "--duration", str(DURATION_S), "--no-tty"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(10)
+
+
+def _leftovers(run_dir: str) -> list[str]:
+    """Processes whose command line names the demo's control-plane folder."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if run_dir.encode() in (entry / "cmdline").read_bytes():
+                    found.append(entry.name)
+            except OSError:
+                continue
+    return found
+
+
+def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
+    demo_run: tuple[subprocess.Popen[str], list[str]],
+) -> None:
+    proc, lines = demo_run
+    assert proc.stdout is not None
+    scenario = load_scenario("default")
+    faulty = {f"gpu-node-{f.node:02d}" for f in scenario.faults if f.node < NODES}
+    kubeconfig = ""
+    for line in proc.stdout:
+        lines.append(line)
+        match = re.search(r"kubeconfig: (\S+)", line)
+        if match:
+            kubeconfig = match.group(1)
+            break
+    assert kubeconfig, "".join(lines)
+    run_dir = str(Path(kubeconfig).parent)
+    assert Path(run_dir).name.startswith(RUN_DIR_PREFIX)
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    seen = Seen()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(api, faulty, seen, stop), daemon=True)
+    watcher.start()
+    lines.extend(proc.stdout)  # until the demo exits and closes its output
+    rc = proc.wait(60)
+    stop.set()
+    watcher.join(15)
+    output = "".join(lines)
+    assert rc == 0, output
+    assert seen.reads > 10, output
+
+    # Each fault raised its condition on its node: seen True by a read, or (a GPU reset can clear it
+    # between two reads) announced by the agent's Event with the condition's reason.
+    expected = {
+        "gpu-node-00": (contract.ConditionType.GPU_XID_ERROR, "Xid48"),
+        "gpu-node-01": (contract.ConditionType.GPU_XID_ERROR, "Xid79"),
+        "gpu-node-02": (contract.ConditionType.GPU_MEMORY_DEGRADED, contract.Reason.ROW_REMAP_PENDING.value),
+        "gpu-node-03": (contract.ConditionType.GPU_NVLINK_DEGRADED, contract.Reason.NVLINK_DOWN.value),
+        "gpu-node-04": (contract.ConditionType.INFINIBAND_DEGRADED, contract.Reason.IB_RATE_DEGRADED.value),
+    }
+    reasons = {(node, reason) for node, reason in seen.node_events}
+    for node, (ctype, reason) in expected.items():
+        shown = ctype.value in seen.conditions.get(node, set()) or (node, reason) in reasons
+        assert shown, (node, seen.conditions.get(node), sorted(r for n, r in reasons if n == node))
+
+    # Their work was evicted (deleted while it ran: a finished pod stays, Succeeded) and placed again elsewhere.
+    evicted = {
+        (job, node)
+        for uid, (job, node, phase) in seen.on_faulty.items()
+        if phase == "Running" and uid not in seen.present
+    }
+    replaced = {(job, node) for job, node in evicted if any(j == job and n != node for j, n, _ in seen.placements)}
+    assert replaced, (evicted, output)
+
+    # Remediation ran to its end: a GPU quarantined and returned, a node escalated and returned.
+    assert ("gpu-node-00", "GpuQuarantined") in reasons and ("gpu-node-00", "GpuReturned") in reasons, reasons
+    for node in ("gpu-node-01", "gpu-node-04"):
+        assert {(node, "RepairEscalated"), (node, "EscalationCleared"), (node, "NodeReturned")} <= reasons, reasons
+
+    # Every queue within one GPU of its fair share at the end.
+    def gpus(status: dict[str, Any], key: str) -> float:
+        return float((status.get(key) or {}).get("gpu", 0))
+
+    off = {
+        q["metadata"]["name"]: (gpus(q.get("status") or {}, "allocated"), gpus(q.get("status") or {}, "fairShare"))
+        for q in seen.queues
+    }
+    assert off and all(abs(a - f) <= 1.0 for a, f in off.values()), off
+
+    # The summary says what happened, with the performance figures.
+    assert "summary after" in output and "worst lag" in output and "lost" in output
+    assert "nothing left running" in output
+
+    # Nothing left: no process of the demo's control plane, and its folder gone.
+    assert _leftovers(run_dir) == []
+    assert not Path(run_dir).exists()
+    api.close()
