@@ -28,6 +28,7 @@ from agent.model import EntityKind, Fault, HealthReport
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason, worst_action
 from gpuwarden.kube import JSON, KubeApi
 from gpuwarden.logconfig import get_logger
+from gpuwarden.timefmt import parse_time as shared_parse_time
 
 log = get_logger(__name__)
 
@@ -98,15 +99,9 @@ def format_time(ts: datetime) -> str:
 
 
 def parse_time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.replace(microsecond=0)
+    """An RFC 3339 time to the second, as Kubernetes keeps condition times (None when it is not one)."""
+    parsed = shared_parse_time(text)
+    return parsed.replace(microsecond=0) if parsed is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from gpuwarden.contract import (
 )
 from gpuwarden.kube import JSON
 from gpuwarden.logconfig import get_logger
+from gpuwarden.timefmt import parse_time as parse_instant
 
 log = get_logger(__name__)
 
@@ -43,17 +44,6 @@ def format_instant(ts: datetime) -> str:
     """RFC 3339 with microseconds: a validation must be seen to finish after
     the reset it follows, often within the same second."""
     return ts.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def parse_instant(text: object) -> datetime | None:
-    """An RFC 3339 time, fractions of a second kept (None when it is not one)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 # The CRD's bounds: maxItems of each list, maxLength of a message.

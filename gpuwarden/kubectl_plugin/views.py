@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import ConditionType, PodGroupConditionType
+from gpuwarden.timefmt import parse_time
 
 JSON = Mapping[str, Any]
 
@@ -76,17 +77,6 @@ def _zero(amount: str | None) -> bool:
         return float(digits) == 0
     except ValueError:
         return False
-
-
-def parse_time(text: object) -> datetime | None:
-    """An RFC 3339 time as the API server writes it (``2026-12-01T14:05:00Z``), else None."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def age(then: datetime | None, now: datetime) -> str:

@@ -55,6 +55,7 @@ from gpuwarden import contract
 from gpuwarden.contract import EvictionAction
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
+from gpuwarden.timefmt import parse_epoch
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.convert import node_from_objects
 from scheduler.cluster.evict import Evictor, EvictOutcome
@@ -98,15 +99,6 @@ def request_time(ts: float) -> str:
     return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _epoch(text: object) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
@@ -135,10 +127,10 @@ def _fault_starts(gpunode: Mapping[str, Any] | None) -> dict[tuple[str, str, int
         if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
             continue
         for fault in _list(gpu, "faults"):
-            if isinstance(fault, dict) and (since := _epoch(fault.get("since"))) is not None:
+            if isinstance(fault, dict) and (since := parse_epoch(fault.get("since"))) is not None:
                 out[(str(fault.get("condition")), str(fault.get("reason")), gpu["index"])] = since
     for fault in _list(status, "nodeFaults"):
-        if isinstance(fault, dict) and (since := _epoch(fault.get("since"))) is not None:
+        if isinstance(fault, dict) and (since := parse_epoch(fault.get("since"))) is not None:
             out[(str(fault.get("condition")), str(fault.get("reason")), None)] = since
     return out
 
@@ -185,8 +177,8 @@ def agent_answers(gpunode: Mapping[str, Any] | None) -> tuple[tuple[ResetResult,
 
 
 def _answer_time(entry: Mapping[str, Any]) -> float | None:
-    finished = _epoch(entry.get("finishedAt"))
-    requested = _epoch(entry.get(contract.REMEDIATION_REQUESTED_AT))
+    finished = parse_epoch(entry.get("finishedAt"))
+    requested = parse_epoch(entry.get(contract.REMEDIATION_REQUESTED_AT))
     if finished is None or requested is None:
         return None
     # An answer comes after its request (causality, whatever the clocks say).

@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden import contract
+from gpuwarden.timefmt import parse_epoch
 from scheduler.cluster.assignment import encode_assignment
 from scheduler.engine.model import Bind, Gpu, Node
-from scheduler.remediation.controller import _epoch, agent_answers, pods_on, request_time
+from scheduler.remediation.controller import agent_answers, pods_on, request_time
 
 ASKED = "2026-12-01T10:00:00.250000Z"
 
@@ -27,7 +28,7 @@ def _gpunode(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
 def test_a_request_time_reads_back_within_a_microsecond_never_earlier_than_float_spacing(ts: float) -> None:
     # Microseconds round up; reading back as a float loses at most its own
     # spacing (under 0.5 us at these times), which the answer's +1 us covers.
-    back = _epoch(request_time(ts))
+    back = parse_epoch(request_time(ts))
     assert back is not None and ts - 5e-7 <= back < ts + 2e-6
 
 
