@@ -61,7 +61,10 @@ log = get_logger(__name__)
 MANIFESTS = SOURCE_ROOT / "manifests"
 DEMO_MANIFESTS = Path(__file__).resolve().parent / "manifests"
 # What a cluster runs as pods, which the local cluster cannot: no kubelet.
-_NEEDS_KUBELET = frozenset({"DaemonSet", "Deployment", "Service"})
+# The admission webhook is served by the scheduler pod's second container and
+# reached through its Service: neither runs here, and with its failurePolicy
+# Fail the configuration alone would refuse every GPU slice pod.
+_NEEDS_KUBELET = frozenset({"DaemonSet", "Deployment", "Service", "MutatingWebhookConfiguration"})
 READY_TIMEOUT_S = 120.0
 
 
@@ -267,6 +270,8 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
             view.show(observer.latest)
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     finally:
+        # A second Ctrl-C (or one forwarded twice) must not cut the summary short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         view.close()
         # The summary's last read, before anything stops.
         workload.stop()

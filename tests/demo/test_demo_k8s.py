@@ -46,6 +46,7 @@ class Seen:
     placements: list[tuple[str, str, str]] = field(default_factory=list)  # (job, node, uid) of running pods
     present: set[str] = field(default_factory=set)  # uids of the demo's pods in the latest read
     node_events: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
+    slices_run: set[str] = field(default_factory=set)  # uids of GPU-slice pods seen running
     queues: list[dict[str, Any]] = field(default_factory=list)
     reads: int = 0
 
@@ -65,6 +66,8 @@ def _watch(api: client.ApiClient, faulty: set[str], seen: Seen, stop: threading.
                 node = pod.spec.node_name
                 if node and pod.status.phase == "Running":
                     seen.placements.append((job, node, pod.metadata.uid))
+                    if contract.ANNOTATION_GPU_FRACTION in (pod.metadata.annotations or {}):
+                        seen.slices_run.add(pod.metadata.uid)
                 if node in faulty:
                     seen.on_faulty[pod.metadata.uid] = (job, node, pod.status.phase)
             events = core.list_event_for_all_namespaces().items
@@ -188,6 +191,8 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     assert off and all(abs(a - f) <= 1.0 for a, f in off.values()), off
 
     # The summary says what happened, with the performance figures.
+    # GPU slices are admitted and run (nothing in the demo's cluster refuses them).
+    assert seen.slices_run, output
     assert "summary after" in output and "worst lag" in output and "lost" in output
     assert "nothing left running" in output
 
