@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import ipaddress
 import os
 import ssl
 import tempfile
@@ -90,40 +89,12 @@ def self_signed_pem(hosts: Sequence[str], *, validity: dt.timedelta = SELF_SIGNE
     Each host that parses as an IP address becomes an IP subject alternative
     name, every other one a DNS name; the first names the subject.
     """
-    from cryptography import x509  # noqa: PLC0415 -- only a TLS-mode server pays for the import
-    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
-    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 -- only a TLS-mode server pays for it
 
-    if not hosts:
-        raise ValueError("a certificate needs at least one host name")
-    names: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):  # unique, in order
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        # An hour back: a node whose clock is a little behind still accepts it.
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + validity)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+    from gpuwarden import pki  # noqa: PLC0415
+
+    cert, key = pki.new_serving(hosts, dt.datetime.now(dt.UTC), validity)
+    return cert.public_bytes(serialization.Encoding.PEM), pki.key_pem(key)
 
 
 class ServingCertificate:

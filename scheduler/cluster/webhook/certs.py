@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 import os
 import tempfile
 import threading
@@ -41,11 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuwarden import contract
+from gpuwarden import contract, pki
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from gpuwarden.servingcert import ServingCertificate
@@ -75,44 +73,10 @@ class CertSettings:
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 def new_ca(now: dt.datetime, validity: dt.timedelta) -> tuple[x509.Certificate, bytes]:
     """A CA certificate and its PEM key, named for the webhook and the time it was made (names must differ)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, f"{contract.WEBHOOK_COMPONENT}-ca-{int(now.timestamp())}")]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    return cert, _key_pem(key)
+    cert, key = pki.new_ca(f"{contract.WEBHOOK_COMPONENT}-ca-{int(now.timestamp())}", now, validity, path_length=0)
+    return cert, pki.key_pem(key)
 
 
 def new_serving(
@@ -122,27 +86,8 @@ def new_serving(
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA key is not an EC key")
-    names: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(min(now + validity, ca.not_valid_after_utc))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+    cert, key = pki.new_serving(hosts, now, validity, issuer=(ca, ca_key))
+    return cert.public_bytes(serialization.Encoding.PEM), pki.key_pem(key)
 
 
 def _due(cert: x509.Certificate, now: dt.datetime) -> bool:
