@@ -22,17 +22,20 @@ Measured, each over 3 runs (min and median):
   pods changed [target under 0.3 s], (iii) one after 1,000 pending pods
   (125 gangs) arrived [target under 1 s]. A cycle here is the cache's view,
   the engine's input (grouping and Snapshot, ``SchedulingCycle.prepare``)
-  and ``run_session``, without the executors (no API calls). Each is timed
-  on today's full rebuild (every object converted by ``snapshot_from``,
-  ``incremental=False``) and on the incremental cycle, in the same process
-  on the same views, alternating which goes first; both must give equal
-  snapshots and decisions. Each prints its phases: view, prepare, the
-  session's build, the whole session.
+  and the session (``SchedulingCycle.decide``), without the executors (no
+  API calls). Each is timed on the full rebuild (every object converted by
+  ``snapshot_from`` and the working state built from all of it,
+  ``incremental=False``) and on the incremental cycle (conversions kept per
+  cache entry, the engine's working state kept and updated by what
+  changed), in the same process on the same views, alternating which goes
+  first; both must give equal snapshots and decisions. Each prints its
+  phases: view, prepare, the session's build (or update), its undo, the
+  whole session.
 
-With Python's default collector thresholds about two thirds of the sync is
-spent collecting the young containers of each decoded page;
-``--gc-threshold0 50000`` shows what the scheduler process gains by raising
-the first threshold.
+The collector runs with the scheduler process's thresholds
+(``scheduler.cluster.runner.GC_THRESHOLDS``); with Python's default
+(``--gc-threshold0 700``) about two thirds of the sync is spent collecting
+the young containers of each decoded page.
 """
 
 from __future__ import annotations
@@ -55,11 +58,10 @@ from gpuwarden.kube import KubeApi
 from scheduler.cluster.assemble import canonical
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
 from scheduler.cluster.cycle import SchedulingCycle
-from scheduler.cluster.runner import ClusterViews, cluster_view
+from scheduler.cluster.runner import GC_THRESHOLDS, ClusterViews, cluster_view
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import Reflector, ReflectorSettings
 from scheduler.engine.model import Decisions, Snapshot
-from scheduler.engine.session import run_session
 
 PAGE = 500
 RUNS = 3
@@ -537,8 +539,9 @@ class CycleTimes:
 
     view: float  # cache.view() and the cycle's keys
     prepare: float  # grouping and the Snapshot (the engine's input)
-    build: float  # the session's build_cluster
-    session: float  # the whole session (build, actions, decisions)
+    build: float  # the session's build (old) or update (new) of the working state
+    undo: float  # taking the session's work back out of the kept state (new only)
+    session: float  # the whole session (build, actions, decisions, undo)
 
     @property
     def total(self) -> float:
@@ -560,9 +563,10 @@ def timed_cycle(
     snapshot = cycle.prepare(view, NOW)
     prepared = clock()
     phases: dict[str, float] = {}
-    decisions = run_session(snapshot, phases)
+    decisions = cycle.decide(snapshot, phases)
     done = clock()
-    return CycleTimes(viewed - began, prepared - viewed, phases["build"], done - prepared), snapshot, decisions
+    times = CycleTimes(viewed - began, prepared - viewed, phases["build"], phases.get("undo", 0.0), done - prepared)
+    return times, snapshot, decisions
 
 
 @dataclass(frozen=True)
@@ -622,14 +626,13 @@ def main() -> None:
     parser.add_argument(
         "--gc-threshold0",
         type=int,
-        default=None,
-        help="the cyclic collector's first threshold (Python's default: 700); decoding a list page makes tens "
-        "of thousands of containers, and collecting them young is most of the sync's cost",
+        default=GC_THRESHOLDS[0],
+        help="the cyclic collector's first threshold (default: the scheduler process's; Python's is 700); decoding "
+        "a list page makes tens of thousands of containers, and collecting them young is most of the sync's cost",
     )
     args = parser.parse_args()
-    if args.gc_threshold0 is not None:
-        _, second, third = gc.get_threshold()
-        gc.set_threshold(args.gc_threshold0, second, third)
+    _, second, third = GC_THRESHOLDS
+    gc.set_threshold(args.gc_threshold0, second, third)
     print(f"gc thresholds {gc.get_threshold()}")
 
     print(f"building {args.nodes} Nodes, {args.nodes} GPUNodes and {args.pods} Pods as list pages ...", flush=True)
@@ -712,9 +715,10 @@ def main() -> None:
         f" ({per_raw / 1024:.1f} KiB a pod, measured on 10,000)"
     )
     print(
-        "cycles: the cache's view, the engine's input (grouping, Snapshot) and run_session; no API calls "
+        "cycles: the cache's view, the engine's input (grouping, Snapshot) and the session; no API calls "
         "(binds, evictions and status writes are not part of it). old: every object converted each cycle "
-        "(snapshot_from); new: conversions kept per cache entry (SnapshotAssembler)"
+        "(snapshot_from) and the working state built from all of it (run_session); new: conversions kept per "
+        "cache entry (SnapshotAssembler) and the working state kept, undone and updated (Engine)"
     )
     titles = {
         "i": "(i) first full cycle",
@@ -728,7 +732,7 @@ def main() -> None:
         for side in ("old", "new"):
             runs = results[key][side]
             print(line(f"{title}, {side}", [r.total for r in runs], "s") + (targets[key] if side == "new" else ""))
-            for phase in ("view", "prepare", "build", "session"):
+            for phase in ("view", "prepare", "build", "undo", "session"):
                 print(line(f"    {phase}", [getattr(r, phase) for r in runs], "s"))
 
 

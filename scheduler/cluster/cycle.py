@@ -47,6 +47,7 @@ from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
+from scheduler.engine.incremental import Engine
 from scheduler.engine.model import Decisions, Job, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
 from scheduler.engine.session import run_session
 
@@ -201,6 +202,9 @@ class SchedulingCycle:
         self._groupings: dict[str, _Grouping] = {}
         self._podgroups: dict[tuple[str, str], tuple[Mapping[str, Any], GroupInfo | None]] = {}
         self._snapshots = SnapshotAssembler()
+        # The engine's working state kept from session to session (undone
+        # and updated by the jobs and nodes that changed) when incremental.
+        self._engine = Engine() if incremental else None
         # Derived PodGroups this cycle found missing, created after its binds.
         self._to_create: dict[tuple[str, str], GroupSpec] = {}
         self._writers = writers
@@ -620,12 +624,18 @@ class SchedulingCycle:
             reservations = reservations_from(view.podgroups)
         return replace(self._track_short_gangs(snapshot, now), reservations=reservations)
 
+    def decide(self, snapshot: Snapshot, timings: dict[str, float] | None = None) -> Decisions:
+        """The engine's session over ``snapshot`` (on the kept working state when incremental)."""
+        if self._engine is None:
+            return run_session(snapshot, timings)
+        return self._engine.run(snapshot, timings)
+
     def run(self, view: ClusterView) -> CycleResult:
         started = time.monotonic()
         now = self._clock()
         snapshot = self.prepare(view, now)
         timings: dict[str, float] = {}
-        decisions = run_session(snapshot, timings)
+        decisions = self.decide(snapshot, timings)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         nodes = {n.name: n for n in snapshot.nodes}

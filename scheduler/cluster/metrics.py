@@ -54,7 +54,8 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
     _doc(
         "session_phase_duration_seconds",
         "histogram",
-        "Seconds the scheduling session spent per phase (build, each action, decisions).",
+        "Seconds the scheduling session spent per phase "
+        "(build or update of the working state, each action, decisions, undo).",
         ["phase"],
     ),
     _doc("cycles_total", "counter", "Scheduling cycles run by this replica, by result (ok, error).", ["result"]),

@@ -48,6 +48,11 @@ from scheduler.remediation.policy import ControllerSettings
 
 log = get_logger(__name__)
 
+# The cyclic collector's thresholds in the scheduler process. Syncing 150,000
+# pods allocates millions of long-lived dicts; Python's default (700) would
+# spend most of the sync scanning them young (benchmarks/scheduler_cache.py).
+GC_THRESHOLDS = (50_000, 10, 10)
+
 JSON = dict[str, Any]
 
 
@@ -288,9 +293,7 @@ class SchedulerRunner:
         return False, "cache not synced yet"
 
     def run(self, stop: threading.Event) -> None:
-        # Syncing 150,000 pods allocates millions of long-lived dicts; the
-        # default collector thresholds would spend most of the sync scanning them.
-        gc.set_threshold(50_000, 10, 10)
+        gc.set_threshold(*GC_THRESHOLDS)
         if self.server is not None:
             self.server.start()
         self.cache.start()

@@ -14,7 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
-from scheduler.engine.model import Job, PendingReason, Snapshot, Task, TaskStatus
+from scheduler.engine.model import Job, Node, PendingReason, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
@@ -33,6 +33,55 @@ from scheduler.engine.state import (
 log = get_logger(__name__)
 
 
+def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
+    """The working state of one node, empty: its health verdict, GPUs and tier."""
+    verdict = judge(spec)
+    if verdict.node_fatal is not None:
+        excluded: str | None = verdict.node_fatal
+    elif not spec.schedulable:
+        excluded = "cordoned"
+    else:
+        excluded = None
+    gpu_index = [g.index for g in spec.gpus]
+    gpu_mem = [g.memory_mib for g in spec.gpus]
+    bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
+    # A GPU in MIG mode is handed out as MIG devices, which are not ours
+    # to place: it takes neither whole-GPU pods nor slices, and is no
+    # part of the capacity fair share divides.
+    gpu_ok = [r is None and not g.mig_enabled for r, g in zip(bad_reason, spec.gpus, strict=True)]
+    return NodeState(
+        spec=spec,
+        pool=pool,
+        pidx=pidx,
+        free_cpu=spec.cpu_milli,
+        free_mem=spec.memory_mib,
+        gpu_index=gpu_index,
+        gpu_mem=gpu_mem,
+        gpu_free=list(gpu_mem),
+        gpu_whole=[0] * len(gpu_mem),
+        gpu_slices=[0] * len(gpu_mem),
+        gpu_ok=gpu_ok,
+        gpu_bad_reason=bad_reason,
+        dense=gpu_index == list(range(len(gpu_index))),
+        free_whole=sum(gpu_ok),
+        mig=any(g.mig_enabled for g in spec.gpus),
+        accepts=excluded is None,
+        excluded=excluded,
+        node_fatal=verdict.node_fatal,
+        degraded=verdict.degraded,
+        tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
+    )
+
+
+def add_capacity(node: NodeState, sign: int = 1) -> None:
+    """Count an empty node's offer in its pool's capacity (``sign`` -1 takes it out)."""
+    if node.accepts:
+        cap = node.pool.capacity
+        cap[GPU] += sign * MILLI * sum(node.gpu_ok)
+        cap[CPU] += sign * node.spec.cpu_milli
+        cap[MEMORY] += sign * node.spec.memory_mib
+
+
 def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, NodeState]]:
     config = snapshot.config
     pools: dict[str, PoolState] = {}
@@ -45,54 +94,16 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
         if pool is None:
             pool = PoolState(spec.pool, config.strategy(spec.pool))
             pools[spec.pool] = pool
-        verdict = judge(spec)
-        if verdict.node_fatal is not None:
-            excluded: str | None = verdict.node_fatal
-        elif not spec.schedulable:
-            excluded = "cordoned"
-        else:
-            excluded = None
-        gpu_index = [g.index for g in spec.gpus]
-        gpu_mem = [g.memory_mib for g in spec.gpus]
-        bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
-        # A GPU in MIG mode is handed out as MIG devices, which are not ours
-        # to place: it takes neither whole-GPU pods nor slices, and is no
-        # part of the capacity fair share divides.
-        gpu_ok = [r is None and not g.mig_enabled for r, g in zip(bad_reason, spec.gpus, strict=True)]
-        node = NodeState(
-            spec=spec,
-            pool=pool,
-            pidx=len(pool.nodes),
-            free_cpu=spec.cpu_milli,
-            free_mem=spec.memory_mib,
-            gpu_index=gpu_index,
-            gpu_mem=gpu_mem,
-            gpu_free=list(gpu_mem),
-            gpu_whole=[0] * len(gpu_mem),
-            gpu_slices=[0] * len(gpu_mem),
-            gpu_ok=gpu_ok,
-            gpu_bad_reason=bad_reason,
-            dense=gpu_index == list(range(len(gpu_index))),
-            free_whole=sum(gpu_ok),
-            mig=any(g.mig_enabled for g in spec.gpus),
-            accepts=excluded is None,
-            excluded=excluded,
-            node_fatal=verdict.node_fatal,
-            degraded=verdict.degraded,
-            tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
-        )
+        node = make_node(spec, pool, len(pool.nodes))
         pool.nodes.append(node)
         nodes[spec.name] = node
         if spec.gpus:
+            gpu_mem = node.gpu_mem
             pool.reference_gpu_mem = max(pool.reference_gpu_mem, *gpu_mem)
             low = min(gpu_mem)
             pool.min_gpu_mem = low if pool.min_gpu_mem == 0 else min(pool.min_gpu_mem, low)
             pool.max_gpus = max(pool.max_gpus, len(gpu_mem))
-        if node.accepts:
-            cap = pool.capacity
-            cap[GPU] += MILLI * node.free_whole
-            cap[CPU] += spec.cpu_milli
-            cap[MEMORY] += spec.memory_mib
+        add_capacity(node)
     return pools, nodes
 
 
@@ -125,9 +136,20 @@ def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict
 
 
 def build_cluster(snapshot: Snapshot) -> Cluster:
+    """The working state of ``snapshot``, with its placement indexes."""
+    cluster, _, _ = build_state(snapshot)
+    return cluster
+
+
+def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
+    """:func:`build_cluster`, the builder that can add jobs to it later, and the queue tree.
+
+    The builder remembers the parsed GPU requests and which pods are seated,
+    which is what :mod:`scheduler.engine.incremental` needs to update the
+    state by the jobs that changed instead of building it again.
+    """
     pools, nodes = _build_pools(snapshot)
     queues, tree = _build_queues(snapshot, pools)
-    queue_errors = tree.errors
     cluster = Cluster(
         pools=pools,
         nodes=nodes,
@@ -137,41 +159,90 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
         stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
         reservation_ttl_s=snapshot.config.reservation_ttl_s,
     )
-    # Parsed GPU requests by (whole GPUs, annotations), and their milli-GPU
-    # charge per pool: 150,000 pods have a handful of distinct requests.
-    parsed: dict[object, GpuRequest | str] = {}
-    by_pool: dict[str, dict[object, tuple[GpuRequest, int, str | None]]] = {}
-    demand: dict[str, list[int]] = {}
-    # A pod seen twice (same namespace and name, or same uid) is seated and
-    # charged once: counting it twice would hide capacity it does not use.
-    seen_pods: set[tuple[str, str]] = set()
-    seen_uids: set[str] = set()
+    builder = JobBuilder(cluster, tree.errors)
     for key, spec in _unique_jobs(snapshot):
-        queue = queues.get(spec.queue)
+        builder.add(key, spec)
+    share_out(cluster, tree)
+    seat_reservations(cluster, snapshot.reservations)
+    cluster.index_all()
+    return cluster, builder, tree
+
+
+def share_out(cluster: Cluster, tree: QueueTree) -> None:
+    """Every queue's fair share and request, from the pools' capacity and the jobs' demand."""
+    demand: dict[str, list[int]] = {}
+    for queue in cluster.queues.values():
+        queue.share = [0, 0, 0]
+        queue.request = [0, 0, 0]
+        if queue.jobs:
+            want = demand[queue.name] = [0, 0, 0]
+            for job in queue.jobs:
+                have = job.demand
+                want[GPU] += have[GPU]
+                want[CPU] += have[CPU]
+                want[MEMORY] += have[MEMORY]
+    rows = fair_shares(tree, {name: p.capacity for name, p in cluster.pools.items()}, demand)
+    for name, row in rows.items():
+        state = cluster.queues[name]
+        state.share = list(row.fair_share)
+        state.request = list(row.request)
+
+
+class JobBuilder:
+    """Turns a snapshot's jobs into job states, seating and charging their running pods.
+
+    One builder serves a cluster for as long as it lives: GPU requests are
+    parsed once per distinct (GPUs, annotations) -- 150,000 pods have a
+    handful -- and a pod seen twice (same namespace and name, or same uid)
+    is seated and charged once, since counting it twice would hide capacity
+    it does not use. ``irregular`` counts what made the state depend on the
+    order jobs were added in (a duplicate pod kept from the first job, a
+    running pod's missing GPUs guessed from what was free): a state with
+    such input is only ever rebuilt, never updated.
+    """
+
+    def __init__(self, cluster: Cluster, queue_errors: dict[str, str]) -> None:
+        self.cluster = cluster
+        self.queue_errors = queue_errors
+        self.parsed: dict[object, GpuRequest | str] = {}
+        self.by_pool: dict[str, dict[object, tuple[GpuRequest, int, str | None]]] = {}
+        self.seen_pods: set[tuple[str, str]] = set()
+        self.seen_uids: set[str] = set()
+        self.irregular = 0
+
+    def add(self, key: str, spec: Job) -> JobState:
+        """Add one job; the caller keeps ``cluster.jobs`` and ``queue.jobs`` in key order."""
+        cluster = self.cluster
+        queue = cluster.queues.get(spec.queue)
         error: PendingReason | None = None
         if queue is None:
-            why = queue_errors.get(spec.queue, f"queue {spec.queue} does not exist")
+            why = self.queue_errors.get(spec.queue, f"queue {spec.queue} does not exist")
             error = PendingReason(UnschedulableReason.UNKNOWN_QUEUE, why)
         elif not queue.tree.is_leaf:
             error = PendingReason(
                 UnschedulableReason.NOT_LEAF_QUEUE, f"queue {spec.queue} has child queues; only leaf queues take jobs"
             )
             queue = None
-        pool = pools[queue.pool] if queue is not None else None
+        pool = cluster.pools[queue.pool] if queue is not None else None
         job = JobState(spec=spec, key=key, queue=queue, pool=pool, preemptible=spec.is_preemptible, error=error)
         if queue is not None:
             queue.jobs.append(job)
         cluster.jobs.append(job)
+        nodes = cluster.nodes
+        seen_pods = self.seen_pods
+        seen_uids = self.seen_uids
+        parsed = self.parsed
         has_pending = False
         tasks = spec.tasks if len(spec.tasks) == 1 else sorted(spec.tasks, key=_task_name)
         # Per job: everything asked (demand) and what running pods hold.
         want_gpu = want_cpu = want_mem = 0
         held_gpu = held_cpu = held_mem = 0
-        known = by_pool.setdefault(pool.name if pool is not None else "", {})
+        known = self.by_pool.setdefault(pool.name if pool is not None else "", {})
         for tspec in tasks:
             ident = (tspec.namespace, tspec.name)
             if ident in seen_pods or (tspec.uid and tspec.uid in seen_uids):
                 log.warning("duplicate pod in snapshot; keeping the first", job=key, pod=tspec.name, uid=tspec.uid)
+                self.irregular += 1
                 continue
             seen_pods.add(ident)
             if tspec.uid:
@@ -212,31 +283,29 @@ def build_cluster(snapshot: Snapshot) -> Cluster:
                 has_pending = True
                 if never is not None and job.error is None:
                     job.error = PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"pod {tspec.name} {never}")
-            elif _seat_running(nodes, task):
-                held_gpu += milli
-                held_cpu += cpu
-                held_mem += mem
-        if queue is not None:
-            want = demand.setdefault(queue.name, [0, 0, 0])
-            want[GPU] += want_gpu
-            want[CPU] += want_cpu
-            want[MEMORY] += want_mem
-            if held_gpu or held_cpu or held_mem:
-                Cluster.charge(queue, job.preemptible, held_gpu, held_cpu, held_mem)
+            else:
+                seated = seat_running(nodes, task)
+                if seated is not None:
+                    held_gpu += milli
+                    held_cpu += cpu
+                    held_mem += mem
+                    if seated:
+                        self.irregular += 1
+        job.demand = (want_gpu, want_cpu, want_mem)
+        if queue is not None and (held_gpu or held_cpu or held_mem):
+            Cluster.charge(queue, job.preemptible, held_gpu, held_cpu, held_mem)
+        job.has_pending = has_pending
         if has_pending:
             cluster.pending_jobs.append(job)
-    rows = fair_shares(
-        tree,
-        {name: p.capacity for name, p in pools.items()},
-        demand,
-    )
-    for name, row in rows.items():
-        state = queues[name]
-        state.share = list(row.fair_share)
-        state.request = list(row.request)
-    seat_reservations(cluster, snapshot.reservations)
-    cluster.index_all()
-    return cluster
+        return job
+
+    def forget(self, job: JobState) -> None:
+        """Take a job's pods out of the seen pods (the caller unseats and uncharges them)."""
+        for task in job.tasks:
+            spec = task.spec
+            self.seen_pods.discard((spec.namespace, spec.name))
+            if spec.uid:
+                self.seen_uids.discard(spec.uid)
 
 
 _NO_GPU = GpuRequest()
@@ -295,13 +364,16 @@ def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
     return [(key, chosen[key]) for key in sorted(chosen)]
 
 
-def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
-    """Put a running pod where the snapshot says it is; False if it cannot be."""
+def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
+    """Put a running pod where the snapshot says it is; None if it cannot be.
+
+    True when some of its GPUs had to be guessed (:func:`_complete_assignment`).
+    """
     spec = task.spec
     node = nodes.get(spec.node) if spec.node is not None else None
     if node is None:
         log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
-        return False
+        return None
     indices = spec.gpu_indices
     positions: tuple[int, ...] = indices
     # Fast path: devices numbered 0..n-1 (as they nearly always are), so an
@@ -318,14 +390,15 @@ def _seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool:
     gpu = task.gpu
     wanted = gpu.devices if gpu.is_slice else gpu.whole
     count = len(positions)
-    if count < wanted or (count > 1 and len(set(positions)) < count):
+    guessed = count < wanted or (count > 1 and len(set(positions)) < count)
+    if guessed:
         positions = _complete_assignment(node, task, positions, wanted)
     if gpu.is_slice:
         mem = node.gpu_mem
         Cluster.seat(task, node, positions, tuple([gpu.slice_on(mem[p]) for p in positions]))
     else:
         Cluster.seat(task, node, positions, ())
-    return True
+    return guessed
 
 
 def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], wanted: int) -> tuple[int, ...]:

@@ -196,7 +196,9 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
             if node.evicted_here:
                 reserve.append(_room(task, node, expires))
     pending: list[JobStatus] = []
-    for job in cluster.jobs:
+    # Only a pod that never ran can be pending: the jobs that have one are
+    # enough to look at (in key order, like every job).
+    for job in cluster.pending_jobs:
         if any(t.is_pending for t in job.tasks):
             pending.append(
                 JobStatus(

@@ -115,14 +115,17 @@ def _placeholder(job: JobState, res: Reservation, node: NodeState, positions: tu
     )
 
 
-def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -> None:
+def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -> list[NodeState]:
     """Seat each valid reservation's placeholder, or mark its job awaiting; log what lapsed.
 
     Called by the build once every running pod is seated and before the
-    placement indexes exist, like a running pod.
+    placement indexes exist, like a running pod. Returns the nodes that
+    placeholders were seated on (whose index entries are then out of date
+    if the indexes do exist).
     """
+    seated: list[NodeState] = []
     if not reservations:
-        return
+        return seated
     jobs = {job.key: job for job in cluster.jobs}
     for res in sorted(reservations, key=lambda r: (r.job, r.node, r.gpu_indices)):
         job = jobs.get(res.job)
@@ -138,6 +141,7 @@ def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -
             placeholder = _placeholder(job, res, node, positions)
             slices = res.gpu_memory_mib if res.gpu_memory_mib is not None else ()
             Cluster.seat(placeholder, node, positions, slices)
+            seated.append(node)
             if job.queue is not None:
                 Cluster.charge(job.queue, job.preemptible, placeholder.milli, placeholder.cpu, placeholder.mem)
             job.reserved.append(HeldRoom(res, node, placeholder))
@@ -153,6 +157,7 @@ def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -
                 gpus=list(res.gpu_indices),
                 why="the room is held by other work",
             )
+    return seated
 
 
 def _lapsed(cluster: Cluster, job: JobState | None, res: Reservation) -> str | None:

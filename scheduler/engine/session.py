@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
 from scheduler.engine.build import build_cluster
@@ -46,24 +47,35 @@ def run_session(snapshot: Snapshot, timings: dict[str, float] | None = None) -> 
     ends, and letting the collector rescan them over and over costs more
     than the session itself; they are collected after it returns.
     """
+    with collector_paused():
+        start = time.perf_counter()
+        cluster = build_cluster(snapshot)
+        return act(cluster, [("build", time.perf_counter() - start)], timings)
+
+
+def act(cluster: Cluster, phases: list[tuple[str, float]], timings: dict[str, float] | None) -> Decisions:
+    """The actions in their order over a built state, then its decisions."""
+    clock = time.perf_counter
+    caches = SessionCaches()
+    for name, action in ACTIONS:
+        start = clock()
+        action(cluster, caches)
+        phases.append((name, clock() - start))
+    start = clock()
+    result = decisions(cluster, caches)
+    phases.append(("decisions", clock() - start))
+    if timings is not None:
+        timings.update(phases)
+    return result
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off for the block (and back on after, if it was)."""
     paused = gc.isenabled()
     gc.disable()
-    clock = time.perf_counter
     try:
-        start = clock()
-        cluster = build_cluster(snapshot)
-        caches = SessionCaches()
-        phases = [("build", clock() - start)]
-        for name, action in ACTIONS:
-            start = clock()
-            action(cluster, caches)
-            phases.append((name, clock() - start))
-        start = clock()
-        result = decisions(cluster, caches)
-        phases.append(("decisions", clock() - start))
-        if timings is not None:
-            timings.update(phases)
-        return result
+        yield
     finally:
         if paused:
             gc.enable()

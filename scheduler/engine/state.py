@@ -20,7 +20,7 @@ scan every node for every pod:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
@@ -194,6 +194,10 @@ class JobState:
     # Room reserved for the job is still held by terminating pods: no action
     # evicts more on its behalf while the last eviction is finishing.
     awaiting_room: bool = False
+    # Set by the build: GPU (milli), CPU (milli) and memory (MiB) all its
+    # pods ask for, and whether one of them has never run.
+    demand: tuple[int, int, int] = (0, 0, 0)
+    has_pending: bool = False
 
     @property
     def held(self) -> int:
@@ -233,6 +237,15 @@ class Cluster:
     indexed: bool = False
     # Jobs with at least one pod that has never run (allocate's work list).
     pending_jobs: list[JobState] = field(default_factory=list)
+    # Kept only while the state outlives its session
+    # (scheduler.engine.incremental): every committed statement's undo log,
+    # how many entries statements applied and did not roll back (equal to
+    # the journal's length unless a statement was left open), and the nodes
+    # whose holders changed, whose order in their lists must be made
+    # canonical again before the next session.
+    journal: list[Any] | None = None
+    applied: int = 0
+    dirty: set[NodeState] | None = None
 
     # ------------------------------------------------------------------
     # The two primitives
@@ -240,6 +253,8 @@ class Cluster:
 
     def take(self, task: TaskState, node: NodeState, positions: tuple[int, ...], slices: tuple[int, ...]) -> None:
         """Make ``task`` hold its request on ``node`` (GPU ``positions``)."""
+        if self.dirty is not None:
+            self.dirty.add(node)
         before = node.free_whole
         self.seat(task, node, positions, slices)
         self._charge(task, 1)
@@ -290,6 +305,8 @@ class Cluster:
         """Undo :meth:`take`: ``task`` no longer holds anything."""
         node = task.node
         assert node is not None
+        if self.dirty is not None:
+            self.dirty.add(node)
         node.free_cpu += task.cpu
         node.free_mem += task.mem
         before = node.free_whole
@@ -347,6 +364,35 @@ class Cluster:
             if key is not None:
                 shared.setdefault(key, {})[node.pidx] = node
             node.shared_key = key
+
+    def refresh_index(self, node: NodeState) -> None:
+        """Put ``node`` where its holders now place it in the indexes (after :meth:`seat`)."""
+        if not node.accepts:
+            return
+        pool = node.pool
+        if node.bucket != node.free_whole:
+            buckets = pool.whole_buckets[node.tier]
+            if node.bucket is not None:
+                pool.free_whole_total -= node.bucket
+                del buckets[node.bucket][node.pidx]
+            pool.free_whole_total += node.free_whole
+            node.bucket = node.free_whole
+            buckets.setdefault(node.free_whole, {})[node.pidx] = node
+        if not node.mig:
+            self._reindex_shared(node)
+
+    def unindex(self, node: NodeState) -> None:
+        """Take ``node`` out of the indexes (it is being replaced)."""
+        if not node.accepts:
+            return
+        pool = node.pool
+        if node.bucket is not None:
+            pool.free_whole_total -= node.bucket
+            del pool.whole_buckets[node.tier][node.bucket][node.pidx]
+            node.bucket = None
+        if node.shared_key is not None:
+            del pool.shared_buckets[node.tier][node.shared_key][node.pidx]
+            node.shared_key = None
 
     def index_all(self) -> None:
         """Build the placement indexes once every running pod is accounted."""

@@ -42,6 +42,7 @@ class Statement:
     def allocate(self, task: TaskState, node: NodeState, positions: tuple[int, ...], slices: tuple[int, ...]) -> None:
         self.cluster.take(task, node, positions, slices)
         self.log.append(_Entry(_ALLOCATE, task))
+        self.cluster.applied += 1
 
     def evict(self, task: TaskState, action: EvictionAction, reason: str, beneficiary: str | None) -> None:
         node = task.node
@@ -50,6 +51,7 @@ class Statement:
         self.cluster.release(task)
         task.eviction = EvictionRecord(action, reason, beneficiary)
         self.log.append(entry)
+        self.cluster.applied += 1
 
     def unreserve(self, placeholder: TaskState) -> None:
         """Free a job's reserved room for the job itself to be placed into.
@@ -62,6 +64,7 @@ class Statement:
         entry = _Entry(_UNRESERVE, placeholder, node, placeholder.gpu_pos, placeholder.slices)
         self.cluster.release(placeholder)
         self.log.append(entry)
+        self.cluster.applied += 1
 
     def mark(self) -> int:
         return len(self.log)
@@ -72,6 +75,7 @@ class Statement:
         cluster = self.cluster
         while len(log) > mark:
             entry = log.pop()
+            cluster.applied -= 1
             if entry.kind == _ALLOCATE:
                 cluster.release(entry.task)
             else:
@@ -79,6 +83,18 @@ class Statement:
                 cluster.take(entry.task, entry.node, entry.positions, entry.slices)
                 if entry.kind == _EVICT:
                     entry.task.eviction = entry.eviction
+
+    def undo_committed(self) -> None:
+        """Undo every statement the cluster's journal holds, newest first.
+
+        The inverse of a whole session's work, so that the state can serve
+        the next one (:mod:`scheduler.engine.incremental`).
+        """
+        journal = self.cluster.journal
+        assert journal is not None and not self.log
+        self.log = journal
+        self.rollback()
+        self.cluster.journal = []
 
     def commit(self) -> None:
         if not self.log:
@@ -91,4 +107,6 @@ class Statement:
             if entry.kind == _EVICT and entry.node is not None:
                 entry.node.evicted_here = True
         self.cluster.commit_version += 1
+        if self.cluster.journal is not None:
+            self.cluster.journal.extend(self.log)
         self.log = []

@@ -1,0 +1,293 @@
+"""Sessions that keep their working state from one cycle to the next.
+
+:func:`~scheduler.engine.session.run_session` builds the working state from
+the whole snapshot every time: at 5,000 nodes and 150,000 running pods that
+build is most of a cycle (KAI's maintainers report the same of their
+snapshot), although from one cycle to the next only a few pods and nodes
+change. :class:`Engine` keeps the state instead. After a session it undoes
+what the session did (every committed statement, through the same exact
+inverse primitives a rollback uses, and the reservations' placeholders), so
+the state is again the one its snapshot built; the next snapshot is then
+applied as a difference: jobs and nodes whose objects are not the same
+(the cycle's assembler hands unchanged ones over by identity) are taken out
+and put back, and everything derived from all of them (fair shares,
+reservations, the order of lists) is computed as the build computes it.
+
+The contract is strict: ``Engine().run(s)`` returns exactly what
+``run_session(s)`` returns, for every sequence of snapshots (a property
+test holds it to that). Where the difference would be hard to apply
+exactly, the state is simply built again: the queue tree or the config
+changed, a node came or went or changed its pool or GPUs, the input had
+duplicates or running pods with guessed GPUs (whose seating depends on the
+order of the build), a statement was left open, or anything raised.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gpuwarden.logconfig import get_logger
+from scheduler.engine.build import JobBuilder, add_capacity, build_state, make_node, seat_running, share_out
+from scheduler.engine.fairshare import QueueTree
+from scheduler.engine.model import Decisions, Job, Node, Reservation, Snapshot
+from scheduler.engine.reservations import seat_reservations
+from scheduler.engine.session import act, collector_paused
+from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
+from scheduler.engine.statement import Statement
+
+log = get_logger(__name__)
+
+
+class _RebuildError(Exception):
+    """The difference cannot be applied exactly: build the state from the snapshot."""
+
+
+@dataclass(slots=True, eq=False)
+class _Kept:
+    cluster: Cluster
+    builder: JobBuilder
+    tree: QueueTree
+    snapshot: Snapshot
+    jobs: dict[str, JobState]
+
+
+def _seat_order(task: TaskState) -> tuple[bool, str, str]:
+    """A node's holders in the order the build seats them: jobs by key, pods by name."""
+    return task.placeholder, task.job.key, task.spec.name
+
+
+class Engine:
+    """``run_session`` for a process that schedules cycle after cycle.
+
+    Not thread-safe: one scheduling loop owns it. ``rebuilds`` and
+    ``updates`` count how each session's state came about (for metrics and
+    benchmarks).
+    """
+
+    def __init__(self) -> None:
+        self._kept: _Kept | None = None
+        self.rebuilds = 0
+        self.updates = 0
+
+    def run(self, snapshot: Snapshot, timings: dict[str, float] | None = None) -> Decisions:
+        """One session over ``snapshot``; ``timings`` as for ``run_session``, plus ``undo``."""
+        with collector_paused():
+            clock = time.perf_counter
+            start = clock()
+            try:
+                kept = self._prepare(snapshot)
+                cluster = kept.cluster
+                built = clock()
+                result = act(cluster, [("build", built - start)], timings)
+                start = clock()
+                if not self._undo(kept):
+                    self._kept = None
+            except BaseException:
+                self._kept = None  # half applied or half undone: the next session builds afresh
+                raise
+            if timings is not None:
+                timings["undo"] = clock() - start
+            return result
+
+    # -- before a session ---------------------------------------------------------
+
+    def _prepare(self, snapshot: Snapshot) -> _Kept:
+        kept = self._kept
+        self._kept = None
+        if kept is not None:
+            try:
+                self._apply(kept, snapshot)
+            except _RebuildError as why:
+                log.debug("engine_state_rebuilt", why=str(why))
+                kept = None
+        if kept is None:
+            kept = self._build(snapshot)
+            self.rebuilds += 1
+        else:
+            self.updates += 1
+        self._kept = kept
+        return kept
+
+    @staticmethod
+    def _build(snapshot: Snapshot) -> _Kept:
+        cluster, builder, tree = build_state(snapshot)
+        cluster.journal = []
+        cluster.dirty = set()
+        return _Kept(cluster, builder, tree, snapshot, {job.key: job for job in cluster.jobs})
+
+    def _apply(self, kept: _Kept, snapshot: Snapshot) -> None:
+        """Bring the kept state (as its own snapshot built it) to ``snapshot``."""
+        old = kept.snapshot
+        if kept.builder.irregular:
+            raise _RebuildError("the state was built from irregular input")
+        if snapshot.config != old.config:
+            raise _RebuildError("the config changed")
+        if snapshot.queues != old.queues:
+            raise _RebuildError("the queues changed")
+        cluster = kept.cluster
+        changed = self._changed_nodes(cluster, snapshot.nodes)
+        jobs = kept.jobs
+        specs: dict[str, Job] = {}
+        for spec in snapshot.jobs:
+            if spec.key in specs:
+                raise _RebuildError("a job is listed twice")
+            specs[spec.key] = spec
+        gone = [job for key, job in jobs.items() if specs.get(key) is not job.spec]
+        queues = {id(job.queue): job.queue for job in gone if job.queue is not None}
+        for job in gone:
+            self._remove(kept, job)
+        for node, node_spec in changed:
+            self._replace_node(kept, node, node_spec)
+        added = [(key, spec) for key, spec in specs.items() if key not in jobs]
+        builder = kept.builder
+        for key, spec in added:
+            job = builder.add(key, spec)
+            jobs[key] = job
+            if job.queue is not None:
+                queues[id(job.queue)] = job.queue
+            dirty = cluster.dirty
+            assert dirty is not None
+            for task in job.tasks:
+                if task.node is not None:
+                    dirty.add(task.node)
+        if builder.irregular:
+            raise _RebuildError("a new job had irregular pods")
+        if gone or added:
+            cluster.jobs = [jobs[key] for key in sorted(jobs)]
+            for queue in queues.values():
+                queue.jobs.sort(key=_job_key)
+            cluster.pending_jobs = [job for job in cluster.jobs if job.has_pending]
+        cluster.now = snapshot.now
+        share_out(cluster, kept.tree)
+        self._canonical(cluster, snapshot.reservations)
+        kept.snapshot = snapshot
+
+    @staticmethod
+    def _changed_nodes(cluster: Cluster, nodes: tuple[Node, ...]) -> list[tuple[NodeState, Node]]:
+        if len(nodes) != len(cluster.nodes):
+            raise _RebuildError("nodes came or went")
+        seen: set[str] = set()
+        changed: list[tuple[NodeState, Node]] = []
+        for spec in nodes:
+            state = cluster.nodes.get(spec.name)
+            if state is None or spec.name in seen:
+                raise _RebuildError("nodes came or went")
+            seen.add(spec.name)
+            if state.spec is spec:
+                continue
+            if spec.pool != state.spec.pool or [g.memory_mib for g in spec.gpus] != state.gpu_mem:
+                # The pool's GPU sizes decide how slices are charged and what never fits.
+                raise _RebuildError(f"node {spec.name} changed its pool or GPUs")
+            changed.append((state, spec))
+        return changed
+
+    @staticmethod
+    def _remove(kept: _Kept, job: JobState) -> None:
+        """Unseat and uncharge a job that changed or went (the exact inverse of its build)."""
+        cluster = kept.cluster
+        for task in job.tasks:
+            if task.node is not None:
+                cluster.release(task)
+        kept.builder.forget(job)
+        if job.queue is not None:
+            job.queue.jobs.remove(job)
+        del kept.jobs[job.key]
+
+    @staticmethod
+    def _replace_node(kept: _Kept, old: NodeState, spec: Node) -> None:
+        """A node whose object changed (health, labels, taints): a new state in the old one's place."""
+        cluster = kept.cluster
+        holders = sorted(old.tasks, key=_seat_order)
+        for task in holders:
+            cluster.release(task)
+        cluster.unindex(old)
+        add_capacity(old, -1)
+        pool = old.pool
+        node = make_node(spec, pool, old.pidx)
+        pool.nodes[old.pidx] = node
+        cluster.nodes[spec.name] = node
+        add_capacity(node)
+        for task in holders:
+            if seat_running(cluster.nodes, task):
+                kept.builder.irregular += 1
+            queue = task.job.queue
+            if queue is not None:
+                Cluster.charge(queue, task.job.preemptible, task.milli, task.cpu, task.mem)
+        dirty = cluster.dirty
+        assert dirty is not None
+        dirty.add(node)
+
+    @staticmethod
+    def _canonical(cluster: Cluster, reservations: tuple[Reservation, ...]) -> None:
+        """Indexes up to date and every list in the order a fresh build leaves it.
+
+        Placement walks index buckets in insertion order and health
+        eviction walks a node's holders in theirs; a build inserts nodes by
+        pool index and holders by job key, so those lists are sorted back
+        into that order wherever a holder came or went. Reservations are
+        seated last, as the build seats them.
+        """
+        dirty = cluster.dirty
+        assert dirty is not None
+        live = [node for node in dirty if cluster.nodes.get(node.name) is node]
+        for node in live:
+            node.tasks.sort(key=_seat_order)
+        live.extend(seat_reservations(cluster, reservations))
+        buckets: dict[int, dict[int, NodeState]] = {}
+        for node in live:
+            cluster.refresh_index(node)
+            pool = node.pool
+            if node.bucket is not None:
+                bucket = pool.whole_buckets[node.tier][node.bucket]
+                buckets[id(bucket)] = bucket
+            if node.shared_key is not None:
+                bucket = pool.shared_buckets[node.tier][node.shared_key]
+                buckets[id(bucket)] = bucket
+        for bucket in buckets.values():
+            ordered = sorted(bucket.items())
+            bucket.clear()
+            bucket.update(ordered)
+        dirty.clear()
+
+    # -- after a session ----------------------------------------------------------
+
+    @staticmethod
+    def _undo(kept: _Kept) -> bool:
+        """Take back everything the session did, so the state is its snapshot's again.
+
+        False if it cannot be: a statement was left neither committed nor
+        rolled back, so what it applied is in no journal.
+        """
+        cluster = kept.cluster
+        journal = cluster.journal
+        assert journal is not None
+        if cluster.applied != len(journal):
+            log.warning("engine_state_dropped", open_entries=cluster.applied - len(journal))
+            return False
+        Statement(cluster).undo_committed()
+        for job in cluster.jobs:
+            if job.reserved:
+                for held in job.reserved:
+                    placeholder = held.placeholder
+                    if placeholder is not None and placeholder.node is not None:
+                        cluster.release(placeholder)
+                job.reserved = []
+            if job.reasons:
+                job.reasons = []
+            if job.notes:
+                job.notes = []
+            job.unplaced = None
+            job.awaiting_room = False
+        dirty = cluster.dirty
+        assert dirty is not None
+        for node in dirty:
+            node.evicted_here = False
+        cluster.touched = []
+        cluster.release_version = 0
+        cluster.commit_version = 0
+        return True
+
+
+def _job_key(job: JobState) -> str:
+    return job.key

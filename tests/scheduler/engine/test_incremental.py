@@ -1,0 +1,138 @@
+"""The kept working state decides exactly what a fresh build decides.
+
+:class:`~scheduler.engine.incremental.Engine` undoes each session and applies
+the next snapshot as a difference; every session over a sequence of
+snapshots must return what ``run_session`` returns on the same snapshot.
+The sequences are what a scheduler sees: binds come back as running pods
+(some jobs' objects are new, the rest the very same objects), evicted pods
+terminate and go, jobs come and go, a node's health or cordon changes, the
+room a session reserved comes back as the next snapshot's reservations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuwarden.contract import Action, ConditionType
+from scheduler.engine.incremental import Engine
+from scheduler.engine.model import Decisions, Gpu, Job, Node, NodeCondition, Queue, Snapshot, Task, TaskStatus
+from scheduler.engine.session import run_session
+from tests.scheduler.engine.test_properties import snapshots, with_running_work
+
+
+def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: int) -> Snapshot:
+    """The cluster after ``decisions`` acted on ``snapshot``, and some of it changed."""
+    binds = {(b.job, b.pod): b for b in decisions.binds}
+    evicted = {(e.job, e.pod) for e in decisions.evictions}
+    jobs: list[Job] = []
+    for job in snapshot.jobs:
+        touched = any((job.key, t.name) in binds or (job.key, t.name) in evicted for t in job.tasks)
+        if data.draw(st.integers(0, 9), label="drop job") == 0:
+            continue
+        if not touched or data.draw(st.booleans(), label="watch has not shown it yet"):
+            jobs.append(job)  # the very same object: unchanged
+            continue
+        tasks: list[Task] = []
+        for task in job.tasks:
+            bind = binds.get((job.key, task.name))
+            if (job.key, task.name) in evicted:
+                if data.draw(st.booleans(), label="terminating"):
+                    tasks.append(replace(task, status=TaskStatus.RELEASING))
+                continue
+            if bind is not None:
+                task = replace(task, status=TaskStatus.RUNNING, node=bind.node, gpu_indices=bind.gpu_indices)
+            tasks.append(task)
+        if tasks:
+            jobs.append(replace(job, tasks=tuple(tasks), min_member=min(job.min_member, len(tasks))))
+    if data.draw(st.booleans(), label="new job"):
+        queue = data.draw(st.sampled_from([q.name for q in snapshot.queues]), label="queue")
+        gpus = data.draw(st.integers(0, 2), label="gpus")
+        jobs.append(
+            Job(
+                f"new{step}",
+                queue,
+                priority=100,
+                created=100.0 + step,
+                tasks=(Task(f"new{step}-0", gpus=gpus, cpu_milli=500),),
+            )
+        )
+    nodes = list(snapshot.nodes)
+    if data.draw(st.booleans(), label="a node changes"):
+        i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+        node = nodes[i]
+        change = data.draw(st.sampled_from(["cordon", "drain", "gpu", "xid", "heal"]), label="change")
+        if change == "cordon":
+            node = replace(node, schedulable=not node.schedulable)
+        elif change == "drain":
+            node = replace(node, draining=not node.draining)
+        elif change == "gpu" and node.gpus:
+            g = data.draw(st.integers(0, len(node.gpus) - 1), label="gpu")
+            gpus = list(node.gpus)
+            gpus[g] = replace(gpus[g], healthy=not gpus[g].healthy)
+            node = replace(node, gpus=tuple(gpus))
+        elif change == "xid" and node.gpus:
+            xid = NodeCondition(ConditionType.GPU_XID_ERROR.value, True, "Xid48", "", Action.RESET_GPU, (0,))
+            node = replace(node, conditions=(xid,))
+        else:
+            node = replace(node, conditions=(), draining=False, schedulable=True)
+        nodes[i] = node
+    queues = snapshot.queues
+    if data.draw(st.integers(0, 7), label="queues change") == 0:
+        queues = tuple(
+            Queue(q.name, parent=q.parent, priority=q.priority, gpu=q.gpu, cpu=q.cpu, memory=q.memory) for q in queues
+        )
+        queues = (*queues[:-1], replace(queues[-1], priority=queues[-1].priority + 1))
+    return Snapshot(
+        tuple(nodes),
+        queues,
+        tuple(jobs),
+        now=snapshot.now + 10.0,
+        config=snapshot.config,
+        reservations=decisions.reservations,
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(snapshots(), st.data())
+def test_kept_state_decides_as_a_fresh_build(first: Snapshot, data: st.DataObject) -> None:
+    engine = Engine()
+    snapshot = with_running_work(first) if data.draw(st.booleans(), label="running work") else first
+    for step in range(5):
+        fresh = run_session(snapshot)
+        kept = engine.run(snapshot)
+        assert kept == fresh, f"step {step}: the kept state decided differently"
+        snapshot = _next(snapshot, fresh, data, step)
+    assert engine.updates + engine.rebuilds == 5
+
+
+def test_unchanged_snapshot_is_an_update_not_a_rebuild() -> None:
+    first = with_running_work(
+        Snapshot(
+            nodes=(Node("n0", cpu_milli=8000, memory_mib=65536, gpus=(Gpu(0), Gpu(1))),),
+            queues=(Queue("q"),),
+            jobs=(Job("j", "q", tasks=(Task("j-0", gpus=1, cpu_milli=100),)),),
+        )
+    )
+    engine = Engine()
+    assert engine.run(first) == run_session(first)
+    again = replace(first, now=first.now + 1)
+    assert engine.run(again) == run_session(again)
+    assert (engine.rebuilds, engine.updates) == (1, 1)
+
+
+def test_a_changed_node_is_updated_in_place() -> None:
+    nodes = tuple(Node(f"n{i}", cpu_milli=8000, memory_mib=65536, gpus=(Gpu(0), Gpu(1))) for i in range(3))
+    running = Task("a-0", gpus=1, cpu_milli=100, status=TaskStatus.RUNNING, node="n1", gpu_indices=(1,))
+    jobs = (Job("a", "q", tasks=(running,)), Job("b", "q", tasks=(Task("b-0", gpus=2, cpu_milli=100),)))
+    first = Snapshot(nodes, (Queue("q"),), jobs)
+    engine = Engine()
+    assert engine.run(first) == run_session(first)
+    sick = replace(nodes[0], gpus=(Gpu(0, healthy=False), Gpu(1)))
+    second = replace(first, nodes=(sick, nodes[1], nodes[2]), now=1.0)
+    decided = engine.run(second)
+    assert decided == run_session(second)
+    assert (engine.rebuilds, engine.updates) == (1, 1)
+    assert [b.node for b in decided.binds] == ["n2"]
