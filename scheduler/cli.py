@@ -64,6 +64,14 @@ def register(sub: Any) -> None:
     add_flag(connected, "--bind-workers", type=positive_int, default=16, help="binds sent at once")
     add_flag(
         connected,
+        "--bookkeeping-defer",
+        type=seconds(high=600.0),
+        default=30.0,
+        help="seconds at most that derived PodGroups and first statuses of fully placed groups wait while "
+        "cycles are binding (0: written every cycle)",
+    )
+    add_flag(
+        connected,
         "--slice-compute",
         choices=["none", "proportional"],
         default="none",
@@ -304,6 +312,7 @@ def run_connected(args: argparse.Namespace) -> int:
             retry_period_s=duration * 2 / 15,
         ),
         bind_workers=args.bind_workers,
+        bookkeeping_defer_s=args.bookkeeping_defer,
         slice_compute=SliceCompute(args.slice_compute),
         evictions_per_s=args.evictions_per_second,
         metrics_port=args.metrics_port,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,6 +52,12 @@ from scheduler.engine.model import Decisions, Job, Queue, Reservation, Scheduler
 from scheduler.engine.session import run_session
 
 log = get_logger(__name__)
+
+# How long a busy scheduler may hold back the PodGroups and first statuses
+# of groups placed in full (SchedulingCycle._podgroups_to_create): the
+# scheduler process's default. A SchedulingCycle made without it (tests,
+# tools) writes everything every cycle.
+BOOKKEEPING_MAX_DEFER_S = 30.0
 warn = WarnOnce(__name__)
 
 # Cycles whose writes may wait behind the one being written: enough that a
@@ -183,6 +189,7 @@ class SchedulingCycle:
         incremental: bool = True,
         writers: int = 16,
         writes_in_background: bool = False,
+        bookkeeping_max_defer_s: float = 0.0,
     ) -> None:
         self._api = api
         self._config = config or SchedulerConfig()
@@ -205,8 +212,12 @@ class SchedulingCycle:
         # The engine's working state kept from session to session (undone
         # and updated by the jobs and nodes that changed) when incremental.
         self._engine = Engine() if incremental else None
-        # Derived PodGroups this cycle found missing, created after its binds.
+        # Derived PodGroups this cycle found missing, created after its binds,
+        # and those that wait for a cycle with no binds (_podgroups_to_create).
         self._to_create: dict[tuple[str, str], GroupSpec] = {}
+        self._deferred_groups: dict[tuple[str, str], GroupSpec] = {}
+        self._max_defer_s = bookkeeping_max_defer_s
+        self._quiet_at = time.monotonic()
         self._writers = writers
         self._background = ThreadPoolExecutor(1, thread_name_prefix="cycle-writes") if writes_in_background else None
         self._writing: deque[Future[None]] = deque()
@@ -316,6 +327,46 @@ class SchedulingCycle:
         self.flush()
         if self._background is not None:
             self._background.shutdown()
+
+    def _podgroups_to_create(
+        self,
+        snapshot: Snapshot,
+        view: ClusterView,
+        decisions: Decisions,
+        held: Sequence[Reservation],
+        status_args: dict[str, Any],
+    ) -> list[GroupSpec]:
+        """The derived PodGroups to create after this cycle's binds; decides whether bookkeeping waits.
+
+        A PodGroup made for a group that is placed in full, and its first
+        Running status, say nothing its pods do not: while cycles are
+        binding they wait (``status_args["defer_placed"]``), so that they
+        do not take the API server from the binds of pods still arriving,
+        and are written by the first cycle that binds nothing, or once
+        ``bookkeeping_max_defer_s`` has passed since the last such cycle.
+        A group that waits, has room reserved or an eviction refused is
+        news: its PodGroup is created at once.
+        """
+        for key, spec in self._to_create.items():
+            self._deferred_groups.setdefault(key, spec)
+        self._to_create.clear()
+        now = time.monotonic()
+        busy = bool(decisions.binds) and now - self._quiet_at < self._max_defer_s
+        if not busy:
+            self._quiet_at = now
+        urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(status_args["blocked"])
+        present = {job.key for job in snapshot.jobs}
+        specs: list[GroupSpec] = []
+        for key in list(self._deferred_groups):
+            group = f"{key[0]}/{key[1]}"
+            if key in self._created_groups or key in view.podgroups or group not in present:
+                del self._deferred_groups[key]
+            elif key in self._queued or (busy and group not in urgent):
+                continue
+            else:
+                specs.append(self._deferred_groups.pop(key))
+        status_args["defer_placed"] = busy
+        return specs
 
     def _after_binds(
         self, specs: list[GroupSpec], decisions: Decisions, gang_met: list[str], status_args: Mapping[str, Any]
@@ -497,8 +548,9 @@ class SchedulingCycle:
             key = (derived.namespace, derived.name)
             self._grouped[uid] = _Grouped(key, derived=True)
             self._by_uid[uid] = derived.name
-            if key not in view.podgroups:
-                self._ensure_podgroup(derived)
+            if key not in view.podgroups and key not in self._created_groups:
+                # Created after the cycle's binds (one round trip each): never ahead of them.
+                self._to_create.setdefault(key, derived)
             infos = self._derived_infos.get(key)
             info = GroupInfo(queue=derived.queue, min_member=derived.min_member)
             if infos is None:
@@ -658,8 +710,7 @@ class SchedulingCycle:
             "shown_blocked": shown_blocked(view.podgroups),
             "lost_totals": lost_totals(view.queues, lost),
         }
-        specs = [s for k, s in self._to_create.items() if k not in self._created_groups and k not in self._queued]
-        self._to_create.clear()
+        specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
         if self._background is None:
             self._after_binds(specs, written, gang_met, status_args)
         else:

@@ -36,7 +36,7 @@ from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache
-from scheduler.cluster.cycle import ClusterView, CycleResult, SchedulingCycle, ViewChanges
+from scheduler.cluster.cycle import BOOKKEEPING_MAX_DEFER_S, ClusterView, CycleResult, SchedulingCycle, ViewChanges
 from scheduler.cluster.evict import Evictor, refused_pods
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
@@ -185,6 +185,9 @@ class RunnerSettings:
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))
     bind_workers: int = 16
+    # How long a busy scheduler holds back bookkeeping writes that say
+    # nothing the pods do not (SchedulingCycle._podgroups_to_create).
+    bookkeeping_defer_s: float = BOOKKEEPING_MAX_DEFER_S
     # Whether a GPU slice's ConfigMap also caps its share of the SMs (sliceconfig).
     slice_compute: SliceCompute = SliceCompute.NONE
     evictions_per_s: float = 10.0
@@ -231,6 +234,7 @@ class SchedulerRunner:
             ),
             evictor=evictor,
             writes_in_background=True,
+            bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
         )
         # Remediation shares the cycle's evictor: one eviction rate for the process.
         self.remediation = (

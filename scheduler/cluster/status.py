@@ -219,6 +219,8 @@ class StatusReport:
     queues_patched: int = 0
     events_written: int = 0
     unchanged: int = 0
+    # First statuses of groups placed in full, held back while cycles bind.
+    deferred: int = 0
     # Objects that do not exist (no PodGroup for a job, a Queue deleted).
     missing: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -277,6 +279,8 @@ class StatusWriter:
         blocked: Mapping[str, str] | None = None,
         shown_blocked: Iterable[str] = (),
         lost_totals: Mapping[str, float] | None = None,
+        *,
+        defer_placed: bool = False,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -285,12 +289,16 @@ class StatusWriter:
         ``blocked`` maps a group to what its refused evictions say
         (:func:`refusals`); ``shown_blocked`` names the groups whose objects
         show the condition now, so that it is cleared even by a writer that
-        did not set it.
+        did not set it. With ``defer_placed`` a group placed in full whose
+        status was never written waits (a later cycle writes it): a busy
+        scheduler sends its binds first.
         """
         report = StatusReport()
         with self._lock:
             placed = {b.job for b in decisions.binds} | set(gang_met)
-            self._write_groups(decisions.pending, placed, blocked or {}, set(shown_blocked), report)
+            self._write_groups(
+                decisions.pending, placed, blocked or {}, set(shown_blocked), report, defer_placed=defer_placed
+            )
             self._write_queues(decisions.queue_shares, lost_totals or {}, report)
         log.info(
             "status_written",
@@ -298,6 +306,7 @@ class StatusWriter:
             queues=report.queues_patched,
             events=report.events_written,
             unchanged=report.unchanged,
+            deferred=report.deferred,
             errors=len(report.errors),
         )
         return report
@@ -320,6 +329,8 @@ class StatusWriter:
         blocked: Mapping[str, str],
         shown: set[str],
         report: StatusReport,
+        *,
+        defer_placed: bool = False,
     ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
@@ -327,6 +338,15 @@ class StatusWriter:
         was_blocked = shown | {g for g, known in self._groups.items() if _blocked_in(known.status)}
         groups: list[str] = []
         for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked):
+            if (
+                defer_placed
+                and group not in self._groups
+                and group not in by_job
+                and group not in blocked
+                and group not in was_blocked
+            ):
+                report.deferred += 1
+                continue
             if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group)):
                 report.unchanged += 1
             else:

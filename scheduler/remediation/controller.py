@@ -47,6 +47,7 @@ import math
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -84,6 +85,10 @@ log = get_logger(__name__)
 warn = WarnOnce(__name__)
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
+# Node patches of one pass sent at once: the first pass of a new leader
+# labels every node it manages, and 500 patches one after another hold the
+# scheduling loop (which runs this pass after each cycle) for seconds.
+NODE_PATCH_WORKERS = 16
 _MIRROR = "kubernetes.io/config.mirror"
 
 
@@ -337,6 +342,7 @@ class RemediationController:
             for name, obj in nodes.items()
         }
         pools = self._pools(nodes, records)
+        patches: list[tuple[str, JSON]] = []
         for name in sorted(nodes):
             node_obj = nodes[name]
             decoded = records[name]
@@ -354,7 +360,7 @@ class RemediationController:
                 report.pools[name] = obs.pool
                 if not judged.quarantine_allowed and transition.record.hold is not None:
                     report.breaker_held.add(name)
-                self._carry_out(
+                patch = self._carry_out(
                     name,
                     node_obj=node_obj,
                     gpunode=gpunodes.get(name),
@@ -363,6 +369,8 @@ class RemediationController:
                     now=now,
                     report=report,
                 )
+                if patch:
+                    patches.append((name, patch))
                 pools[obs.pool] = _after(status, name, transition.record)
                 report.transitions[name] = transition
             except ApiError as err:
@@ -371,6 +379,7 @@ class RemediationController:
             except Exception:  # one node's bad data must not stop the others
                 report.errors.append(f"{name}: unexpected error")
                 log.exception("remediation_node_failed", node=name)
+        self._patch_nodes(patches, report)
         report.finished_at = self._clock()
         if self.on_report is not None:
             self.on_report(report)
@@ -410,7 +419,8 @@ class RemediationController:
         transition: Transition,
         now: float,
         report: RemediationReport,
-    ) -> None:
+    ) -> JSON:
+        """Carry out a transition's steps but the Node patch, which it returns (empty: none)."""
         steps = transition.steps
         meta = _map(node_obj, "metadata")
         labels = dict(_map(meta, "labels"))
@@ -483,8 +493,35 @@ class RemediationController:
         for step in steps:
             if isinstance(step, EmitEvent):
                 self._event(name, meta, step)
-        if patch:
-            self._api.patch_node(name, patch)
+        return patch
+
+    def _patch_nodes(self, patches: Sequence[tuple[str, JSON]], report: RemediationReport) -> None:
+        """Send the pass's Node patches (labels, annotations, cordon) concurrently, after every other step.
+
+        Each node's patch still comes after that node's own drains, Events
+        and agent requests, as when it was sent at the end of its turn. A
+        patch that fails leaves the node's record as it was, so the next
+        pass decides its transition again; this pass does not report it.
+        """
+
+        def one(item: tuple[str, JSON]) -> tuple[str, ApiError | None]:
+            name, patch = item
+            try:
+                self._api.patch_node(name, patch)
+            except ApiError as err:
+                return name, err
+            return name, None
+
+        if len(patches) <= 1:
+            results = [one(item) for item in patches]
+        else:
+            with ThreadPoolExecutor(min(NODE_PATCH_WORKERS, len(patches)), thread_name_prefix="remediation") as pool:
+                results = list(pool.map(one, patches))
+        for name, err in results:
+            if err is not None:
+                report.errors.append(f"{name}: {err}")
+                report.transitions.pop(name, None)
+                log.warning("remediation_step_failed", node=name, status=err.status, error=err.detail)
 
     def _request_agent(self, name: str, gpunode: Mapping[str, Any] | None, steps: Sequence[Step]) -> None:
         """Make GPUNode spec.remediation list exactly this cycle's reset and validation holds."""

@@ -10,6 +10,7 @@ by the test, as the harness's stand-in does elsewhere.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -240,3 +241,58 @@ def test_a_gpu_whose_xid_turns_fatal_loses_its_pods_and_only_that_gpu_stops_taki
         stored = core.read_namespaced_pod(f"w-{i}", namespace)
         assert stored.spec.node_name == node
         assert decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) != (sick,)
+
+
+def _groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    """Derived PodGroups of bare pods, by the name of the pod that owns each."""
+    items = client.CustomObjectsApi(k8s).list_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL
+    )["items"]
+    return {g["metadata"]["ownerReferences"][0]["name"]: g for g in items}
+
+
+def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_groups_are_written_at_once(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(16)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    cycle = SchedulingCycle(api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=30.0)
+    pod(k8s, namespace, "solo", gpus=1)
+    pod(k8s, namespace, "wide", gpus=7)
+    pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
+
+    result = cycle.run(view(k8s, nodes))
+    bound = sorted(b.pod for b in result.decisions.binds)
+    assert len(bound) == 2 and "solo" in bound
+    (waiting,) = {"wide", "late"} - set(bound)
+    made = _groups_by_pod(k8s, namespace)
+    # A waiting group is news: created, with why, while the cycle bound others.
+    assert list(made) == [waiting]
+    assert podgroup_status(k8s, namespace, made[waiting]["metadata"]["name"])["phase"] == "Pending"
+
+    # A cycle that binds nothing writes what waited.
+    result = cycle.run(view(k8s, nodes))
+    assert result.decisions.binds == ()
+    made = _groups_by_pod(k8s, namespace)
+    assert sorted(made) == ["late", "solo", "wide"]
+    for name in bound:
+        assert podgroup_status(k8s, namespace, made[name]["metadata"]["name"])["phase"] == "Running"
+
+
+def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    cycle = SchedulingCycle(api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=0.5)
+    pod(k8s, namespace, "first", gpus=1)
+    assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["first"]
+    assert _groups_by_pod(k8s, namespace) == {}
+    time.sleep(0.6)
+    pod(k8s, namespace, "second", gpus=1)
+    assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["second"]
+    made = _groups_by_pod(k8s, namespace)
+    assert sorted(made) == ["first", "second"]
+    assert podgroup_status(k8s, namespace, made["first"]["metadata"]["name"])["phase"] == "Running"
