@@ -58,6 +58,9 @@ log = get_logger(__name__)
 # scheduler process's default. A SchedulingCycle made without it (tests,
 # tools) writes everything every cycle.
 BOOKKEEPING_MAX_DEFER_S = 30.0
+# ... and how long no cycle must have bound anything before they are
+# written: a cycle between two waves of arriving pods is not a quiet one.
+BOOKKEEPING_QUIET_S = 1.0
 warn = WarnOnce(__name__)
 
 # Cycles whose writes may wait behind the one being written: enough that a
@@ -190,6 +193,7 @@ class SchedulingCycle:
         writers: int = 16,
         writes_in_background: bool = False,
         bookkeeping_max_defer_s: float = 0.0,
+        bookkeeping_quiet_s: float = BOOKKEEPING_QUIET_S,
     ) -> None:
         self._api = api
         self._config = config or SchedulerConfig()
@@ -217,7 +221,8 @@ class SchedulingCycle:
         self._to_create: dict[tuple[str, str], GroupSpec] = {}
         self._deferred_groups: dict[tuple[str, str], GroupSpec] = {}
         self._max_defer_s = bookkeeping_max_defer_s
-        self._quiet_at = time.monotonic()
+        self._quiet_s = bookkeeping_quiet_s
+        self._flushed_at = self._bound_at = time.monotonic()
         self._writers = writers
         self._background = ThreadPoolExecutor(1, thread_name_prefix="cycle-writes") if writes_in_background else None
         self._writing: deque[Future[None]] = deque()
@@ -342,8 +347,9 @@ class SchedulingCycle:
         Running status, say nothing its pods do not: while cycles are
         binding they wait (``status_args["defer_placed"]``), so that they
         do not take the API server from the binds of pods still arriving,
-        and are written by the first cycle that binds nothing, or once
-        ``bookkeeping_max_defer_s`` has passed since the last such cycle.
+        and are written once no cycle has bound anything for
+        ``bookkeeping_quiet_s``, or ``bookkeeping_max_defer_s`` after they
+        were last written, whichever comes first.
         A group that waits, has room reserved or an eviction refused is
         news: its PodGroup is created at once.
         """
@@ -351,9 +357,11 @@ class SchedulingCycle:
             self._deferred_groups.setdefault(key, spec)
         self._to_create.clear()
         now = time.monotonic()
-        busy = bool(decisions.binds) and now - self._quiet_at < self._max_defer_s
+        if decisions.binds:
+            self._bound_at = now
+        busy = now - self._bound_at < self._quiet_s and now - self._flushed_at < self._max_defer_s
         if not busy:
-            self._quiet_at = now
+            self._flushed_at = now
         urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(status_args["blocked"])
         present = {job.key for job in snapshot.jobs}
         specs: list[GroupSpec] = []

@@ -257,7 +257,9 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     nodes = set(cluster(1))
     q = queue(16)
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    cycle = SchedulingCycle(api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=30.0)
+    cycle = SchedulingCycle(
+        api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=30.0, bookkeeping_quiet_s=0.5
+    )
     pod(k8s, namespace, "solo", gpus=1)
     pod(k8s, namespace, "wide", gpus=7)
     pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
@@ -271,7 +273,11 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     assert list(made) == [waiting]
     assert podgroup_status(k8s, namespace, made[waiting]["metadata"]["name"])["phase"] == "Pending"
 
-    # A cycle that binds nothing writes what waited.
+    # Right after a cycle that bound, a cycle that binds nothing is no quiet one yet ...
+    assert cycle.run(view(k8s, nodes)).decisions.binds == ()
+    assert sorted(_groups_by_pod(k8s, namespace)) == [waiting]
+    # ... once nothing was bound for bookkeeping_quiet_s, what waited is written.
+    time.sleep(0.6)
     result = cycle.run(view(k8s, nodes))
     assert result.decisions.binds == ()
     made = _groups_by_pod(k8s, namespace)
@@ -286,7 +292,9 @@ def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds
     nodes = set(cluster(1))
     q = queue(8)
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    cycle = SchedulingCycle(api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=0.5)
+    cycle = SchedulingCycle(
+        api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=0.5, bookkeeping_quiet_s=30.0
+    )
     pod(k8s, namespace, "first", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["first"]
     assert _groups_by_pod(k8s, namespace) == {}

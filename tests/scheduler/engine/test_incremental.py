@@ -43,8 +43,9 @@ def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: i
                     tasks.append(replace(task, status=TaskStatus.RELEASING))
                 continue
             if bind is not None:
-                task = replace(task, status=TaskStatus.RUNNING, node=bind.node, gpu_indices=bind.gpu_indices)
-            tasks.append(task)
+                tasks.append(replace(task, status=TaskStatus.RUNNING, node=bind.node, gpu_indices=bind.gpu_indices))
+            else:
+                tasks.append(task)
         if tasks:
             jobs.append(replace(job, tasks=tuple(tasks), min_member=min(job.min_member, len(tasks))))
     if data.draw(st.booleans(), label="new job"):
