@@ -66,10 +66,13 @@ from kubernetes import client  # noqa: E402
 
 from agent.config import config_from_dict  # noqa: E402
 from agent.daemon import AgentDaemon  # noqa: E402
+from agent.model import HealthReport  # noqa: E402
 from agent.monitor import Monitor  # noqa: E402
 from agent.publish.settings import DaemonSettings  # noqa: E402
+from agent.samples import NodeSample  # noqa: E402
 from agent.sim.node import SimNode  # noqa: E402
 from agent.sim.scenario import load_scenario  # noqa: E402
+from gpuwarden.contract import ConditionType  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
 from tests.harness import ControlPlane, create_gpu_node, running_control_plane, unique_name, wait_for  # noqa: E402
 
@@ -359,13 +362,29 @@ class FleetSpec:
     stagger_s: float
 
 
+class StampedAgentDaemon(AgentDaemon):
+    """The agent, unchanged, noting when a report first shows a fatal XID: the figure's first part."""
+
+    def __init__(self, monitor: Monitor, api_client: client.ApiClient, settings: DaemonSettings) -> None:
+        super().__init__(monitor, api_client, settings)
+        self.xid_reported_at = 0.0
+        self._had_xid = False
+
+    def on_report(self, report: HealthReport, sample: NodeSample) -> None:
+        has = any(f.condition is ConditionType.GPU_XID_ERROR for f in report.faults)
+        if has and not self._had_xid:
+            self.xid_reported_at = time.time()
+        self._had_xid = has
+        super().on_report(report, sample)
+
+
 @dataclass(slots=True)
 class FleetAgent:
     """One node's sim hardware and its agent, with the API client that agent alone uses."""
 
     sim: SimNode
     monitor: Monitor
-    daemon: AgentDaemon
+    daemon: StampedAgentDaemon
     api: client.ApiClient
 
     def stop(self) -> None:
@@ -390,7 +409,7 @@ def _start_fleet_agent(config: client.Configuration, node: str, spec: FleetSpec)
     sim = SimNode(load_scenario("healthy"), identity=node)
     monitor = Monitor(config_from_dict({"poll_interval_s": spec.poll_interval_s}), sim.hardware(), node)
     api = client.ApiClient(config)
-    daemon = AgentDaemon(
+    daemon = StampedAgentDaemon(
         monitor, api, DaemonSettings(node_name=node, metrics_port=None, heartbeat_period_s=spec.heartbeat_s)
     )
     daemon.start()
@@ -414,8 +433,9 @@ def fleet_worker(spec: FleetSpec, conn: Connection) -> None:
 
     Commands are tuples: ``("status",)``, ``("inject", node, gpu, xid)``
     (answered with the wall time just before the sim node got the XID),
-    ``("clear", node, gpu)`` (the repair: the GPU's latched fault cleared),
-    ``("stats",)`` and ``("stop",)``.
+    ``("reported", node)`` (when the node's agent last judged a fatal XID
+    new), ``("clear", node, gpu)`` (the repair: the GPU's latched fault
+    cleared), ``("stats",)`` and ``("stop",)``.
     """
     configure_logging("console", "error")
     logging.getLogger("urllib3").setLevel(logging.ERROR)
@@ -453,6 +473,8 @@ def fleet_worker(spec: FleetSpec, conn: Connection) -> None:
                 at = time.time()
                 sim.inject("xid", gpu=gpu, xid=xid)
                 conn.send(at)
+            elif command == "reported":
+                conn.send(agents[message[1]].daemon.xid_reported_at)
             elif command == "clear":
                 _, node, gpu = message
                 agent = agents[node]
@@ -548,8 +570,8 @@ class Injections:
     watch: NodeWatch
     free: list[str]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (injection to condition, command sent to injection), seconds.
-    samples: list[tuple[float, float]] = field(default_factory=list)
+    # Seconds: injection to condition, command sent to injection, injection to the agent's report.
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
 
     def injector(self, count: int, rng: random.Random) -> None:
@@ -568,8 +590,9 @@ class Injections:
             except TimeoutError:
                 self.misses.append(node)
             else:
+                reported = worker.call("reported", node)
                 with self.lock:
-                    self.samples.append((seen - injected, injected - sent))
+                    self.samples.append((seen - injected, injected - sent, reported - injected))
             self.watch.expect(node, "GpuXidError", "False")
             worker.call("clear", node, gpu)
             try:
@@ -666,8 +689,10 @@ def run_fleet(plane: ControlPlane, args: argparse.Namespace) -> int:
             t.join()
         window = time.monotonic() - t0
         samples, misses = run.samples, run.misses
-        latencies = [lat for lat, _ in samples]
-        delivery = [d for _, d in samples]
+        latencies = [lat for lat, _, _ in samples]
+        delivery = [d for _, d, _ in samples]
+        detected = [r for _, _, r in samples]
+        published = [lat - r for lat, _, r in samples]
         print(f"XID injections: {len(samples)} seen, {len(misses)} missed, {concurrent} at a time over {window:.0f} s")
         _request_rates(server_before, apiserver_requests(plane), window)
         if not latencies:
@@ -680,6 +705,14 @@ def run_fleet(plane: ControlPlane, args: argparse.Namespace) -> int:
             f"p99={p99 * 1000:7.1f} ms  min={min(latencies) * 1000:7.1f} ms  max={max(latencies) * 1000:7.1f} ms  "
             f"({verdict} target p99 < 100 ms)"
         )
+        for name, part in (
+            ("  of it, injection -> report", detected),
+            ("  of it, report -> watch", published),
+        ):
+            print(
+                f"{name:<32} p50={percentile(part, 0.5) * 1000:7.1f} ms  p99={percentile(part, 0.99) * 1000:7.1f} ms"
+                f"  max={max(part) * 1000:7.1f} ms"
+            )
         print(
             f"{'  command to the worker':<32} p50={percentile(delivery, 0.5) * 1000:7.1f} ms  "
             f"p99={percentile(delivery, 0.99) * 1000:7.1f} ms  (not part of the figure above)"
