@@ -18,36 +18,39 @@ Example with every key at its default::
     sysfs_root: /sys             # root of sysfs (tests point it at a fixture tree)
     hysteresis:
       raise_polls: 1             # polls a non-latched signal must be present before it is raised
-      clear_polls: 3             # polls it must be absent before it clears
+      clear_polls: 3             # polls a non-latched signal must be absent before it clears
       clear_ratio: 0.5           # a rate fault clears only below threshold * clear_ratio
     gpu:
-      expected_count: null       # null: the most GPUs seen since boot (see state_file)
+      expected_count: null       # GPUs the node must show; null: the most seen since boot (see state_file)
       state_file: null           # file remembering that count across agent restarts within one boot
-      nvml_retry_initial_s: 1    # first retry after NVML fails to initialise ...
-      nvml_retry_max_s: 300      # ... doubling up to this
+      nvml_retry_initial_s: 1    # seconds to the first retry when NVML fails to initialise
+      nvml_retry_max_s: 300      # the retry delay doubles up to this
       retired_pages_limit: 64    # pre-Ampere: retired pages that mean "replace the board"
     xid:
-      unknown: event             # event | condition: what an XID missing from the catalogue does
+      unknown: event             # event or condition: what an XID missing from the catalogue raises
       unknown_action: RESET_GPU  # action of the condition when unknown is "condition"
       dedup_window_s: 10         # the same XID from NVML and the kernel log within this is one
-      overrides: {}              # e.g. {94: {kind: hardware, action: RESET_GPU}} (kind: hardware|application|ignore)
+      overrides: {}              # per XID, e.g. {94: {kind: hardware, action: RESET_GPU}} (kind: hardware,
+                                 # application or ignore)
     nvlink:
-      error_rate_per_min: 60     # replay+recovery+CRC errors per minute per link ...
-      window_s: 300              # ... as their increase within this window (so: over 300 errors in 5 minutes)
+      error_rate_per_min: 60     # replay+recovery+CRC errors per minute on one link, as their increase
+                                 # within window_s (so by default: over 300 errors in 5 minutes)
+      window_s: 300              # seconds the NVLink error rate is measured over
     pcie:
       replay_rate_per_min: 60    # PCIe replay counter growth per minute, measured as for nvlink
-      window_s: 300
+      window_s: 300              # seconds the PCIe replay rate is measured over
       gen_load_pct: 30           # a generation drop counts while GPU utilisation is at least this
       gen_sustained_s: 0         # >0: also count a drop lasting this long whatever the load
     infiniband:
-      expected_rate_gbps: null   # null: each port against the highest rate it has run at itself
+      expected_rate_gbps: null   # the rate every port must run at; null: each port against the highest
+                                 # rate it has run at itself
       expected_ports: []         # "mlx5_0/1": ports that must be up even if absent when the agent starts
       ignore_ports: []           # "mlx5_4/1": ports never judged (down on purpose, e.g. a management port);
                                  # every other port found is expected ACTIVE/LinkUp
       link_downed_hold_s: 600    # how long a link_downed increment keeps the port degraded
       netdev: true               # read netdev state and speed through netlink
     storage:
-      mounts: []                 # [{path: /mnt/shared, timeout_s: 5}]
+      mounts: []                 # shared-storage mounts that must answer, e.g. [{path: /mnt/shared, timeout_s: 5}]
     remediation:                 # what the agent does when the scheduler's remediation asks (GPUNode spec)
       nvidia_smi: nvidia-smi     # the binary that resets a GPU (NVML's Python binding has no reset call)
       reset_timeout_s: 30        # a reset still running after this is killed and reported Failed

@@ -130,21 +130,23 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout) -> int:
     # The servers are started from this (the main) thread: their parent-death signal follows it.
     plane = ControlPlane.start(binaries, controllers=(*DEFAULT_CONTROLLERS, "job"))
     stack = contextlib.ExitStack()
-    try:
-        with _logs_to(log_file):
+    # The logs go to the file until everything has stopped: the agents and the
+    # scheduler log their own stops, which would follow the summary on the terminal.
+    with _logs_to(log_file):
+        try:
             stack.callback(plane.stop)
             return _run(options, plane, stack, out)
-    except (KeyboardInterrupt, StopRequestedError):
-        print("\ngpuwarden demo: stopping", file=out, flush=True)
-        return 0
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        try:
-            stack.close()
+        except (KeyboardInterrupt, StopRequestedError):
+            print("\ngpuwarden demo: stopping", file=out, flush=True)
+            return 0
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, previous_term)
-            print("gpuwarden demo: stopped; nothing left running", file=out, flush=True)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            try:
+                stack.close()
+            finally:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGTERM, previous_term)
+                print("gpuwarden demo: stopped; nothing left running", file=out, flush=True)
 
 
 def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack, out: IO[str]) -> int:

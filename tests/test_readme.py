@@ -1,8 +1,12 @@
-"""The README's references cannot drift from the code: flags, alert runbooks, condition runbooks.
+"""The README's references cannot drift from the code: flags, config keys, alert runbooks, condition runbooks.
 
 The configuration reference is a table per command whose rows are what the
 argparse parsers say (flag, environment variable, default, help); a flag
-added, renamed or given a new default fails here with the row to paste.
+added, renamed or given a new default fails here with the row to paste. The
+same for the two config files: a table each, one row per key of the config
+dataclasses with its default, described by the key's comment in the
+module docstring's example (which must list every key, at its default), so a
+key added without documentation fails here too.
 Every alert's ``runbook_url`` must lead to a runbook section that exists,
 and every condition type and reason the agent writes has its runbook.
 """
@@ -10,15 +14,20 @@ and every condition type and reason the agent writes has its runbook.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import socket
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+import agent.config
+import scheduler.remediation.policy
 from gpuwarden.cli import build_parser
 from gpuwarden.contract import ConditionType, Reason
 
@@ -101,6 +110,118 @@ def test_the_configuration_reference_is_what_the_parsers_say(
     reference = _section(README.read_text(), "## Configuration reference")
     documented = [line for line in _section(reference, heading).splitlines() if line.startswith("|")]
     expected = _rows(parsers[command])
+    assert documented == expected, "README table should read:\n" + "\n".join(expected)
+
+
+def _example(doc: str) -> tuple[str, dict[str, str]]:
+    """A docstring's example "with every key at its default": its YAML, and each key's comment.
+
+    The block is the indented text after the line that announces it (ending
+    in ``::``). Keys nest by indentation; a line that is only a comment
+    continues the comment of the key above it; a key with nothing after its
+    colon is a section, and only the keys under sections are rows.
+    """
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if "with every key at its default" in line and line.endswith("::"))
+    block: list[str] = []
+    for line in lines[start + 1 :]:
+        if line.strip() and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    comments: dict[str, str] = {}
+    sections: list[tuple[int, str]] = []
+    last = ""
+    for line in block:
+        body, _, comment = line.partition("#")
+        if not body.strip():
+            if comment.strip():
+                assert last, f"a comment that belongs to no key: {line!r}"
+                comments[last] += " " + comment.strip()
+            continue
+        indent = len(body) - len(body.lstrip())
+        key, _, value = body.strip().partition(":")
+        while sections and sections[-1][0] >= indent:
+            sections.pop()
+        path = ".".join([*(name for _, name in sections), key])
+        if value.strip():
+            comments[path], last = comment.strip(), path
+        else:
+            sections.append((indent, key))
+            last = ""
+    return "\n".join(block), comments
+
+
+def _leaves(obj: Any, prefix: str = "", skip: Collection[str] = ()) -> list[tuple[str, Any]]:
+    """Every key of a config dataclass instance, dotted, with its value: nested dataclasses are sections."""
+    out: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _leaves(value, f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", value))
+    return out
+
+
+def _yaml_value(value: Any) -> str:
+    """A default as the config file spells it."""
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    if isinstance(value, Mapping | list | tuple):
+        assert not value, f"a non-empty default needs a spelling here: {value!r}"
+        return "`{}`" if isinstance(value, Mapping) else "`[]`"
+    return f"`{value}`"
+
+
+def _key_rows(defaults: Any, comments: Mapping[str, str], skip: Collection[str] = ()) -> list[str]:
+    rows = ["| key | default | what it sets |", "| --- | --- | --- |"]
+    for key, value in _leaves(defaults, skip=skip):
+        what = comments.get(key, "NOT DOCUMENTED").replace("|", "\\|")
+        rows.append(f"| `{key}` | {_yaml_value(value)} | {what} |")
+    return rows
+
+
+def _agent_config(text: str) -> object:
+    return agent.config.config_from_dict(yaml.safe_load(text))
+
+
+def _remediation_config(text: str) -> object:
+    return scheduler.remediation.policy.Settings.from_mapping(yaml.safe_load(text))
+
+
+CONFIG_FILES: list[tuple[str, ModuleType, object, Collection[str], Callable[[str], object]]] = [
+    ("### Agent config file", agent.config, agent.config.AgentConfig(), (), _agent_config),
+    (
+        "### Remediation config file",
+        scheduler.remediation.policy,
+        scheduler.remediation.policy.Settings(),
+        scheduler.remediation.policy.NOT_IN_FILE,
+        _remediation_config,
+    ),
+]
+
+
+@pytest.mark.parametrize(("heading", "module", "defaults", "skip", "parse"), CONFIG_FILES, ids=["agent", "remediation"])
+def test_every_config_file_key_is_documented_with_its_default(
+    heading: str, module: ModuleType, defaults: object, skip: Collection[str], parse: Callable[[str], object]
+) -> None:
+    example, comments = _example(module.__doc__ or "")
+    keys = {key for key, _ in _leaves(defaults, skip=skip)}
+    assert set(comments) == keys, (
+        f"{module.__name__}'s docstring example should document exactly the file's keys: "
+        f"missing {sorted(keys - set(comments))}, unknown {sorted(set(comments) - keys)}"
+    )
+    assert all(comments.values()), [k for k, c in comments.items() if not c]
+    assert parse(example) == defaults, f"{module.__name__}'s docstring example is not the defaults"
+    reference = _section(README.read_text(), "## Configuration reference")
+    documented = [line for line in _section(reference, heading).splitlines() if line.startswith("|")]
+    expected = _key_rows(defaults, comments, skip)
     assert documented == expected, "README table should read:\n" + "\n".join(expected)
 
 

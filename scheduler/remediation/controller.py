@@ -37,6 +37,13 @@ The carry-out contract: steps first, then the record. A step that fails is
 logged and retried next cycle (holds are re-issued every cycle); the record
 is still written, except when the machine says the record must not be
 (an unreadable one).
+
+The watch cache can be a write behind: the next pass may start before the
+watch has brought back the Node this pass patched, and would advance the
+old record again, writing its Events, webhook calls and requests a second
+time (a person's escalation-cleared taken twice restarts the validation it
+began). So the controller keeps the Node its own patch returned, and uses it
+in place of the cache's until the cache holds that version or a later one.
 """
 
 from __future__ import annotations
@@ -322,6 +329,9 @@ class RemediationController:
         # Pods whose eviction was refused, with why (from this controller's
         # drains and from the scheduling cycle's), as the drains' blockers.
         self._blocked: dict[str, str] = {}
+        # The Node each of this controller's patches returned, until the
+        # watched view catches up with it (see the module docstring).
+        self._written: dict[str, Mapping[str, Any]] = {}
 
     def note_refusals(self, refused: Mapping[str, str]) -> None:
         """Evictions the scheduling cycle saw refused this cycle (pod key -> why)."""
@@ -337,6 +347,7 @@ class RemediationController:
         now = self._clock()
         report = RemediationReport()
         blocked, self._blocked = self._blocked, {}
+        nodes = self._caught_up(nodes)
         records = {
             name: decode_record(_map(_meta(obj), "annotations").get(contract.ANNOTATION_REMEDIATION_STATE))
             for name, obj in nodes.items()
@@ -384,6 +395,20 @@ class RemediationController:
         if self.on_report is not None:
             self.on_report(report)
         return report
+
+    def _caught_up(self, nodes: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+        """``nodes`` with each Node this controller wrote since the view last had it put back."""
+        if not self._written:
+            return nodes
+        out = dict(nodes)
+        for name, written in list(self._written.items()):
+            seen = nodes.get(name)
+            if seen is not None and _older(seen, written):
+                out[name] = written
+            else:
+                # The view has our write or a later one (or the Node is gone).
+                del self._written[name]
+        return out
 
     # -- the breaker's view ---------------------------------------------------
 
@@ -504,24 +529,25 @@ class RemediationController:
         pass decides its transition again; this pass does not report it.
         """
 
-        def one(item: tuple[str, JSON]) -> tuple[str, ApiError | None]:
+        def one(item: tuple[str, JSON]) -> tuple[str, Mapping[str, Any] | ApiError]:
             name, patch = item
             try:
-                self._api.patch_node(name, patch)
+                return name, self._api.patch_node(name, patch)
             except ApiError as err:
                 return name, err
-            return name, None
 
         if len(patches) <= 1:
             results = [one(item) for item in patches]
         else:
             with ThreadPoolExecutor(min(NODE_PATCH_WORKERS, len(patches)), thread_name_prefix="remediation") as pool:
                 results = list(pool.map(one, patches))
-        for name, err in results:
-            if err is not None:
-                report.errors.append(f"{name}: {err}")
+        for name, outcome in results:
+            if isinstance(outcome, ApiError):
+                report.errors.append(f"{name}: {outcome}")
                 report.transitions.pop(name, None)
-                log.warning("remediation_step_failed", node=name, status=err.status, error=err.detail)
+                log.warning("remediation_step_failed", node=name, status=outcome.status, error=outcome.detail)
+            else:
+                self._written[name] = outcome
 
     def _request_agent(self, name: str, gpunode: Mapping[str, Any] | None, steps: Sequence[Step]) -> None:
         """Make GPUNode spec.remediation list exactly this cycle's reset and validation holds."""
@@ -634,6 +660,22 @@ class RemediationController:
             log.info("escalation_webhook_called", node=name, need=step.need.value)
         except Exception as exc:  # any transport failure: the Event and label still stand
             log.warning("escalation_webhook_failed", node=name, url=url, error=f"{type(exc).__name__}: {exc}")
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int | None:
+    version = _meta(obj).get("resourceVersion")
+    return int(version) if isinstance(version, str) and version.isascii() and version.isdigit() else None
+
+
+def _older(seen: Mapping[str, Any], written: Mapping[str, Any]) -> bool:
+    """Whether ``seen`` is a version of the Node from before ``written``.
+
+    resourceVersions are opaque to clients in general; the API server's etcd
+    storage numbers them in write order, and one that does not read as such
+    a number is taken as current (the view wins, as it did before).
+    """
+    a, b = _resource_version(seen), _resource_version(written)
+    return a is not None and b is not None and a < b
 
 
 def _set(patch: dict[str, Any], current: Mapping[str, Any], key: str, value: str | None) -> None:

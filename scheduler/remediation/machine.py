@@ -341,20 +341,26 @@ class _Cycle:
         wanted: Fault | None = node_faults[0] if node_faults else None
         need = worst_action([Action.REBOOT, wanted.action]) if wanted is not None else Action.REBOOT
         why = _describe_fault(wanted) if wanted is not None else ""
-        if wanted is not None and self.repeat(rec, NODE_SCOPE_KEY):
+        # Whether the repeat window, not the fault itself, decides: a fault
+        # whose own action is REPLACE (an InfiniBand port at a lower rate, a
+        # row remap failure) asks for replacement the first time too, and is
+        # no repeat offender for that.
+        own, repeat = need, wanted is not None and self.repeat(rec, NODE_SCOPE_KEY)
+        if repeat:
             need, why = Action.REPLACE, f"{why}, again within the repeat window"
         if wanted is None:
             for f in gpu_faults:
                 assert f.gpu_index is not None
                 if rec.scope_for_gpu(f.gpu_index) is None and self.repeat(rec, f.target):
-                    wanted, need = f, Action.REPLACE
+                    wanted, need, own, repeat = f, Action.REPLACE, f.action, True
                     why = f"{_describe_fault(f)}, again within the repeat window"
                     break
         if wanted is not None:
             blocked = self.gate(rec)
             if not blocked:
-                if need is Action.REPLACE:
-                    self.event(EventType.WARNING, EventReason.REPEAT_FAULT, f"{why}: replacement instead of repair")
+                if repeat:
+                    instead = "replacement instead of repair" if own is not Action.REPLACE else "replacement again"
+                    self.event(EventType.WARNING, EventReason.REPEAT_FAULT, f"{why}: {instead}")
                 return self.set_hold(self.start_node(rec, wanted, need, why), "")
             return self.set_hold(rec, blocked)
         for f in gpu_faults:

@@ -23,14 +23,43 @@ reports counts as failed; a drain that never ends fails the workflow and
 calls a person), and how many resets to try. Settings are checked when they
 are built, with the key named, so a bad config stops the scheduler at start
 rather than in the middle of a repair.
+
+The config file (``gpuwarden scheduler --remediation-config``) holds
+:class:`Settings`, its keys the field names; ``--remediation dry-run`` sets
+``dry_run``.
+
+Example with every key at its default::
+
+    dry_run: false               # record workflows and write Events saying what would be done; change nothing
+    repeat_window_s: 604800      # a fault on hardware (a GPU by UUID, or the node) that started a workflow
+                                 # within this long (7 days) asks for REPLACE, not another reset or reboot
+    drain_timeout_s: 21600       # a drain still waiting for pods after this (6 hours) fails the workflow
+    reset_timeout_s: 600         # a GPU reset the agent has not reported by then counts as failed
+    validation_timeout_s: 3600   # a validation the agent has not reported by then counts as failed
+    max_reset_attempts: 1        # GPU resets tried before the GPU's node is escalated to REBOOT
+    history_limit: 32            # workflow starts the Node's record keeps for the repeat window
+    drain:
+      default:
+        mode: immediate          # drain policy of every namespace not listed below:
+                                 # immediate, allow-completion or delete-after-timeout
+        timeout_s: 0             # allow-completion: how long a pod may run on; delete-after-timeout: when
+                                 # a pod still there is deleted
+      namespaces: {}             # the namespaces whose policy differs, each as default is written, e.g.
+                                 # {training: {mode: allow-completion, timeout_s: 3600}}
+    breaker:
+      max_out_fraction: 0.1      # per node pool: at most this share of its nodes (at least one) out at once,
+                                 # for any reason; a quarantine beyond it is held
+      max_out_nodes: null        # per node pool: and at most this many nodes (null: no such limit)
+      max_concurrent_drains: 10  # per node pool: nodes drained at once
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from types import MappingProxyType
+from typing import get_type_hints
 
 from gpuwarden.contract import SCHEDULER_COMPONENT
 from scheduler.remediation.breaker import BreakerSettings, BreakerSettingsError
@@ -129,42 +158,28 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> Settings:
-        """Settings from a config file's ``remediation`` section (parsed YAML).
+        """Settings from the config file (parsed YAML); the keys are in the module docstring.
 
-        Keys are the field names; ``drain`` is ``{default: {mode, timeout_s},
-        namespaces: {NAME: {mode, timeout_s}}}`` and ``breaker`` is
-        ``{max_out_fraction, max_out_nodes, max_concurrent_drains}``. Unknown
-        keys are errors: a misspelt timeout silently left at its default is
-        worse than a scheduler that does not start.
+        Every field but those in :data:`NOT_IN_FILE` is a key, read by its
+        type. Unknown keys are errors: a misspelt timeout silently left at its
+        default is worse than a scheduler that does not start.
         """
-        known = {
-            "dry_run",
-            "repeat_window_s",
-            "drain_timeout_s",
-            "reset_timeout_s",
-            "validation_timeout_s",
-            "max_reset_attempts",
-            "history_limit",
-            "drain",
-            "breaker",
-        }
-        _no_unknown(data, known, "remediation")
+        _no_unknown(data, set(file_keys()), "remediation")
+        hints = get_type_hints(cls)
         kwargs: dict[str, object] = {}
-        for key in ("repeat_window_s", "drain_timeout_s", "reset_timeout_s", "validation_timeout_s"):
+        for key in file_keys():
             if key in data:
-                kwargs[key] = _number(data[key], f"remediation.{key}")
-        for key in ("max_reset_attempts", "history_limit"):
-            if key in data:
-                kwargs[key] = _integer(data[key], f"remediation.{key}")
-        if "dry_run" in data:
-            if not isinstance(data["dry_run"], bool):
-                raise SettingsError("remediation.dry_run must be true or false")
-            kwargs["dry_run"] = data["dry_run"]
-        if "drain" in data:
-            kwargs["drain"] = _drain_policies(data["drain"])
-        if "breaker" in data:
-            kwargs["breaker"] = _breaker(data["breaker"])
+                kwargs[key] = _PARSERS[hints[key]](data[key], f"remediation.{key}")
         return cls(**kwargs)  # type: ignore[arg-type]
+
+
+# Settings fields that are the scheduler's own, not the config file's: who it records as the actor.
+NOT_IN_FILE = frozenset({"actor"})
+
+
+def file_keys() -> tuple[str, ...]:
+    """The config file's top-level keys, in field order: the fields of :class:`Settings` it may set."""
+    return tuple(f.name for f in fields(Settings) if f.name not in NOT_IN_FILE)
 
 
 def _no_unknown(data: Mapping[str, object], known: set[str], where: str) -> None:
@@ -191,10 +206,20 @@ def _integer(value: object, where: str) -> int:
     return value
 
 
+def _boolean(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise SettingsError(f"{where} must be true or false")
+    return value
+
+
+def _names(cls: type[object]) -> set[str]:
+    return {f.name for f in fields(cls)}  # type: ignore[arg-type]
+
+
 def _drain_policy(value: object, where: str) -> DrainPolicy:
     data = _mapping(value, where)
-    _no_unknown(data, {"mode", "timeout_s"}, where)
-    mode_text = data.get("mode", DrainMode.IMMEDIATE.value)
+    _no_unknown(data, _names(DrainPolicy), where)
+    mode_text = data.get("mode", DrainPolicy().mode.value)
     try:
         mode = DrainMode(str(mode_text))
     except ValueError:
@@ -207,9 +232,9 @@ def _drain_policy(value: object, where: str) -> DrainPolicy:
         raise SettingsError(f"{where}: {exc}") from None
 
 
-def _drain_policies(value: object) -> DrainPolicies:
-    data = _mapping(value, "remediation.drain")
-    _no_unknown(data, {"default", "namespaces"}, "remediation.drain")
+def _drain_policies(value: object, where: str = "remediation.drain") -> DrainPolicies:
+    data = _mapping(value, where)
+    _no_unknown(data, _names(DrainPolicies), where)
     default = _drain_policy(data["default"], "remediation.drain.default") if "default" in data else DrainPolicy()
     spaces = _mapping(data.get("namespaces", {}), "remediation.drain.namespaces")
     return DrainPolicies(
@@ -220,18 +245,31 @@ def _drain_policies(value: object) -> DrainPolicies:
     )
 
 
-def _breaker(value: object) -> BreakerSettings:
-    data = _mapping(value, "remediation.breaker")
-    _no_unknown(data, {"max_out_fraction", "max_out_nodes", "max_concurrent_drains"}, "remediation.breaker")
-    fraction = _number(data.get("max_out_fraction", 0.10), "remediation.breaker.max_out_fraction")
-    nodes = data.get("max_out_nodes")
-    drains = _integer(data.get("max_concurrent_drains", 10), "remediation.breaker.max_concurrent_drains")
+def _breaker(value: object, where: str = "remediation.breaker") -> BreakerSettings:
+    data = _mapping(value, where)
+    _no_unknown(data, _names(BreakerSettings), where)
+    kwargs: dict[str, object] = {}
+    if "max_out_fraction" in data:
+        kwargs["max_out_fraction"] = _number(data["max_out_fraction"], f"{where}.max_out_fraction")
+    if "max_out_nodes" in data:
+        nodes = data["max_out_nodes"]
+        kwargs["max_out_nodes"] = None if nodes is None else _integer(nodes, f"{where}.max_out_nodes")
+    if "max_concurrent_drains" in data:
+        kwargs["max_concurrent_drains"] = _integer(data["max_concurrent_drains"], f"{where}.max_concurrent_drains")
     try:
-        return BreakerSettings(
-            fraction, None if nodes is None else _integer(nodes, "remediation.breaker.max_out_nodes"), drains
-        )
+        return BreakerSettings(**kwargs)  # type: ignore[arg-type]
     except BreakerSettingsError as exc:
         raise SettingsError(f"remediation.{exc}") from None
+
+
+# How each type of a file key is read; a new key's type must be here.
+_PARSERS: dict[object, Callable[[object, str], object]] = {
+    bool: _boolean,
+    float: _number,
+    int: _integer,
+    DrainPolicies: _drain_policies,
+    BreakerSettings: _breaker,
+}
 
 
 @dataclass(frozen=True, slots=True)

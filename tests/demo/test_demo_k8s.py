@@ -195,6 +195,8 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     assert seen.slices_run, output
     assert "summary after" in output and "worst lag" in output and "lost" in output
     assert "nothing left running" in output
+    # The logs went to the demo's log file, also while everything stopped after the summary.
+    assert not [line for line in lines if line.startswith("{")], output[-3000:]
 
     # Nothing left: no process of the demo's control plane, and its folder gone.
     assert _leftovers(run_dir) == []

@@ -212,6 +212,40 @@ def test_a_reboot_fault_cordons_escalates_waits_for_people_validates_and_returns
     assert len(calls) == 1, "escalated once"
 
 
+def test_a_pass_over_a_view_that_has_not_caught_up_with_the_last_write_does_not_repeat_it(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]]
+) -> None:
+    # The leader's next pass can start before the watch brought back the Node
+    # the last pass patched: taking a person's clear twice would write the
+    # Event twice and restart the validation it began.
+    (node,) = cluster(1)
+    nodes = {node}
+    clock = Clock()
+    publish_health(k8s, node, xid_fault(2, 79))
+    for _ in range(3):  # quarantine, drain, escalate
+        _pass(k8s, nodes, clock)
+    assert _state(k8s, node) == "escalated"
+    publish_health(k8s, node)
+    client.CoreV1Api(k8s).patch_node(
+        node, {"metadata": {"annotations": {contract.ANNOTATION_ESCALATION_CLEARED: "T-7"}}}
+    )
+    stale = view(k8s, nodes)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    controller = RemediationController(api, Evictor(api, retry=NO_WAIT), clock=clock)
+    assert controller.run(stale.nodes, stale.gpunodes, list(stale.pods.values())).errors == []
+    assert _state(k8s, node) == "validating"
+    first = _record(k8s, node)
+    # Again over the same listing, as a watch cache one write behind has it.
+    assert controller.run(stale.nodes, stale.gpunodes, list(stale.pods.values())).errors == []
+    assert _record(k8s, node) == first, "the validation asked for is still the one asked for"
+    events = client.CoreV1Api(k8s).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    assert [e.reason for e in events].count("EscalationCleared") == 1
+    # Once the view has the write (or anything later), it is the view that counts again.
+    fresh = view(k8s, nodes)
+    assert controller.run(fresh.nodes, fresh.gpunodes, list(fresh.pods.values())).errors == []
+    assert _state(k8s, node) == "validating"
+
+
 def test_dry_run_records_and_reports_but_changes_nothing(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]]
 ) -> None:

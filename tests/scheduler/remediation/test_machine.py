@@ -300,6 +300,27 @@ def test_a_second_reboot_fault_within_the_window_asks_for_replacement() -> None:
     assert t.record.node_scope is not None and t.record.node_scope.need is Action.REPLACE
 
 
+IB_RATE = Fault(ConditionType.INFINIBAND_DEGRADED.value, Reason.IB_RATE_DEGRADED.value, Action.REPLACE, since=T0)
+
+
+def test_a_first_fault_that_asks_for_replacement_itself_is_no_repeat_fault() -> None:
+    # The demo's InfiniBand port at half rate: REPLACE is the fault's own action,
+    # and the node had no workflow before, so nothing may call it a repeat.
+    t = run(NodeRecord(), node(faults=(IB_RATE,)), T0 + 10)
+    assert t.record.node_scope is not None and t.record.node_scope.need is Action.REPLACE
+    assert EventReason.REPEAT_FAULT not in reasons(t)
+    assert EventReason.NODE_QUARANTINED in reasons(t)
+    assert "repeat window" not in t.record.node_scope.why
+
+
+def test_a_replacement_fault_again_within_the_window_is_a_repeat_fault() -> None:
+    history = (HistoryEntry("node", IB_RATE.condition, IB_RATE.reason, T0),)
+    t = run(NodeRecord(history=history), node(faults=(IB_RATE,)), T0 + 86400)
+    assert t.record.node_scope is not None and t.record.node_scope.need is Action.REPLACE
+    events = [s for s in t.steps if isinstance(s, EmitEvent) and s.reason == EventReason.REPEAT_FAULT]
+    assert len(events) == 1 and "again within the repeat window" in events[0].message
+
+
 def test_the_old_latched_fault_after_a_return_starts_nothing_but_the_same_fault_later_does() -> None:
     r = gpu3_validating()
     r = run(r, node(faults=(XID48,), validations=(ValidationResult(3, True, T0 + 45),)), T0 + 50).record

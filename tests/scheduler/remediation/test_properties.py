@@ -29,7 +29,15 @@ from scheduler.remediation.model import (
 )
 from scheduler.remediation.observations import DrainProgress, Observations
 from scheduler.remediation.policy import Settings
-from scheduler.remediation.steps import RETURN_STEPS, Cordon, EmitEvent, ReturnGpu, StopManaging, Uncordon
+from scheduler.remediation.steps import (
+    RETURN_STEPS,
+    Cordon,
+    EmitEvent,
+    EventReason,
+    ReturnGpu,
+    StopManaging,
+    Uncordon,
+)
 from tests.scheduler.remediation.builders import T0, node, xid
 
 SETTINGS = Settings(reset_timeout_s=600, validation_timeout_s=1800, drain_timeout_s=7200)
@@ -197,6 +205,19 @@ def test_dry_run_takes_no_changing_step(history: list[Cycle]) -> None:
     for _, _, _, t in play(history, DRY):
         assert all(isinstance(s, EmitEvent) for s in t.steps)
         assert t.record.history == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(HISTORIES)
+def test_a_repeat_fault_is_only_written_for_hardware_with_a_workflow_in_the_window(history: list[Cycle]) -> None:
+    # A fault whose own action is REPLACE (an InfiniBand port) asks for
+    # replacement the first time too: that alone is no repeat.
+    for before, obs, now, t in play(history):
+        if EventReason.REPEAT_FAULT not in [s.reason for s in t.steps if isinstance(s, EmitEvent)]:
+            continue
+        targets = {"node"} | {f.target for f in obs.faults}
+        window = now - SETTINGS.repeat_window_s
+        assert any(h.target in targets and h.at >= window for h in before.history), (before, obs)
 
 
 @settings(max_examples=200, deadline=None)
