@@ -251,15 +251,25 @@ def _groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str,
     return {g["metadata"]["ownerReferences"][0]["name"]: g for g in items}
 
 
+def _deferring_cycle(
+    k8s: client.ApiClient, default_queue: str, *, max_defer_s: float, quiet_s: float
+) -> SchedulingCycle:
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    binder = Binder(api, retry=NO_WAIT)
+    return SchedulingCycle(
+        api,
+        default_queue=default_queue,
+        binder=binder,
+        bookkeeping_max_defer_s=max_defer_s,
+        bookkeeping_quiet_s=quiet_s,
+    )
+
+
 def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_groups_are_written_at_once(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     nodes = set(cluster(1))
-    q = queue(16)
-    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    cycle = SchedulingCycle(
-        api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=30.0, bookkeeping_quiet_s=0.5
-    )
+    cycle = _deferring_cycle(k8s, queue(16), max_defer_s=30.0, quiet_s=0.5)
     pod(k8s, namespace, "solo", gpus=1)
     pod(k8s, namespace, "wide", gpus=7)
     pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
@@ -290,11 +300,7 @@ def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     nodes = set(cluster(1))
-    q = queue(8)
-    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    cycle = SchedulingCycle(
-        api, default_queue=q, binder=Binder(api, retry=NO_WAIT), bookkeeping_max_defer_s=0.5, bookkeeping_quiet_s=30.0
-    )
+    cycle = _deferring_cycle(k8s, queue(8), max_defer_s=0.5, quiet_s=30.0)
     pod(k8s, namespace, "first", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["first"]
     assert _groups_by_pod(k8s, namespace) == {}
