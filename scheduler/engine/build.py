@@ -274,6 +274,7 @@ class JobBuilder:
             cpu = tspec.cpu_milli
             mem = tspec.memory_mib
             task = TaskState(tspec, job, request, cpu, mem, milli, status is not PENDING, status is RELEASING)
+            task.rank = len(job.tasks)
             job.tasks.append(task)
             want_gpu += milli
             want_cpu += cpu

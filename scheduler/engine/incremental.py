@@ -19,7 +19,9 @@ test holds it to that). Where the difference would be hard to apply
 exactly, the state is simply built again: the queue tree or the config
 changed, a node came or went or changed its pool or GPUs, the input had
 duplicates or running pods with guessed GPUs (whose seating depends on the
-order of the build), a statement was left open, or anything raised.
+order of the build), or a statement was left open. An exception in a
+session or while applying a difference drops the kept state (it may be
+half changed) and reaches the caller; the next session builds afresh.
 """
 
 from __future__ import annotations
@@ -52,9 +54,13 @@ class _Kept:
     jobs: dict[str, JobState]
 
 
-def _seat_order(task: TaskState) -> tuple[bool, str, str]:
-    """A node's holders in the order the build seats them: jobs by key, pods by name."""
-    return task.placeholder, task.job.key, task.spec.name
+def _seat_order(task: TaskState) -> tuple[str, int]:
+    """A node's holders in the order the build seats them: jobs by key, then each job's pods in its order.
+
+    Placeholders are never among them: they are seated after this sort and
+    taken out before the next.
+    """
+    return task.job.key, task.rank
 
 
 class Engine:
@@ -139,6 +145,8 @@ class Engine:
             self._remove(kept, job)
         for node, node_spec in changed:
             self._replace_node(kept, node, node_spec)
+        if kept.builder.irregular:
+            raise _RebuildError("a changed node's running pods had guessed GPUs")
         added = [(key, spec) for key, spec in specs.items() if key not in jobs]
         builder = kept.builder
         for key, spec in added:

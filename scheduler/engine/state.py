@@ -150,6 +150,9 @@ class TaskState:
     # A stand-in holding a job's reserved room (scheduler.engine.reservations):
     # it holds resources like a running pod but is no pod, never a victim.
     placeholder: bool = False
+    # Its place in job.tasks: with the job's key, the order the build seats
+    # a node's holders in (scheduler.engine.incremental restores it).
+    rank: int = 0
 
     @property
     def is_pending(self) -> bool:
