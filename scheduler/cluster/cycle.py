@@ -704,7 +704,6 @@ class SchedulingCycle:
         # failed pipelined bind keeps its reservation for the next cycle.
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
         held = tuple(r for r in decisions.reservations if (r.job, r.node, r.gpu_indices) not in taken)
-        self.reservations.write(held, view.podgroups)
         gang_met = [
             job.key
             for job in snapshot.jobs
@@ -719,6 +718,14 @@ class SchedulingCycle:
             "lost_totals": lost_totals(view.queues, lost),
         }
         specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
+        # Reservations live in PodGroup status: a derived group that holds
+        # one needs its PodGroup before they are written, not after.
+        reserving = {r.job for r in held}
+        first = [spec for spec in specs if f"{spec.namespace}/{spec.name}" in reserving]
+        if first:
+            self._create_podgroups(first)
+            specs = [spec for spec in specs if f"{spec.namespace}/{spec.name}" not in reserving]
+        self.reservations.write(held, view.podgroups)
         if self._background is None:
             self._after_binds(specs, written, gang_met, status_args)
         else:

@@ -529,11 +529,11 @@ class RemediationController:
         pass decides its transition again; this pass does not report it.
         """
 
-        def one(item: tuple[str, JSON]) -> tuple[str, Mapping[str, Any] | ApiError]:
+        def one(item: tuple[str, JSON]) -> tuple[str, Mapping[str, Any] | Exception]:
             name, patch = item
             try:
                 return name, self._api.patch_node(name, patch)
-            except ApiError as err:
+            except Exception as err:  # one node's failure must not lose the others' results
                 return name, err
 
         if len(patches) <= 1:
@@ -546,6 +546,10 @@ class RemediationController:
                 report.errors.append(f"{name}: {outcome}")
                 report.transitions.pop(name, None)
                 log.warning("remediation_step_failed", node=name, status=outcome.status, error=outcome.detail)
+            elif isinstance(outcome, Exception):
+                report.errors.append(f"{name}: unexpected error")
+                report.transitions.pop(name, None)
+                log.error("remediation_node_failed", node=name, error=f"{type(outcome).__name__}: {outcome}")
             else:
                 self._written[name] = outcome
 

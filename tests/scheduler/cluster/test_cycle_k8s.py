@@ -243,12 +243,12 @@ def test_a_gpu_whose_xid_turns_fatal_loses_its_pods_and_only_that_gpu_stops_taki
         assert decode_assignment(stored.metadata.annotations[contract.ANNOTATION_GPU_ASSIGNMENT]) != (sick,)
 
 
-def _groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+def groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
     """Derived PodGroups of bare pods, by the name of the pod that owns each."""
     items = client.CustomObjectsApi(k8s).list_namespaced_custom_object(
         contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL
     )["items"]
-    return {g["metadata"]["ownerReferences"][0]["name"]: g for g in items}
+    return {g["metadata"]["ownerReferences"][0]["name"]: g for g in items if g["metadata"].get("ownerReferences")}
 
 
 def _deferring_cycle(
@@ -278,19 +278,19 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     bound = sorted(b.pod for b in result.decisions.binds)
     assert len(bound) == 2 and "solo" in bound
     (waiting,) = {"wide", "late"} - set(bound)
-    made = _groups_by_pod(k8s, namespace)
+    made = groups_by_pod(k8s, namespace)
     # A waiting group is news: created, with why, while the cycle bound others.
     assert list(made) == [waiting]
     assert podgroup_status(k8s, namespace, made[waiting]["metadata"]["name"])["phase"] == "Pending"
 
     # Right after a cycle that bound, a cycle that binds nothing is no quiet one yet ...
     assert cycle.run(view(k8s, nodes)).decisions.binds == ()
-    assert sorted(_groups_by_pod(k8s, namespace)) == [waiting]
+    assert sorted(groups_by_pod(k8s, namespace)) == [waiting]
     # ... once nothing was bound for bookkeeping_quiet_s, what waited is written.
     time.sleep(0.6)
     result = cycle.run(view(k8s, nodes))
     assert result.decisions.binds == ()
-    made = _groups_by_pod(k8s, namespace)
+    made = groups_by_pod(k8s, namespace)
     assert sorted(made) == ["late", "solo", "wide"]
     for name in bound:
         assert podgroup_status(k8s, namespace, made[name]["metadata"]["name"])["phase"] == "Running"
@@ -303,10 +303,10 @@ def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds
     cycle = _deferring_cycle(k8s, queue(8), max_defer_s=0.5, quiet_s=30.0)
     pod(k8s, namespace, "first", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["first"]
-    assert _groups_by_pod(k8s, namespace) == {}
+    assert groups_by_pod(k8s, namespace) == {}
     time.sleep(0.6)
     pod(k8s, namespace, "second", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["second"]
-    made = _groups_by_pod(k8s, namespace)
+    made = groups_by_pod(k8s, namespace)
     assert sorted(made) == ["first", "second"]
     assert podgroup_status(k8s, namespace, made["first"]["metadata"]["name"])["phase"] == "Running"

@@ -24,7 +24,7 @@ from scheduler.cluster.assignment import decode_assignment
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
 from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health, refusing_pdb
-from tests.scheduler.cluster.test_cycle_k8s import new_cycle, podgroup_status, view
+from tests.scheduler.cluster.test_cycle_k8s import groups_by_pod, new_cycle, podgroup_status, view
 
 pytestmark = pytest.mark.k8s
 
@@ -194,3 +194,27 @@ def test_a_faulted_gpu_loses_its_gang_through_evictions_a_budget_holds_back_and_
     assert node_of(k8s, namespace, "solo") == node
     assert node_of(k8s, namespace, "fresh") == node
     assert sick not in _gpus(k8s, namespace, "fresh")
+
+
+def test_room_reserved_for_a_derived_group_in_its_first_cycle_is_kept_on_its_new_podgroup(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """A bare pod's PodGroup does not exist yet when the cycle that first sees it reserves room for it."""
+    nodes = set(cluster(2))
+    q = queue(16)
+    small = [f"small-{i}" for i in range(16)]
+    for name in small:
+        podgroup(k8s, namespace, name, q, 1)
+        pod(k8s, namespace, name, group=name)
+    _run_all(k8s, namespace, small, nodes)
+    placed = {n: node_of(k8s, namespace, n) for n in small}
+    for each in nodes:
+        complete_pod_deletion(k8s, next(n for n in small if placed[n] == each), namespace)
+    pod(k8s, namespace, "big", queue=q, gpus=2)  # no PodGroup: one is derived
+
+    first = new_cycle(k8s).run(view(k8s, nodes))
+    (moved,) = first.evictions
+    assert moved.eviction.action is EvictionAction.CONSOLIDATE
+    group = groups_by_pod(k8s, namespace)["big"]["metadata"]["name"]
+    (entry,) = podgroup_status(k8s, namespace, group)["reservations"]
+    assert entry["node"] == moved.eviction.node and len(entry["gpus"]) == 2
