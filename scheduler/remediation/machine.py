@@ -528,7 +528,10 @@ class _Cycle:
 
     def waiting_for_people(self, rec: NodeRecord, s: ScopeRecord) -> NodeRecord:
         cleared = self.obs.escalation_cleared
-        if cleared is None:
+        # An escalation raised in this very pass cannot have been cleared:
+        # the annotation seen is a leftover from an earlier one (this pass's
+        # Escalate removes it), and taking it would return the node unrepaired.
+        if cleared is None or s.entered.get(State.ESCALATED.value) == self.now:
             return rec
         self.edges.append(ClearEscalation())
         self.event(

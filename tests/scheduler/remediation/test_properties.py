@@ -33,6 +33,7 @@ from scheduler.remediation.steps import (
     RETURN_STEPS,
     Cordon,
     EmitEvent,
+    Escalate,
     EventReason,
     ReturnGpu,
     StopManaging,
@@ -252,3 +253,18 @@ def test_a_damaged_record_never_raises_and_never_returns_hardware(history: list[
     t = advance(decoded.record, obs, now, SETTINGS)
     if decoded.error is not None:
         assert not t.persist and all(isinstance(s, EmitEvent) for s in t.steps)
+
+
+def test_an_escalation_is_not_cleared_by_an_annotation_left_from_before_it() -> None:
+    """A GPU reset that times out escalates to REBOOT; a leftover escalation-cleared annotation
+    seen in that same pass must not return the unrepaired node (found by the breaker property)."""
+    quiet = Cycle(1.0, (), False, False, (), (), (), False, False, False, False)
+    fault = xid(48, 0, Action.RESET_GPU)
+    first = Cycle(1.0, ((fault, None),), False, False, (("gpu-0", 0),), (), (), False, True, True, False)
+    _, _, at, reached = play([quiet] * 9 + [first])[-1]
+    record, now = reached.record, at + 700.0
+    last = Cycle(700.0, (), False, False, (("node", 0),), (), ((None, True, 1.0),), True, True, True, False)
+    ours = record.node_scope is not None and not record.node_scope.dry_run
+    t = advance(record, last.observe(now, ours), now, SETTINGS)
+    assert not any(isinstance(s, Uncordon) for s in t.steps)
+    assert any(isinstance(s, Escalate) for s in t.steps)
