@@ -363,8 +363,11 @@ class SchedulingCycle:
         if not busy:
             self._flushed_at = now
         urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(status_args["blocked"])
-        present = {job.key for job in snapshot.jobs}
+        status_args["defer_placed"] = busy
         specs: list[GroupSpec] = []
+        if not self._deferred_groups:
+            return specs  # the common cycle: no set of every job's key to build
+        present = {job.key for job in snapshot.jobs}
         for key in list(self._deferred_groups):
             group = f"{key[0]}/{key[1]}"
             if key in self._created_groups or key in view.podgroups or group not in present:
@@ -373,7 +376,6 @@ class SchedulingCycle:
                 continue
             else:
                 specs.append(self._deferred_groups.pop(key))
-        status_args["defer_placed"] = busy
         return specs
 
     def _after_binds(

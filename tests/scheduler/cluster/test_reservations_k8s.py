@@ -106,9 +106,10 @@ def test_reclaim_brings_two_queues_to_their_fair_shares_and_holds_the_room_until
         assert status["allocated"]["gpu"] == status["fairShare"]["gpu"] == 4, status
 
 
-def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
+def _fragmented(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
-) -> None:
+) -> tuple[set[str], str]:
+    """Two full 8-GPU nodes of 1-GPU pods, then one pod finishes on each: one GPU free on each, two on neither."""
     nodes = set(cluster(2))
     q = queue(16)
     small = [f"small-{i}" for i in range(16)]
@@ -116,10 +117,16 @@ def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
         podgroup(k8s, namespace, name, q, 1)
         pod(k8s, namespace, name, group=name)
     _run_all(k8s, namespace, small, nodes)
-    # One pod finishes on each node: one GPU free on each, two on neither.
     placed = {n: node_of(k8s, namespace, n) for n in small}
     for each in nodes:
         complete_pod_deletion(k8s, next(n for n in small if placed[n] == each), namespace)
+    return nodes, q
+
+
+def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes, q = _fragmented(k8s, namespace, cluster, queue)
     podgroup(k8s, namespace, "big", q, 1)
     pod(k8s, namespace, "big", group="big", gpus=2)
 
@@ -200,16 +207,7 @@ def test_room_reserved_for_a_derived_group_in_its_first_cycle_is_kept_on_its_new
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     """A bare pod's PodGroup does not exist yet when the cycle that first sees it reserves room for it."""
-    nodes = set(cluster(2))
-    q = queue(16)
-    small = [f"small-{i}" for i in range(16)]
-    for name in small:
-        podgroup(k8s, namespace, name, q, 1)
-        pod(k8s, namespace, name, group=name)
-    _run_all(k8s, namespace, small, nodes)
-    placed = {n: node_of(k8s, namespace, n) for n in small}
-    for each in nodes:
-        complete_pod_deletion(k8s, next(n for n in small if placed[n] == each), namespace)
+    nodes, q = _fragmented(k8s, namespace, cluster, queue)
     pod(k8s, namespace, "big", queue=q, gpus=2)  # no PodGroup: one is derived
 
     first = new_cycle(k8s).run(view(k8s, nodes))
