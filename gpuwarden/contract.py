@@ -160,6 +160,12 @@ ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 # pod-grouper), and the GPU assignment the scheduler made at bind time.
 ANNOTATION_POD_GROUP: Final = f"{SCHEDULING_API_GROUP}/pod-group"
 ANNOTATION_GPU_ASSIGNMENT: Final = f"{API_GROUP}/gpu-assignment"
+# The scheduler replica (its leader-election identity) that decided a bind,
+# an eviction or a slice ConfigMap. The admission policy
+# gpuwarden-scheduler-fence refuses the write when the Lease names another
+# holder; a Binding's annotations are copied onto the pod, so every bound pod
+# says which replica bound it.
+ANNOTATION_LEASE_HOLDER: Final = f"{SCHEDULING_API_GROUP}/lease-holder"
 
 # The GPU slice a pod holds, as its containers see it: before binding a slice
 # pod the scheduler writes these keys into a ConfigMap owned by the pod (named
@@ -194,6 +200,10 @@ ANNOTATION_ESCALATION_CLEARED: Final = f"{API_GROUP}/escalation-cleared"
 # node is drained. A fenced GPU takes no new work from gpuwarden at once.
 ANNOTATION_QUARANTINED_GPUS: Final = f"{API_GROUP}/quarantined-gpus"
 ANNOTATION_DRAINING: Final = f"{API_GROUP}/draining"
+# On a Namespace, set by its admins (the scheduler cannot write Namespaces):
+# remediation's delete-after-timeout drain may delete this namespace's pods.
+# The scheduler's admission policy refuses its pod deletes everywhere else.
+LABEL_DRAIN_POLICY: Final = f"{API_GROUP}/drain-policy"
 
 
 class RemediationState(StrEnum):

@@ -59,7 +59,11 @@ def register(sub: Any) -> None:
     add_flag(connected, "--lease-namespace", default="gpuwarden", help="namespace of the leader-election Lease")
     add_flag(connected, "--lease-name", default=SCHEDULER_COMPONENT, help="name of the leader-election Lease")
     add_flag(
-        connected, "--lease-duration", type=seconds(high=600.0), default=15.0, help="seconds a lease holds unrenewed"
+        connected,
+        "--lease-duration",
+        type=seconds(low=2.0, high=600.0, allow_low=True),
+        default=15.0,
+        help="seconds a lease holds unrenewed (the renew deadline is two thirds of it)",
     )
     add_flag(connected, "--bind-workers", type=positive_int, default=16, help="binds sent at once")
     add_flag(

@@ -15,6 +15,15 @@ from kubernetes import client
 from tests.harness import ControlPlane, ControlPlaneError, find_binaries, temporary_namespace
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fence-seeds",
+        type=int,
+        default=3,
+        help="how many pause points the SIGSTOP test of the scheduler's lease fence tries (default 3)",
+    )
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     """etcd + kube-apiserver + kube-controller-manager for the whole session.

@@ -6,6 +6,11 @@ hang the process), one counter of requests and errors (the request budget and
 the ``gpuwarden_api_errors_total`` metric), one field manager (whose writes
 these are, in managedFields), and one translation of the client's exceptions
 into :class:`~gpuwarden.kube.errors.ApiError`.
+
+And one gate for writes: a ``write_guard`` is called with the operation's
+name before every request that changes something, and may raise to stop it
+(the scheduler's lease fence, :mod:`scheduler.cluster.fence`). Reads, and the
+reviews that only ask the API server a question, pass without it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class KubeApi:
         timeout_s: float = 10.0,
         stats: RequestStats | None = None,
         progress: bool = True,
+        write_guard: Callable[[str], None] | None = None,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
@@ -48,6 +54,7 @@ class KubeApi:
         self.stats = stats if stats is not None else RequestStats()
         # False for background requests (see RequestStats.last_finished).
         self._progress = progress
+        self._guard = write_guard
 
     # -- plumbing -----------------------------------------------------------
 
@@ -57,9 +64,15 @@ class KubeApi:
     def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
         return self._request(operation, fn, args, kwargs, absent_ok=True)
 
+    def _write(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        """A request that changes something: the write guard may stop it before it leaves."""
+        if self._guard is not None:
+            self._guard(operation)
+        return self._call(operation, fn, *args, **kwargs)
+
     def _merge_patch(self, operation: str, fn: Callable[..., Any], *args: Any) -> JSON:
         """A JSON merge patch written as this process (custom objects and their status)."""
-        return self._call(operation, fn, *args, field_manager=self.field_manager, _content_type=MERGE_PATCH)
+        return self._write(operation, fn, *args, field_manager=self.field_manager, _content_type=MERGE_PATCH)
 
     def _request(
         self,
@@ -111,7 +124,7 @@ class KubeApi:
 
     def patch_node_status(self, name: str, patch: JSON) -> JSON:
         """Strategic-merge patch of nodes/status: conditions merge by type."""
-        return self._call(
+        return self._write(
             "patch_node_status",
             self._core.patch_node_status,
             name,
@@ -138,7 +151,7 @@ class KubeApi:
         )
 
     def create_gpunode(self, body: JSON) -> JSON:
-        return self._call(
+        return self._write(
             "create_gpunode",
             self._custom.create_cluster_custom_object,
             contract.API_GROUP,
@@ -201,7 +214,7 @@ class KubeApi:
         Only for what the Eviction API cannot do by design: a drain whose
         namespace policy says delete-after-timeout.
         """
-        return self._call(
+        return self._write(
             "delete_pod",
             self._core.delete_namespaced_pod,
             name,
@@ -216,7 +229,7 @@ class KubeApi:
         fail on the missing ``target`` after the bind was applied; ``_request``
         reads the raw reply, so the HTTP status alone decides.
         """
-        return self._call(
+        return self._write(
             "create_pod_binding",
             self._core.create_namespaced_pod_binding,
             name,
@@ -227,7 +240,7 @@ class KubeApi:
 
     def create_pod_eviction(self, namespace: str, name: str, body: JSON) -> JSON:
         """POST pods/eviction (policy/v1): the API server checks PodDisruptionBudgets (429 when one refuses)."""
-        return self._call(
+        return self._write(
             "create_pod_eviction",
             self._core.create_namespaced_pod_eviction,
             name,
@@ -264,7 +277,7 @@ class KubeApi:
         )
 
     def create_podgroup(self, namespace: str, body: JSON) -> JSON:
-        return self._call(
+        return self._write(
             "create_podgroup",
             self._custom.create_namespaced_custom_object,
             contract.SCHEDULING_API_GROUP,
@@ -293,13 +306,13 @@ class KubeApi:
     # -- Events -------------------------------------------------------------
 
     def create_event(self, namespace: str, body: JSON) -> JSON:
-        return self._call("create_event", self._core.create_namespaced_event, namespace, body)
+        return self._write("create_event", self._core.create_namespaced_event, namespace, body)
 
     def get_event(self, namespace: str, name: str) -> JSON | None:
         return self._read("get_event", self._core.read_namespaced_event, name, namespace)
 
     def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
-        return self._call(
+        return self._write(
             "patch_event",
             self._core.patch_namespaced_event,
             name,
@@ -356,7 +369,7 @@ class KubeApi:
 
     def create_config_map(self, namespace: str, body: JSON) -> JSON:
         """Create a ConfigMap; HTTP 409 (AlreadyExists) when one of that name is there."""
-        return self._call(
+        return self._write(
             "create_config_map",
             self._core.create_namespaced_config_map,
             namespace,
@@ -366,7 +379,7 @@ class KubeApi:
 
     def json_patch_config_map(self, namespace: str, name: str, operations: list[JSON]) -> JSON:
         """RFC 6902 patch of a ConfigMap: a failed ``test`` operation refuses the whole patch (422)."""
-        return self._call(
+        return self._write(
             "patch_config_map",
             self._core.patch_namespaced_config_map,
             name,
@@ -387,13 +400,13 @@ class KubeApi:
 
     def create_secret(self, namespace: str, body: JSON) -> JSON:
         """Create a Secret; HTTP 409 when another replica created it first."""
-        return self._call(
+        return self._write(
             "create_secret", self._core.create_namespaced_secret, namespace, body, field_manager=self.field_manager
         )
 
     def replace_secret(self, namespace: str, name: str, body: JSON) -> JSON:
         """Replace a Secret; ``body`` carries the resourceVersion it was read at, so 409 means someone wrote first."""
-        return self._call(
+        return self._write(
             "replace_secret",
             self._core.replace_namespaced_secret,
             name,
@@ -409,7 +422,7 @@ class KubeApi:
 
     def patch_mutating_webhook_configuration(self, name: str, patch: JSON) -> JSON:
         """Strategic-merge patch: ``webhooks`` merge by name, so only the fields sent change."""
-        return self._call(
+        return self._write(
             "patch_mutating_webhook_configuration",
             self._admission.patch_mutating_webhook_configuration,
             name,
@@ -431,7 +444,7 @@ class KubeApi:
 
     def create_lease(self, namespace: str, body: JSON) -> JSON:
         """Create a Lease; HTTP 409 (AlreadyExists) means another candidate created it first."""
-        return self._call(
+        return self._write(
             "create_lease",
             self._coordination.create_namespaced_lease,
             namespace,
@@ -441,7 +454,7 @@ class KubeApi:
 
     def replace_lease(self, namespace: str, name: str, body: JSON) -> JSON:
         """Replace a Lease; ``body`` carries the resourceVersion it was read at, so 409 means someone wrote first."""
-        return self._call(
+        return self._write(
             "replace_lease",
             self._coordination.replace_namespaced_lease,
             name,

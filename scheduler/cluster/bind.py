@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
+from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT, ANNOTATION_LEASE_HOLDER
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assignment import encode_assignment
@@ -70,15 +70,25 @@ class BindResult:
         return self.outcome is BindOutcome.BOUND
 
 
-def binding_body(bind: Bind, assignment: str | None) -> JSON:
-    """The Binding object: the pod's UID as a precondition, the assignment as an annotation."""
+def binding_body(bind: Bind, assignment: str | None, holder: str | None = None) -> JSON:
+    """The Binding object: the pod's UID as a precondition, the assignment and the deciding replica as annotations.
+
+    ``holder`` is the lease holder this bind was decided under: the admission
+    policy of the lease fence refuses the bind when the Lease names another
+    (see :mod:`.fence`), and the API server copies it onto the pod.
+    """
     metadata: JSON = {"name": bind.pod, "namespace": bind.namespace}
     if bind.uid:
         # A pod deleted and recreated under the same name is not the pod the
         # engine placed: the API server refuses the bind (409) instead.
         metadata["uid"] = bind.uid
+    annotations: JSON = {}
     if assignment is not None:
-        metadata["annotations"] = {ANNOTATION_GPU_ASSIGNMENT: assignment}
+        annotations[ANNOTATION_GPU_ASSIGNMENT] = assignment
+    if holder:
+        annotations[ANNOTATION_LEASE_HOLDER] = holder
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -103,11 +113,13 @@ class Binder:
         workers: int = DEFAULT_BIND_WORKERS,
         retry: RetryPolicy | None = None,
         prebind: PreBind | None = None,
+        holder: str | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self._api = api
         self._workers = workers
+        self._holder = holder
         self._retry = retry or RetryPolicy()
         self._prebind = prebind
 
@@ -160,7 +172,7 @@ class Binder:
             problem = self._prebind.prepare(bind, node)
             if problem is not None:
                 return self._failed(bind, problem, 0)
-        body = binding_body(bind, assignment)
+        body = binding_body(bind, assignment, self._holder)
         answer, tries = call_with_retries(
             self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)
         )

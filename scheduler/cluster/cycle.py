@@ -40,6 +40,7 @@ from scheduler.cluster.assemble import Changes, SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
 from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictResult
+from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
@@ -324,7 +325,9 @@ class SchedulingCycle:
         """Forget finished write batches; wait for the oldest until at most ``keep`` are unfinished."""
         while self._writing and (self._writing[0].done() or len(self._writing) > keep):
             error = self._writing.popleft().exception()
-            if error is not None:
+            if isinstance(error, LeaseLostError):
+                log.info("cycle_writes_fenced", error=str(error))  # the lease went; the runner starts over
+            elif error is not None:
                 log.error("cycle_writes_failed", error=repr(error))
 
     def close(self) -> None:

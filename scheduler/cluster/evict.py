@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gpuwarden.contract import ANNOTATION_LEASE_HOLDER
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
@@ -100,12 +101,12 @@ class TokenBucket:
             waited += delay
 
 
-def eviction_body(ev: Eviction) -> JSON:
-    body: JSON = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": ev.pod, "namespace": ev.namespace},
-    }
+def eviction_body(ev: Eviction, holder: str | None = None) -> JSON:
+    """The Eviction: the pod's UID as a precondition, the deciding replica for the lease fence."""
+    metadata: JSON = {"name": ev.pod, "namespace": ev.namespace}
+    if holder:
+        metadata["annotations"] = {ANNOTATION_LEASE_HOLDER: holder}
+    body: JSON = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": metadata}
     if ev.uid:
         body["deleteOptions"] = {"preconditions": {"uid": ev.uid}}
     return body
@@ -123,11 +124,14 @@ class Evictor:
         workers: int = DEFAULT_EVICT_WORKERS,
         retry: RetryPolicy | None = None,
         bucket: TokenBucket | None = None,
+        holder: str | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self._api = api
         self._workers = workers
+        # The lease holder each Eviction names (see scheduler.cluster.fence).
+        self._holder = holder
         # A PDB's 429 is an answer, not overload: asking again at once is the
         # retry the budget exists to stop.
         policy = retry or RetryPolicy()
@@ -154,7 +158,7 @@ class Evictor:
         return results
 
     def _evict_one(self, ev: Eviction) -> EvictResult:
-        body = eviction_body(ev)
+        body = eviction_body(ev, self._holder)
         answer, tries = call_with_retries(
             self._retry, lambda: self._api.create_pod_eviction(ev.namespace, ev.pod, body)
         )

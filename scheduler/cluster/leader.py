@@ -22,6 +22,17 @@ The rules, as client-go's leaderelection package has them:
 - On a clean stop the leader releases the lease (no holder, a one-second
   duration) so that another candidate takes over at once rather than after
   a whole lease duration.
+
+Acting on leadership is fenced more tightly than holding it
+(:meth:`LeaderElector.holds`): a write may leave the process only while
+the time since the last successful renew, by this process's monotonic clock,
+is below both the renew deadline and the lease duration shortened for a
+clock that runs up to ``max_clock_drift`` fast elsewhere, less a margin for
+the write itself. A process paused (SIGSTOP, a long GC, a frozen VM) for
+longer than that finds on waking that it no longer holds the lease, even
+before its campaign thread runs again. Each term (one stretch of holding
+the lease) has a number, so work begun in one term is never finished in the
+next: see :mod:`scheduler.cluster.fence`.
 """
 
 from __future__ import annotations
@@ -70,6 +81,11 @@ class LeaderElectionConfig:
     # One request's timeout; by default half the margin between the renew
     # deadline and the lease duration.
     request_timeout_s: float | None = None
+    # How much faster than ours another candidate's clock may run: it may
+    # take the lease after lease_duration_s / (1 + drift) of our seconds.
+    max_clock_drift: float = 0.05
+    # Time a write may take to reach the API server after it was allowed.
+    write_margin_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.lease_duration_s > self.renew_deadline_s:
@@ -80,6 +96,23 @@ class LeaderElectionConfig:
             raise ValueError("retry_period_s must be positive")
         if not self.identity:
             raise ValueError("identity must not be empty")
+        if not 0 <= self.max_clock_drift < 1:
+            raise ValueError("max_clock_drift must be in [0, 1)")
+        if self.write_margin_s < 0:
+            raise ValueError("write_margin_s must not be negative")
+        if self.fence_s <= 0:
+            raise ValueError("lease_duration_s is too short for the clock drift and write margin")
+
+    @property
+    def fence_s(self) -> float:
+        """Seconds after a successful renew during which this process may still write.
+
+        The smaller of the renew deadline (after which it gives the lease up)
+        and the earliest moment another candidate could take it over, by a
+        clock that runs ``max_clock_drift`` fast, less ``write_margin_s``.
+        """
+        takeover = self.lease_duration_s / (1 + self.max_clock_drift) - self.write_margin_s
+        return min(self.renew_deadline_s, takeover)
 
     @property
     def timeout_s(self) -> float:
@@ -162,6 +195,21 @@ class LeaderElector:
         with self._lock:
             return self._leading and self._clock() - self._last_renew < self.config.renew_deadline_s
 
+    def holds(self, term: int) -> bool:
+        """Whether a write of term ``term`` may leave the process now (see the module docstring).
+
+        True only while this candidate leads in that same term and its last
+        renew is younger than :attr:`LeaderElectionConfig.fence_s`.
+        """
+        with self._lock:
+            return self._leading and self.terms == term and self._clock() - self._last_renew < self.config.fence_s
+
+    def term(self) -> int | None:
+        """The number of the term this candidate leads in now; None while it does not lead."""
+        with self._lock:
+            leading = self._leading and self._clock() - self._last_renew < self.config.fence_s
+            return self.terms if leading else None
+
     @property
     def leader(self) -> str:
         """The holder named by the lease as last seen ("" when none)."""
@@ -183,7 +231,7 @@ class LeaderElector:
     def _lead(self) -> None:
         with self._lock:
             self._leading = True
-        self.terms += 1
+            self.terms += 1
         log.info("leader_elected", lease=self.config.name, namespace=self.config.namespace, identity=self.identity)
         if self._on_started is not None:
             self._on_started()

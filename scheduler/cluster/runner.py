@@ -30,7 +30,7 @@ from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.http import HealthServer
-from gpuwarden.kube import KubeApi
+from gpuwarden.kube import KubeApi, RequestStats
 from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
@@ -38,6 +38,7 @@ from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache
 from scheduler.cluster.cycle import BOOKKEEPING_MAX_DEFER_S, ClusterView, CycleResult, SchedulingCycle, ViewChanges
 from scheduler.cluster.evict import Evictor, refused_pods
+from scheduler.cluster.fence import LeaseFence, LeaseLostError
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
@@ -207,51 +208,44 @@ class RunnerSettings:
 
 
 class SchedulerRunner:
-    """One replica of the scheduler: start, run until ``stop`` is set, stop cleanly."""
+    """One replica of the scheduler: start, run until ``stop`` is set, stop cleanly.
+
+    Every write it makes passes the lease fence (:mod:`.fence`). What it keeps
+    from cycle to cycle (the watch cache, the cycle's grouping, statuses and
+    engine state, remediation's records, the binds not yet watched) belongs
+    to one term of leadership: when the lease is lost, or may have been, all
+    of it is dropped and built again from the API, so a leader that was
+    paused acts on nothing it believed before the pause.
+    """
 
     def __init__(self, api_client: client.ApiClient, settings: RunnerSettings) -> None:
         self.settings = settings
-        self.api = KubeApi(api_client, field_manager=contract.SCHEDULER_COMPONENT)
+        self._api_client = api_client
         # One set of request counts for every request the process makes
         # (executors, watches, the lease), as the metrics and alerts expect.
-        self.cache = ClusterCache(api_client, stats=self.api.stats)
+        stats = RequestStats()
         self.elector = LeaderElector(
             api_client,
             settings.lease,
             on_started_leading=lambda: log.info("leading", identity=settings.lease.identity),
             on_stopped_leading=lambda: log.warning("stopped_leading", identity=settings.lease.identity),
-            stats=self.api.stats,
+            stats=stats,
         )
-        evictor = Evictor(self.api, evictions_per_s=settings.evictions_per_s)
-        self.cycle = SchedulingCycle(
-            self.api,
-            config=settings.config,
-            default_queue=settings.default_queue,
-            binder=Binder(
-                self.api,
-                workers=settings.bind_workers,
-                prebind=SliceConfigWriter(self.api, settings.slice_compute),
-            ),
-            evictor=evictor,
-            writes_in_background=True,
-            bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
+        self.fence = LeaseFence(self.elector)
+        self.api = KubeApi(
+            api_client, field_manager=contract.SCHEDULER_COMPONENT, stats=stats, write_guard=self.fence.check
         )
-        # Remediation shares the cycle's evictor: one eviction rate for the process.
-        self.remediation = (
-            RemediationController(self.api, evictor, settings.remediation) if settings.remediation is not None else None
-        )
-        # Binds made that the watch has not shown yet (see :mod:`.assumed`).
-        self.assumed = AssumedBinds()
-        self.views = ClusterViews()
+        self.cache = ClusterCache(api_client, stats=self.api.stats)
         self.cycles = 0
+        # How often this replica dropped what it kept because the lease was or may have been lost.
+        self.resets = 0
         self.last: CycleResult | None = None
-        self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.cache.synced)
+        self.metrics = SchedulerMetrics(self.api.stats, leader=self.elector.is_leader, synced=self.readiness_synced)
         window = settings.remediation.machine.repeat_window_s if settings.remediation is not None else 7 * 86400.0
         self.remediation_metrics = RemediationMetrics(
             self.metrics.registry, leader=self.elector.is_leader, repeat_window_s=window
         )
-        if self.remediation is not None:
-            self.remediation.on_report = self.remediation_metrics.observe
+        self._fresh_state()
         # Called with every cycle's result, in the loop's thread (the demo times the cycles with it).
         self.on_cycle: Callable[[CycleResult], None] | None = None
         self.server: HealthServer | None = None
@@ -272,6 +266,53 @@ class SchedulerRunner:
         self._loop_started: float | None = None
         self._last_turn = time.monotonic()
         self._cycle_since: float | None = None
+        # The term the kept state belongs to (None: it has acted in none yet).
+        self._term: int | None = None
+
+    def _fresh_state(self) -> None:
+        """Everything a term keeps from cycle to cycle, new: the executors, the cycle, remediation."""
+        settings = self.settings
+        evictor = Evictor(self.api, evictions_per_s=settings.evictions_per_s, holder=self.fence.holder)
+        self.cycle = SchedulingCycle(
+            self.api,
+            config=settings.config,
+            default_queue=settings.default_queue,
+            binder=Binder(
+                self.api,
+                workers=settings.bind_workers,
+                prebind=SliceConfigWriter(self.api, settings.slice_compute, holder=self.fence.holder),
+                holder=self.fence.holder,
+            ),
+            evictor=evictor,
+            writes_in_background=True,
+            bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
+        )
+        # Remediation shares the cycle's evictor: one eviction rate for the process.
+        self.remediation = (
+            RemediationController(self.api, evictor, settings.remediation) if settings.remediation is not None else None
+        )
+        if self.remediation is not None:
+            self.remediation.on_report = self.remediation_metrics.observe
+        # Binds made that the watch has not shown yet (see :mod:`.assumed`).
+        self.assumed = AssumedBinds()
+        self.views = ClusterViews()
+
+    def _reset(self, why: str) -> None:
+        """Drop the queued work and all kept state; list the cluster again (see the class docstring).
+
+        The fence is disarmed first, so the writes still queued (background
+        status writes, binds of a cycle in flight) fail at the fence instead
+        of leaving the process.
+        """
+        self.fence.disarm()
+        log.warning("dropping_kept_state", why=why, term=self._term, identity=self.elector.identity)
+        self.resets += 1
+        self.cycle.close()
+        self.cache.stop()
+        self.cache = ClusterCache(self._api_client, stats=self.api.stats)
+        self.cache.start()
+        self._fresh_state()
+        self._term = None
 
     def liveness(self) -> tuple[bool, str]:
         """Fail only when the loop hangs (see the module docstring)."""
@@ -291,6 +332,10 @@ class SchedulerRunner:
             return False, f"scheduling loop stuck: no turn for {idle:.0f}s (limit {stall:.0f}s)"
         return True, f"ok: {self.cycles} cycles, leader={self.elector.is_leader()}"
 
+    def readiness_synced(self) -> bool:
+        """Whether the current cache has listed everything (the cache is replaced when the lease is lost)."""
+        return self.cache.synced()
+
     def readiness(self) -> tuple[bool, str]:
         if self.cache.synced():
             return True, "ok: cache synced"
@@ -309,22 +354,35 @@ class SchedulerRunner:
             generation = -1
             self._loop_started = self._last_turn = time.monotonic()
             while not stop.is_set():
-                generation = self.cache.wait_for_change(generation, self.settings.period_s)
+                cache = self.cache
+                generation = cache.wait_for_change(generation, self.settings.period_s)
                 self._turn(stop)
+                if self.cache is not cache:
+                    generation = -1  # a new cache counts its changes from 0
                 self._last_turn = time.monotonic()
         finally:
-            self.cycle.close()
+            self.cycle.close()  # the writes still queued go out while this replica may still lead
+            self.fence.disarm()
             self.elector.stop()
             self.cache.stop()
             if self.server is not None:
                 self.server.stop()
 
     def _turn(self, stop: threading.Event) -> None:
-        if stop.is_set() or not self.elector.is_leader():
+        if stop.is_set():
+            return
+        term = self.fence.arm()
+        if self._term is not None and term != self._term:
+            # Lost, or lost and taken again while this loop was not looking
+            # (a pause): nothing kept from the old term may be acted on.
+            self._reset("the lease was lost" if term is None else "the lease was lost and taken again")
+            return
+        if term is None:
             return
         view = self.cache.view(since=self.views.generation)
         if not view.synced:
             return
+        self._term = term
         self._cycle_since = time.monotonic()
         current = self.assumed.overlay(self.views.next(view))
         try:
@@ -335,15 +393,21 @@ class SchedulerRunner:
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)
             if self.on_cycle is not None:
                 self.on_cycle(self.last)
+        except LeaseLostError as lost:
+            self._cycle_since = None
+            self._reset(f"a write of the cycle was fenced: {lost}")
+            return
         except Exception:
             # A bug in one cycle must not end scheduling: log, and try the next.
             log.exception("cycle_failed")
             self.metrics.cycle_failed()
         try:
-            if self.remediation is not None and self.elector.is_leader():
+            if self.remediation is not None:
                 if self.last is not None:
                     self.remediation.note_refusals(refused_pods(self.last.evictions))
                 self.remediation.run(current.nodes, current.gpunodes, list(current.pods.values()))
+        except LeaseLostError as lost:
+            self._reset(f"a remediation write was fenced: {lost}")
         except Exception:
             log.exception("remediation_failed")
         finally:

@@ -115,21 +115,21 @@ def slice_environment(bind: Bind, node: Node, compute: SliceCompute = SliceCompu
     return env
 
 
-def config_map_body(bind: Bind, env: Mapping[str, str]) -> JSON:
-    """The ConfigMap, owned by the pod (its UID), so it goes when the pod goes."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": config_map_name(bind.pod),
-            "namespace": bind.namespace,
-            "labels": {"app.kubernetes.io/managed-by": contract.SCHEDULER_COMPONENT},
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": bind.pod, "uid": bind.uid, "controller": True}
-            ],
-        },
-        "data": dict(env),
+def config_map_body(bind: Bind, env: Mapping[str, str], holder: str | None = None) -> JSON:
+    """The ConfigMap, owned by the pod (its UID), so it goes when the pod goes.
+
+    ``holder`` names the replica that wrote it, for the lease fence's
+    admission policy (:mod:`.fence`).
+    """
+    metadata: JSON = {
+        "name": config_map_name(bind.pod),
+        "namespace": bind.namespace,
+        "labels": {"app.kubernetes.io/managed-by": contract.SCHEDULER_COMPONENT},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": bind.pod, "uid": bind.uid, "controller": True}],
     }
+    if holder:
+        metadata["annotations"] = {contract.ANNOTATION_LEASE_HOLDER: holder}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": dict(env)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +138,7 @@ class SliceConfigWriter:
 
     api: KubeApi
     compute: SliceCompute = SliceCompute.NONE
+    holder: str | None = None
 
     def prepare(self, bind: Bind, node: Node) -> str | None:
         """None when the pod may be bound (a whole-GPU bind needs nothing); else why not."""
@@ -158,7 +159,7 @@ class SliceConfigWriter:
             env = slice_environment(bind, node, self.compute)
         except ValueError as err:
             return f"GPU slice: {err}"
-        body = config_map_body(bind, env)
+        body = config_map_body(bind, env, self.holder)
         name = body["metadata"]["name"]
         try:
             self.api.create_config_map(bind.namespace, body)
@@ -175,6 +176,8 @@ class SliceConfigWriter:
                 [
                     {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": bind.uid},
                     {"op": "replace", "path": "/data", "value": body["data"]},
+                    # The ConfigMap is this pod's own: its annotations are only the fence's.
+                    {"op": "add", "path": "/metadata/annotations", "value": body["metadata"].get("annotations", {})},
                 ],
             )
         except ApiError as err:

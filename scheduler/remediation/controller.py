@@ -67,6 +67,7 @@ from gpuwarden.timefmt import parse_epoch
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.convert import node_from_objects
 from scheduler.cluster.evict import Evictor, EvictOutcome
+from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.engine.model import Eviction
 from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
@@ -384,6 +385,8 @@ class RemediationController:
                     patches.append((name, patch))
                 pools[obs.pool] = _after(status, name, transition.record)
                 report.transitions[name] = transition
+            except LeaseLostError:
+                raise  # no write of this pass may leave: the runner drops everything
             except ApiError as err:
                 report.errors.append(f"{name}: {err}")
                 log.warning("remediation_step_failed", node=name, status=err.status, error=err.detail)
@@ -507,6 +510,14 @@ class RemediationController:
 
         patch: JSON = {}
         meta_patch = {k: v for k, v in patch_meta.items() if v}
+        if meta_patch or patch_spec:
+            # Decided from this version of the Node: a Node changed since (by
+            # another replica that took the lease over, or by whoever edits
+            # its taints, which the patch replaces whole) refuses it with 409,
+            # and the next pass decides again from the current one.
+            version = meta.get("resourceVersion")
+            if isinstance(version, str) and version:
+                meta_patch["resourceVersion"] = version
         if meta_patch:
             patch["metadata"] = meta_patch
         if patch_spec:
@@ -541,6 +552,9 @@ class RemediationController:
         else:
             with ThreadPoolExecutor(min(NODE_PATCH_WORKERS, len(patches)), thread_name_prefix="remediation") as pool:
                 results = list(pool.map(one, patches))
+        fenced = next((outcome for _, outcome in results if isinstance(outcome, LeaseLostError)), None)
+        if fenced is not None:
+            raise fenced
         for name, outcome in results:
             if isinstance(outcome, ApiError):
                 report.errors.append(f"{name}: {outcome}")
@@ -577,6 +591,10 @@ class RemediationController:
             if resets or validations:
                 log.warning("remediation_no_gpunode", node=name, why="the agent cannot be asked to reset or validate")
             return
+        # No resourceVersion precondition here, unlike the Node patch: the
+        # agent writes the GPUNode's status every few polls, and each write
+        # would make this request fail. A stale replica's request is fenced
+        # in the process; the agent never resets a GPU that runs work.
         self._api.patch_gpunode(name, {"spec": {contract.GPUNODE_REMEDIATION: wanted}})
 
     def _drain(self, name: str, pods: Sequence[Mapping[str, Any]], step: Drain, now: float) -> int:
@@ -624,6 +642,10 @@ class RemediationController:
                     "remediation_pod_deleted", node=name, pod=_pod_key(pod), why="drain policy delete-after-timeout"
                 )
             except ApiError as err:
+                if err.status == 403:
+                    # The admission policy: the namespace is not labelled for
+                    # deletes. The drain waits on it, shown as a blocked pod.
+                    self._blocked[_pod_key(pod)] = f"delete refused: {err.detail}"
                 if err.status != 404:
                     log.warning("remediation_delete_failed", node=name, pod=_pod_key(pod), error=err.detail)
         return done

@@ -42,7 +42,7 @@ from gpuwarden.localcluster import (
     running_control_plane,
     service_account_identity,
 )
-from tests.harness.helpers import simple_pod, temporary_namespace, unique_name
+from tests.harness.helpers import pod_bound_token, simple_pod, temporary_namespace, unique_name
 from tests.waiting import wait_for
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "kubelet_conditions",
     "mark_pod_finished",
     "mark_pod_running",
+    "pod_bound_token",
     "reap_leftovers",
     "running_control_plane",
     "service_account_identity",

@@ -43,3 +43,39 @@ def temporary_namespace(api: client.ApiClient, prefix: str = "test") -> Iterator
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(name)
+
+
+@contextlib.contextmanager
+def pod_bound_token(api: client.ApiClient, service_account: str, namespace: str) -> Iterator[str]:
+    """The token a pod of ``service_account`` mounts: a TokenRequest bound to a pod made for it.
+
+    No kubelet runs the pod (no scheduler takes it); it exists so that the
+    token is what a Deployment's or DaemonSet's pod really gets, and is
+    deleted afterwards, which also ends the token.
+    """
+    core = client.CoreV1Api(api)
+    pod = core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name=unique_name(service_account)),
+            spec=client.V1PodSpec(
+                service_account_name=service_account,
+                scheduler_name="nobody",
+                containers=[client.V1Container(name="main", image="registry.invalid/gpuwarden:test")],
+            ),
+        ),
+    )
+    try:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[],
+                expiration_seconds=3600,
+                bound_object_ref=client.V1BoundObjectReference(
+                    kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
+                ),
+            )
+        )
+        yield str(core.create_namespaced_service_account_token(service_account, namespace, request).status.token)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)

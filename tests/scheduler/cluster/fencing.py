@@ -1,0 +1,130 @@
+"""What the lease-fence tests share: the shipped Lease, the policy taking effect, and the over-commit check."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any
+
+from kubernetes import client
+
+from gpuwarden import contract
+from scheduler.cluster.assignment import decode_assignment
+from tests.harness import unique_name
+from tests.waiting import wait_for
+
+# The Lease the shipped fence policy's binding names (manifests/scheduler/admission-policy.yaml).
+LEASE_NAMESPACE = "gpuwarden"
+LEASE_NAME = contract.SCHEDULER_COMPONENT
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+
+
+def forget_lease(k8s: client.ApiClient) -> None:
+    """No Lease left by an earlier test: the first replica of this one takes it at once."""
+    with contextlib.suppress(client.ApiException):
+        client.CoordinationV1Api(k8s).delete_namespaced_lease(LEASE_NAME, LEASE_NAMESPACE)
+
+
+def lease_holder(k8s: client.ApiClient) -> str:
+    try:
+        lease = client.CoordinationV1Api(k8s).read_namespaced_lease(LEASE_NAME, LEASE_NAMESPACE)
+    except client.ApiException:
+        return ""
+    return str(lease.spec.holder_identity or "")
+
+
+def wait_for_fence_policy(k8s: client.ApiClient, scheduler: client.ApiClient, namespace: str) -> None:
+    """Until the API server enforces the fence: a bind naming a replica that does not hold the Lease is refused.
+
+    Policies take effect a moment after they are created. The probe holds the
+    shipped Lease under a name of its own for the while (and removes it
+    after), and binds pods no scheduler of ours takes; one admitted before
+    the policy loaded is deleted with the others.
+    """
+    coordination = client.CoordinationV1Api(k8s)
+    coordination.create_namespaced_lease(
+        LEASE_NAMESPACE,
+        {"metadata": {"name": LEASE_NAME}, "spec": {"holderIdentity": "fence-probe", "leaseDurationSeconds": 60}},
+    )
+    core = client.CoreV1Api(k8s)
+    made: list[str] = []
+
+    def refused() -> bool:
+        name = unique_name("fence-probe")
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.invalid/x:1"}]},
+            },
+        )
+        made.append(name)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "annotations": {contract.ANNOTATION_LEASE_HOLDER: "a-replica-that-never-led"}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "no-such-node"},
+        }
+        try:
+            client.CoreV1Api(scheduler).create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        except client.ApiException as exc:
+            return exc.status == 403 and "lease" in str(exc.body)
+        return False
+
+    try:
+        wait_for(refused, timeout=30, interval=0.3, description="the fence policy in force")
+    finally:
+        for name in made:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        forget_lease(k8s)
+
+
+def gpu_holders(k8s: client.ApiClient, nodes: set[str]) -> dict[tuple[str, int], list[str]]:
+    """Per (node, GPU index), the live pods whose bind assigned it; several for one GPU is an over-commit."""
+    held: dict[tuple[str, int], list[str]] = {}
+    for pod in client.CoreV1Api(k8s).list_pod_for_all_namespaces().items:
+        node = pod.spec.node_name
+        if node not in nodes or (pod.status.phase or "") in _TERMINAL:
+            continue
+        text = (pod.metadata.annotations or {}).get(contract.ANNOTATION_GPU_ASSIGNMENT)
+        indices = decode_assignment(text, node=node) if text else None
+        assert indices is not None, f"{pod.metadata.namespace}/{pod.metadata.name} bound without a GPU assignment"
+        for index in indices:
+            held.setdefault((node, index), []).append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+    return held
+
+
+def over_committed(k8s: client.ApiClient, nodes: set[str]) -> dict[tuple[str, int], list[str]]:
+    return {gpu: pods for gpu, pods in gpu_holders(k8s, nodes).items() if len(pods) > 1}
+
+
+def binders(k8s: client.ApiClient, namespace: str) -> Counter[str]:
+    """How many bound pods of ``namespace`` each replica bound (the Binding's annotation, copied onto the pod)."""
+    counts: Counter[str] = Counter()
+    for pod in client.CoreV1Api(k8s).list_namespaced_pod(namespace).items:
+        if pod.spec.node_name:
+            counts[(pod.metadata.annotations or {}).get(contract.ANNOTATION_LEASE_HOLDER, "")] += 1
+    return counts
+
+
+def gpu_pod(name: str, queue: str, *, gpus: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {contract.LABEL_QUEUE: queue}},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/train:1",
+                    "resources": {
+                        "requests": {"cpu": "100m", contract.RESOURCE_NVIDIA_GPU: str(gpus)},
+                        "limits": {contract.RESOURCE_NVIDIA_GPU: str(gpus)},
+                    },
+                }
+            ],
+        },
+    }

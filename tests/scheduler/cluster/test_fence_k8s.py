@@ -1,0 +1,141 @@
+"""A leader that lost its lease binds nothing: the fence in the process and at the API server, for real.
+
+Two replicas in this process share the shipped Lease, as the scheduler's
+ServiceAccount under the shipped RBAC and admission policies. Replica A is
+stopped exactly where no check in the process can help: every bind worker
+has passed the lease check and is about to send its Binding, and A's lease
+is no longer renewed (its whole process is paused, as SIGSTOP would). B
+takes the lease over and fills the GPUs with other pods; then A's binds go
+out. The API server must refuse every one of them, and nothing may end up
+on a GPU that B gave to another pod. The real processes, paused with
+SIGSTOP, are in test_fence_process_k8s.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client
+
+from scheduler.cluster.leader import LeaderElectionConfig
+from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
+from tests.harness import ControlPlane
+from tests.scheduler.cluster.fencing import (
+    LEASE_NAME,
+    LEASE_NAMESPACE,
+    binders,
+    forget_lease,
+    gpu_pod,
+    over_committed,
+    wait_for_fence_policy,
+)
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac")]
+
+GPUS_PER_NODE = 8
+
+
+@pytest.fixture
+def replicas(
+    control_plane: ControlPlane, k8s: client.ApiClient
+) -> Iterator[Callable[[str], tuple[SchedulerRunner, threading.Event]]]:
+    """Starts replicas on the shipped Lease, each as the scheduler's ServiceAccount; stops them afterwards."""
+    forget_lease(k8s)
+    started: list[tuple[SchedulerRunner, threading.Event, threading.Thread, client.ApiClient]] = []
+
+    def start(identity: str) -> tuple[SchedulerRunner, threading.Event]:
+        config = LeaderElectionConfig(
+            namespace=LEASE_NAMESPACE,
+            name=LEASE_NAME,
+            identity=identity,
+            lease_duration_s=3.0,
+            renew_deadline_s=2.0,
+            retry_period_s=0.4,
+        )
+        api = control_plane.impersonate("gpuwarden-scheduler", "gpuwarden")
+        runner = SchedulerRunner(
+            api, RunnerSettings(period_s=0.3, lease=config, bind_workers=8, remediation=None, metrics_port=None)
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
+        thread.start()
+        started.append((runner, stop, thread, api))
+        return runner, stop
+
+    try:
+        yield start
+    finally:
+        for _, stop, _, _ in started:
+            stop.set()
+        for _, _, thread, api in started:
+            thread.join(30)
+            api.close()
+        forget_lease(k8s)
+    assert not any(thread.is_alive() for _, _, thread, _ in started)
+
+
+def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_takeover(  # noqa: PLR0917
+    control_plane: ControlPlane,
+    k8s: client.ApiClient,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+) -> None:
+    nodes = set(cluster(4))
+    gpus = GPUS_PER_NODE * len(nodes)
+    early = queue(0)  # borrows the idle cluster
+    urgent = queue(gpus)  # deserves all of it: placed first by whoever leads
+    with control_plane.impersonate("gpuwarden-scheduler", "gpuwarden") as as_scheduler:
+        wait_for_fence_policy(k8s, as_scheduler, namespace)
+
+    a, _ = replicas("replica-a")
+    wait_for(a.elector.is_leader, timeout=20, description="replica a leads")
+    b, _ = replicas("replica-b")
+
+    # Replica A pauses right after its lease check, before each Binding leaves.
+    paused = threading.Event()
+    resume = threading.Event()
+    check = a.fence.check
+    renew = a.elector._attempt
+
+    def check_then_pause(operation: str) -> None:
+        check(operation)
+        if operation == "create_pod_binding":
+            if not paused.is_set():
+                a.elector._attempt = lambda: False  # type: ignore[method-assign]  # the whole process stands still
+                paused.set()
+            resume.wait(60)
+
+    a.api._guard = check_then_pause
+    core = client.CoreV1Api(k8s)
+    for i in range(gpus + 8):
+        core.create_namespaced_pod(namespace, gpu_pod(f"early-{i}", early))
+    wait_for(paused.is_set, timeout=30, description="replica a about to bind, paused")
+
+    # While A stands still, work that B must place first arrives; B takes the lease over and fills every GPU.
+    for i in range(gpus):
+        core.create_namespaced_pod(namespace, gpu_pod(f"urgent-{i}", urgent))
+    wait_for(b.elector.is_leader, timeout=20, description="replica b takes the lease over")
+    wait_for(
+        lambda: binders(k8s, namespace)["replica-b"] == gpus,
+        timeout=60,
+        description="replica b binds a pod to every GPU",
+    )
+
+    # A wakes: its binds in flight go out, the ones still queued meet the fence in the process.
+    a.elector._attempt = renew  # type: ignore[method-assign]
+    resume.set()
+    wait_for(lambda: a.resets >= 1, timeout=30, description="replica a drops its kept state")
+    assert a.fence.refused >= 1
+    assert not a.elector.is_leader()
+    assert b.elector.is_leader()
+
+    assert over_committed(k8s, nodes) == {}
+    counts = binders(k8s, namespace)
+    assert counts == {"replica-b": gpus}, counts
+    early_bound = [p.metadata.name for p in core.list_namespaced_pod(namespace).items if p.spec.node_name]
+    assert not [name for name in early_bound if name.startswith("early-")]
