@@ -11,7 +11,10 @@ or the node never gets repaired.
   drain began, so it can finish; then evict it.
 - ``delete-after-timeout``: evict now; a pod still there ``timeout_s`` after
   the drain began (a PDB refusing, a pod that never exits) is deleted, which
-  PDBs do not stop. For namespaces whose owners accept that.
+  PDBs do not stop. For namespaces whose owners accept that: the
+  scheduler's admission policy admits the delete only in a namespace its
+  admins labelled ``gpuwarden.io/drain-policy=delete-after-timeout``
+  (contract.LABEL_DRAIN_POLICY), which the scheduler cannot label itself.
 
 Timeouts count from the drain's start as recorded on the Node, so a
 restarted scheduler neither restarts nor forgets them.

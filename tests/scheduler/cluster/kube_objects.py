@@ -20,6 +20,7 @@ from tests.harness import ControlPlane, create_gpu_node, unique_name
 GPUS = 8
 REPO = Path(__file__).resolve().parents[3]
 SCHEDULER_RBAC = REPO / "manifests" / "scheduler" / "rbac.yaml"
+SCHEDULER_POLICY = REPO / "manifests" / "scheduler" / "admission-policy.yaml"
 NAMESPACE_MANIFEST = REPO / "manifests" / "namespace.yaml"
 
 
@@ -70,9 +71,15 @@ def cluster(k8s: client.ApiClient, scheduler_crds: None, gpunode_crd: None) -> I
 
 @pytest.fixture
 def scheduler_rbac(control_plane: ControlPlane) -> Iterator[None]:
-    """The shipped RBAC of the scheduler, applied for one test (act as it with ``control_plane.impersonate``)."""
+    """The shipped RBAC and admission policies of the scheduler, applied for one test.
+
+    Act as the scheduler with ``control_plane.impersonate``. The policies are
+    kept once applied: every later test acting as the scheduler meets them,
+    as it would in a cluster, and removing them would race the next apply.
+    """
     control_plane.kubectl("apply", "-f", str(NAMESPACE_MANIFEST))
     control_plane.kubectl("apply", "-f", str(SCHEDULER_RBAC))
+    control_plane.kubectl("apply", "-f", str(SCHEDULER_POLICY))
     try:
         yield
     finally:

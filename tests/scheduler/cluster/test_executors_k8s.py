@@ -514,7 +514,8 @@ def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
     assert not any(r == "secrets" for _, r, _ in granted)
     # ConfigMaps are written (a slice pod's, before its bind), never read.
     assert {v for _, r, v in granted if r == "configmaps"} == {"create", "patch"}
-    assert {("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "pods", "patch")} <= granted
+    assert {("", "pods/binding", "create"), ("", "pods/eviction", "create")} <= granted
+    assert ("", "pods", "patch") not in granted  # the GPU assignment travels in the Binding
     leases = next(d for d in docs if d["kind"] == "Role")
     assert leases["metadata"]["namespace"] == SCHEDULER_NAMESPACE
     assert leases["rules"] == [

