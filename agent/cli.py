@@ -29,7 +29,7 @@ from agent.monitor import Monitor
 from agent.publish.settings import add_flags as add_publish_flags
 from agent.samples import NodeSample
 from gpuwarden.contract import HEALTHY_REASONS, ConditionType, Reason
-from gpuwarden.flags import add_flag, seconds
+from gpuwarden.flags import add_flag, bounds_of
 from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import security_from_args
 
@@ -60,7 +60,8 @@ def register(sub: Any) -> None:
     add_flag(
         parser,
         "--poll-interval",
-        type=seconds(high=3600.0),
+        # The config file's poll_interval_s, so both refuse the same values.
+        type=bounds_of(AgentConfig, "poll_interval_s").flag_type("number of seconds"),
         default=None,
         help="seconds between polls (overrides config)",
     )
@@ -76,7 +77,7 @@ def effective_config(args: argparse.Namespace) -> AgentConfig:
     """The config file with command-line overrides applied."""
     cfg = load_config(args.config)
     overrides: dict[str, Any] = {}
-    if args.poll_interval is not None:  # range-checked by its flag type
+    if args.poll_interval is not None:  # range-checked by its flag type, with the file's bounds
         overrides["poll_interval_s"] = args.poll_interval
     if args.kmsg_path is not None:
         overrides["kmsg_path"] = args.kmsg_path

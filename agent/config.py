@@ -61,13 +61,13 @@ Example with every key at its default::
 
 from __future__ import annotations
 
-import math
 import types
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from gpuwarden.contract import Action
+from gpuwarden.flags import MAX_SECONDS, Bounds, bounded, brief, check_bounds
 from gpuwarden.yamlfile import load_yaml, unknown_keys, yaml_number
 
 
@@ -75,20 +75,35 @@ class ConfigError(ValueError):
     """The config file is unusable; the message names the key."""
 
 
+# The range of each numeric setting, declared once: the config file's loader
+# checks the fields that carry them, and a setting that also has a flag
+# (--poll-interval) parses it with the same Bounds (gpuwarden.flags). Upper
+# bounds are generous but finite: an interval of 1e9 s polls once and never
+# again while /healthz says all is well, and 1e300 overflows the timeouts of
+# the threads that wait on it.
+POLL_INTERVAL_S = Bounds(0.0, 3600.0)
+_POLLS = Bounds(1, 1000, allow_low=True, integer=True)
+_SHORT_S = Bounds(0.0, 3600.0)
+_LONG_S = Bounds(0.0, MAX_SECONDS)
+_HOLD_S = Bounds(0.0, MAX_SECONDS, allow_low=True)
+_RATE = Bounds(0.0, 1e9)
+
+
 @dataclass(frozen=True, slots=True)
 class HysteresisConfig:
-    raise_polls: int = 1
-    clear_polls: int = 3
-    clear_ratio: float = 0.5
+    raise_polls: int = bounded(1, _POLLS)
+    clear_polls: int = bounded(3, _POLLS)
+    clear_ratio: float = bounded(0.5, Bounds(0.0, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
 class GpuConfig:
-    expected_count: int | None = None
+    expected_count: int | None = bounded(None, Bounds(0, 1024, allow_low=True, integer=True))
     state_file: str | None = None
-    nvml_retry_initial_s: float = 1.0
-    nvml_retry_max_s: float = 300.0
-    retired_pages_limit: int = 64
+    nvml_retry_initial_s: float = bounded(1.0, _SHORT_S)
+    nvml_retry_max_s: float = bounded(300.0, _LONG_S)
+    # 0 or less would flag every pre-Ampere GPU "replace the board" at once.
+    retired_pages_limit: int = bounded(64, Bounds(1, 1_000_000, allow_low=True, integer=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,37 +117,38 @@ class XidOverride:
 class XidConfig:
     unknown: str = "event"
     unknown_action: str = Action.RESET_GPU.value
-    dedup_window_s: float = 10.0
+    dedup_window_s: float = bounded(10.0, _SHORT_S)
     overrides: dict[int, XidOverride] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class NvlinkConfig:
-    error_rate_per_min: float = 60.0
-    window_s: float = 300.0
+    error_rate_per_min: float = bounded(60.0, _RATE)
+    window_s: float = bounded(300.0, _LONG_S)
 
 
 @dataclass(frozen=True, slots=True)
 class PcieConfig:
-    replay_rate_per_min: float = 60.0
-    window_s: float = 300.0
-    gen_load_pct: int = 30
-    gen_sustained_s: float = 0.0
+    replay_rate_per_min: float = bounded(60.0, _RATE)
+    window_s: float = bounded(300.0, _LONG_S)
+    gen_load_pct: int = bounded(30, Bounds(0, 100, allow_low=True, integer=True))
+    gen_sustained_s: float = bounded(0.0, _HOLD_S)
 
 
 @dataclass(frozen=True, slots=True)
 class InfinibandConfig:
-    expected_rate_gbps: float | None = None
+    expected_rate_gbps: float | None = bounded(None, Bounds(0.0, 100_000.0))
     expected_ports: list[str] = field(default_factory=list)
     ignore_ports: list[str] = field(default_factory=list)
-    link_downed_hold_s: float = 600.0
+    # A negative hold would drop an IbLinkDowned the poll it is raised.
+    link_downed_hold_s: float = bounded(600.0, _HOLD_S)
     netdev: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class MountConfig:
     path: str
-    timeout_s: float = 5.0
+    timeout_s: float = bounded(5.0, _SHORT_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,15 +159,15 @@ class StorageConfig:
 @dataclass(frozen=True, slots=True)
 class RemediationConfig:
     nvidia_smi: str = "nvidia-smi"
-    reset_timeout_s: float = 30.0
+    reset_timeout_s: float = bounded(30.0, _LONG_S)
     dcgmi: str = "dcgmi"
-    dcgm_diag_level: int = 1
-    dcgm_diag_timeout_s: float = 300.0
+    dcgm_diag_level: int = bounded(1, Bounds(1, 4, allow_low=True, integer=True))
+    dcgm_diag_timeout_s: float = bounded(300.0, _LONG_S)
 
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    poll_interval_s: float = 10.0
+    poll_interval_s: float = bounded(10.0, POLL_INTERVAL_S)
     kmsg_path: str = "/dev/kmsg"
     kmsg_state_file: str | None = None
     sysfs_root: str = "/sys"
@@ -183,38 +199,39 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _convert(args[0], value, key)
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {brief(value)}")
         (item,) = get_args(tp)
         return [_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {brief(value)}")
         ktype, vtype = get_args(tp)
         return {_convert(ktype, k, f"{key}.{k}"): _convert(vtype, v, f"{key}.{k}") for k, v in value.items()}
     if isinstance(tp, type) and hasattr(tp, "__dataclass_fields__"):
         return from_mapping(tp, value, key)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {brief(value)}")
         return value
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
         if isinstance(value, int):
             return value
         # ASCII digits only: ``isdigit`` and ``int`` also take other scripts' digits.
         digits = value.strip().removeprefix("-") if isinstance(value, str) else ""
-        if digits.isascii() and digits.isdigit():
+        # At most 18 digits: beyond every bound, and int() refuses thousands.
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {brief(value)}")
     if tp is float:
         number = yaml_number(value)
         if number is None:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {brief(value)}")
         return number
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {brief(value)}")
         return value
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
@@ -229,7 +246,7 @@ def from_mapping(cls: type[Any], data: Any, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {brief(data)}")
     hints = get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     for name, problem in unknown_keys(data, known):
@@ -245,76 +262,41 @@ def from_mapping(cls: type[Any], data: Any, prefix: str = "") -> Any:
 
 
 def _validate(cfg: AgentConfig) -> None:
-    # YAML reads ``.nan`` and ``.inf`` as floats. Every comparison with NaN is
-    # false, so "value <= 0" lets it through, and a NaN threshold or window
-    # silently disables its rule; an infinite one does the same. Both are
-    # rejected wherever a finite number is meant.
-    def positive(key: str, value: float) -> None:
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{key}: must be a finite number greater than 0, got {value!r}")
-
-    def non_negative(key: str, value: float) -> None:
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key}: must be a finite number not below 0, got {value!r}")
-
-    positive("poll_interval_s", cfg.poll_interval_s)
-    if cfg.hysteresis.raise_polls < 1:
-        raise ConfigError(f"hysteresis.raise_polls: must be at least 1, got {cfg.hysteresis.raise_polls}")
-    if cfg.hysteresis.clear_polls < 1:
-        raise ConfigError(f"hysteresis.clear_polls: must be at least 1, got {cfg.hysteresis.clear_polls}")
-    if not 0 < cfg.hysteresis.clear_ratio <= 1:
-        raise ConfigError(f"hysteresis.clear_ratio: must be in (0, 1], got {cfg.hysteresis.clear_ratio}")
-    positive("gpu.nvml_retry_initial_s", cfg.gpu.nvml_retry_initial_s)
-    positive("gpu.nvml_retry_max_s", cfg.gpu.nvml_retry_max_s)
+    # Every number first, against the bounds its field declares. YAML reads
+    # ``.nan`` and ``.inf`` as floats; every comparison with NaN is false, so
+    # a NaN threshold or window would silently disable its rule: the bounds
+    # take finite numbers only.
+    for key, problem in check_bounds(cfg):
+        raise ConfigError(f"{key}: {problem}")
     if cfg.gpu.state_file is not None and not cfg.gpu.state_file.startswith("/"):
-        raise ConfigError(f"gpu.state_file: must be absolute, got {cfg.gpu.state_file!r}")
+        raise ConfigError(f"gpu.state_file: must be absolute, got {brief(cfg.gpu.state_file)}")
     if cfg.kmsg_state_file is not None and not cfg.kmsg_state_file.startswith("/"):
-        raise ConfigError(f"kmsg_state_file: must be absolute, got {cfg.kmsg_state_file!r}")
-    if cfg.gpu.expected_count is not None and cfg.gpu.expected_count < 0:
-        raise ConfigError(f"gpu.expected_count: must not be negative, got {cfg.gpu.expected_count}")
-    if cfg.gpu.retired_pages_limit < 1:
-        # 0 or less would flag every pre-Ampere GPU "replace the board" at once.
-        raise ConfigError(f"gpu.retired_pages_limit: must be at least 1, got {cfg.gpu.retired_pages_limit}")
+        raise ConfigError(f"kmsg_state_file: must be absolute, got {brief(cfg.kmsg_state_file)}")
     if cfg.xid.unknown not in {"event", "condition"}:
-        raise ConfigError(f"xid.unknown: must be 'event' or 'condition', got {cfg.xid.unknown!r}")
+        raise ConfigError(f"xid.unknown: must be 'event' or 'condition', got {brief(cfg.xid.unknown)}")
     if cfg.xid.unknown_action not in _ACTIONS:
-        raise ConfigError(f"xid.unknown_action: must be one of {sorted(_ACTIONS)}, got {cfg.xid.unknown_action!r}")
+        raise ConfigError(f"xid.unknown_action: must be one of {sorted(_ACTIONS)}, got {brief(cfg.xid.unknown_action)}")
     for xid, ov in cfg.xid.overrides.items():
         if ov.kind not in _XID_KINDS:
-            raise ConfigError(f"xid.overrides.{xid}.kind: must be one of {sorted(_XID_KINDS)}, got {ov.kind!r}")
+            raise ConfigError(f"xid.overrides.{xid}.kind: must be one of {sorted(_XID_KINDS)}, got {brief(ov.kind)}")
         if ov.action not in _ACTIONS:
-            raise ConfigError(f"xid.overrides.{xid}.action: must be one of {sorted(_ACTIONS)}, got {ov.action!r}")
-    positive("xid.dedup_window_s", cfg.xid.dedup_window_s)
-    positive("nvlink.error_rate_per_min", cfg.nvlink.error_rate_per_min)
-    positive("nvlink.window_s", cfg.nvlink.window_s)
-    positive("pcie.replay_rate_per_min", cfg.pcie.replay_rate_per_min)
-    positive("pcie.window_s", cfg.pcie.window_s)
-    non_negative("pcie.gen_sustained_s", cfg.pcie.gen_sustained_s)
-    if cfg.infiniband.expected_rate_gbps is not None:
-        positive("infiniband.expected_rate_gbps", cfg.infiniband.expected_rate_gbps)
-    # A negative hold would drop an IbLinkDowned the poll it is raised.
-    non_negative("infiniband.link_downed_hold_s", cfg.infiniband.link_downed_hold_s)
+            raise ConfigError(f"xid.overrides.{xid}.action: must be one of {sorted(_ACTIONS)}, got {brief(ov.action)}")
     for key in ("expected_ports", "ignore_ports"):
         for i, port in enumerate(getattr(cfg.infiniband, key)):
             dev, sep, num = port.partition("/")
             # ASCII digits only: sysfs names ports 1, 2, ..., never in another script.
             if not sep or not dev or not (num.isascii() and num.isdigit()):
-                raise ConfigError(f"infiniband.{key}[{i}]: expected 'device/port', got {port!r}")
+                raise ConfigError(f"infiniband.{key}[{i}]: expected 'device/port', got {brief(port)}")
     for i, port in enumerate(cfg.infiniband.ignore_ports):
         # Both required and ignored: a contradiction nobody meant.
         if port in cfg.infiniband.expected_ports:
-            raise ConfigError(f"infiniband.ignore_ports[{i}]: {port!r} is also in expected_ports")
-    positive("remediation.reset_timeout_s", cfg.remediation.reset_timeout_s)
-    positive("remediation.dcgm_diag_timeout_s", cfg.remediation.dcgm_diag_timeout_s)
-    if cfg.remediation.dcgm_diag_level not in (1, 2, 3, 4):
-        raise ConfigError(f"remediation.dcgm_diag_level: must be 1, 2, 3 or 4, got {cfg.remediation.dcgm_diag_level}")
+            raise ConfigError(f"infiniband.ignore_ports[{i}]: {brief(port)} is also in expected_ports")
     for key in ("nvidia_smi", "dcgmi"):
         if not getattr(cfg.remediation, key).strip():
             raise ConfigError(f"remediation.{key}: must name a binary")
     for i, m in enumerate(cfg.storage.mounts):
-        positive(f"storage.mounts[{i}].timeout_s", m.timeout_s)
         if not m.path.startswith("/"):
-            raise ConfigError(f"storage.mounts[{i}].path: must be absolute, got {m.path!r}")
+            raise ConfigError(f"storage.mounts[{i}].path: must be absolute, got {brief(m.path)}")
 
 
 def config_from_dict(data: Any) -> AgentConfig:
@@ -325,7 +307,16 @@ def config_from_dict(data: Any) -> AgentConfig:
 
 
 def load_config(path: str | Path | None) -> AgentConfig:
-    """Read the config file; ``None`` gives the defaults."""
+    """Read the config file; ``None`` gives the defaults.
+
+    A bad value's error names the file as well as the key: the same setting
+    may also come from a flag or an environment variable, and the person
+    reading the error must know which one to fix.
+    """
     if path is None:
         return config_from_dict(None)
-    return config_from_dict(load_yaml(path, "config file", ConfigError))
+    data = load_yaml(path, "config file", ConfigError)
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None

@@ -22,8 +22,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError, from_mapping
+from agent.config import POLL_INTERVAL_S, ConfigError, from_mapping
+from agent.publish.settings import DaemonSettings
 from agent.sim.faults import FAULTS, missing_params
+from gpuwarden.flags import Bounds, bounded, bounds_of, check_bounds
 from gpuwarden.yamlfile import load_yaml, parse_yaml
 
 _SHIPPED = "demo.scenarios"
@@ -45,8 +47,9 @@ class ClusterSpec:
     pools: list[str] = field(default_factory=lambda: ["train", "batch"])
     # The agent sim scenario every node starts from (8 GPUs, 8 InfiniBand ports).
     node_scenario: str = "healthy"
-    poll_interval_s: float = 2.0
-    heartbeat_period_s: float = 30.0
+    # The agents' own settings, so their bounds (checked when the scenario loads, not when a node starts).
+    poll_interval_s: float = bounded(2.0, Bounds(0.1, POLL_INTERVAL_S.high, allow_low=True))
+    heartbeat_period_s: float = bounded(30.0, bounds_of(DaemonSettings, "heartbeat_period_s"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,8 @@ def _check(source: str, sc: DemoScenario) -> None:
     finite("duration_s", sc.duration_s)
     if sc.cluster.nodes < 1 or not sc.cluster.pools:
         raise ConfigError(f"{source}: cluster: needs at least one node and one pool")
-    finite("cluster.poll_interval_s", sc.cluster.poll_interval_s, 0.1)
+    for key, problem in check_bounds(sc.cluster, "cluster"):
+        raise ConfigError(f"{source}: {key}: {problem}")
     names = {q.name for q in sc.queues}
     for i, q in enumerate(sc.queues):
         if q.parent and q.parent not in names:

@@ -20,6 +20,7 @@ from agent.publish.conditions import conditions_held_by_errors
 from gpuwarden.contract import RESOURCE_GPU_MEMORY, ConditionType
 from gpuwarden.kube import JSON, KubeApi
 from gpuwarden.logconfig import get_logger
+from gpuwarden.quantity import parse_quantity
 
 log = get_logger(__name__)
 
@@ -37,14 +38,23 @@ def desired_gpu_memory_mib(report: HealthReport, previous: int | None) -> int | 
 
 
 def _gpu_memory_in(node: JSON, field: str) -> int | None:
+    """The MiB the Node's ``field`` holds, read as the quantity the API server wrote.
+
+    The API server stores a quantity in its canonical form: the agent's
+    ``"1000"`` reads back as ``"1k"``, and ``"2000000"`` as ``"2M"``. Read
+    with ``int()`` those looked malformed, and the value was sent again on
+    every heartbeat. An extended resource is a whole number, so anything
+    else is malformed.
+    """
     raw = ((node.get("status") or {}).get(field) or {}).get(RESOURCE_GPU_MEMORY)
     if raw is None:
         return None
-    try:
-        return int(str(raw))
-    except ValueError:
-        log.warning("capacity_on_node_malformed", resource=RESOURCE_GPU_MEMORY, field=field, value=raw)
+    amount = parse_quantity(raw)
+    if isinstance(amount, str) or amount.denominator != 1:
+        problem = amount if isinstance(amount, str) else "not a whole number"
+        log.warning("capacity_on_node_malformed", resource=RESOURCE_GPU_MEMORY, field=field, value=raw, problem=problem)
         return None
+    return int(amount)
 
 
 def capacity_from_node(node: JSON) -> int | None:

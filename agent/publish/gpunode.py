@@ -9,7 +9,9 @@ reads back to keep latched faults raised.
 
 The object is cluster-scoped, named after the node and owned by the Node
 (apiVersion v1, kind Node, uid), so the garbage collector removes it with the
-node. It is created once; after that only its status subresource is patched,
+node. It is created once, its owner reference set then; after that only its
+status subresource is patched, never its metadata (a recreated Node's stale
+GPUNode is collected and created anew),
 and only when the content changes: per-poll values such as memory in use
 stay in the metrics, so an idle healthy node sends nothing here. Because an
 unchanged status is never sent, a GPUNode deleted behind the agent's back
@@ -305,6 +307,8 @@ class GpuNodePublisher:
         self._desired: JSON | None = None
         self._published: JSON | None = None
         self._quarantined_since: datetime | None = None
+        # The owners last warned about, so a mismatch is logged once, not per poll.
+        self._warned_owner: set[str] | None = None
 
     def set_quarantined_since(self, since: datetime | None) -> None:
         """When the Node's quarantine began (None: not quarantined); written with the next status."""
@@ -365,7 +369,7 @@ class GpuNodePublisher:
         return self.flush()
 
     def flush(self) -> bool:
-        """Create the object or fix its owner if needed, then patch a changed status."""
+        """Create the object if needed, then patch a changed status."""
         if self._desired is None:
             return False
         sent = self._ensure_object()
@@ -432,11 +436,24 @@ class GpuNodePublisher:
                     {k: v for k, v in status.items() if k != "observedTime"} if isinstance(status, dict) else None
                 )
             self._object = existing
-        if self._node_uid and self._node_uid not in _owner_uids(self._object):
-            self._object = self._api.patch_gpunode(
-                self._node,
-                {"metadata": {"ownerReferences": [owner_reference(self._node, self._node_uid)]}},
+        owners = _owner_uids(self._object)
+        if self._node_uid and self._node_uid not in owners and self._warned_owner != owners:
+            # The agent never changes an existing GPUNode's metadata (the
+            # admission policy refuses it: a token that could rewrite owner
+            # references could have its GPUNode collected, and with it the
+            # scheduler's requests). One owned by an earlier Node of this name
+            # is collected by the garbage collector, and created again by the
+            # next publish; one without an owner (made by hand) stays so.
+            self._warned_owner = owners
+            log.warning(
+                "gpunode_owner_mismatch",
+                gpunode=self._node,
+                node_uid=self._node_uid,
+                owner_uids=sorted(owners),
+                action=(
+                    "waiting for the garbage collector to remove it; it is created again after"
+                    if owners
+                    else "delete it so that the agent creates it owned by its Node"
+                ),
             )
-            log.info("gpunode_owner_set", gpunode=self._node, owner_uid=self._node_uid)
-            sent = True
         return sent

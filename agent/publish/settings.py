@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from agent.config import ConfigError
 from gpuwarden import serving
-from gpuwarden.flags import add_flag, port_number, seconds
+from gpuwarden.flags import Bounds, add_flag, bounded, bounds_of, check_bounds, port_number
 from gpuwarden.serving import MetricsSecurity
 
 # Node Events go where the kubelet puts its own: the default namespace. The
@@ -26,15 +26,21 @@ class DaemonSettings:
     """How the connected agent publishes; every field has a flag (see :func:`add_flags`)."""
 
     node_name: str
-    heartbeat_period_s: float = 60.0
+    heartbeat_period_s: float = bounded(60.0, Bounds(0.0, 3600.0))
     metrics_host: str = "0.0.0.0"
     # None: no HTTP endpoint (tests and the benchmark that run many agents).
-    metrics_port: int | None = DEFAULT_METRICS_PORT
+    metrics_port: int | None = bounded(DEFAULT_METRICS_PORT, Bounds(0, 65535, allow_low=True, integer=True))
     # Plain HTTP by default; TLS and delegated authorization on request (gpuwarden.serving).
     metrics_security: MetricsSecurity = field(default_factory=MetricsSecurity)
-    api_timeout_s: float = 10.0
-    backoff_base_s: float = 0.5
-    backoff_cap_s: float = 30.0
+    api_timeout_s: float = bounded(10.0, Bounds(0.0, 600.0))
+    backoff_base_s: float = bounded(0.5, Bounds(0.0, 600.0))
+    backoff_cap_s: float = bounded(30.0, Bounds(0.0, 3600.0))
+
+    def __post_init__(self) -> None:
+        # The flags parse with these bounds already; this holds them for
+        # settings built in code too (the demo, tests), so no source escapes.
+        for key, problem in check_bounds(self):
+            raise ConfigError(f"{key}: {problem}")
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,14 +65,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
         group,
         "--heartbeat-period",
-        type=seconds(high=3600.0),
+        type=bounds_of(DaemonSettings, "heartbeat_period_s").flag_type("number of seconds"),
         default=60.0,
         help="seconds between condition heartbeats (lastHeartbeatTime) when nothing changes",
     )
     add_flag(
         group,
         "--api-timeout",
-        type=seconds(high=600.0),
+        type=bounds_of(DaemonSettings, "api_timeout_s").flag_type("number of seconds"),
         default=10.0,
         help="seconds before a Kubernetes API request fails",
     )

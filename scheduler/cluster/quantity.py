@@ -1,5 +1,8 @@
 """Kubernetes quantities ("500m", "64Gi", "1.5Ti", "1e3") to engine units and back.
 
+The grammar is :mod:`gpuwarden.quantity`'s (the agent reads it too); this
+module turns its exact amounts into the engine's units.
+
 Custom objects are not normalised by the API server the way a pod's
 resources are: a Queue keeps ``cpu: "1.5"`` or ``memory: 68719476736`` as
 written. So the scheduler reads the quantity grammar itself, exactly (as a
@@ -16,76 +19,36 @@ marks that queue rather than stopping the watch.
 from __future__ import annotations
 
 import math
-import re
-from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from typing import Final
 
+# The grammar itself is the shared core's: the agent reads its gpu-memory back with it.
+from gpuwarden.quantity import QuantityError, exact, parse_quantity
 from scheduler.engine.resources import MIB_PER_GIB, MILLI
 
-_SUFFIX: Final[dict[str, Fraction]] = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-# The CRDs' pattern for quantity strings says the same (manifests/scheduler/crds/).
-_QUANTITY: Final = re.compile(
-    r"\+?(?P<number>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
-)
-# No amount a cluster holds needs an exponent beyond this; refusing larger
-# ones keeps "1e999999999" from building a number with a billion digits.
-_MAX_EXPONENT: Final = 30
+__all__ = [
+    "QuantityError",
+    "count_ceil",
+    "count_floor",
+    "cpu_milli_ceil",
+    "cpu_milli_floor",
+    "format_cpu",
+    "format_gpus",
+    "format_memory",
+    "mebibytes",
+    "mib_ceil",
+    "mib_floor",
+    "milli_gpus",
+    "millicores",
+    "parse_quantity",
+]
+
 _BYTES_PER_MIB: Final = 2**20
 
 MAX_GPUS: Final = 1_000_000
 MAX_CORES: Final = 100_000_000
 MAX_BYTES: Final = 2**60  # 1Ei
-
-
-def parse_quantity(value: object) -> Fraction | str:
-    """The exact amount a quantity (string) or JSON number stands for, or
-    why it is none."""
-    if isinstance(value, bool):
-        return f"expected a quantity, got {value!r}"
-    if isinstance(value, int):
-        return Fraction(value) if value >= 0 else f"must not be negative, got {value}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return f"must be a finite number, got {value!r}"
-        if value < 0:
-            return f"must not be negative, got {value!r}"
-        # The shortest decimal that reads back as this float: what was written.
-        return Fraction(Decimal(repr(value)))
-    if not isinstance(value, str):
-        return f"expected a quantity, got {value!r}"
-    text = value.strip()
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        if text.startswith("-"):
-            return f"must not be negative, got {value!r}"
-        return f"not a quantity: {value!r} (write e.g. 8, 500m, 1.5, 64Gi)"
-    number = Fraction(Decimal(match["number"]))
-    exp = match["exp"]
-    if exp is not None:
-        power = int(exp)
-        if abs(power) > _MAX_EXPONENT:
-            return f"exponent out of range in {value!r}"
-        return number * Fraction(10) ** power
-    return number * _SUFFIX[match["suffix"] or ""]
 
 
 def _bounded(amount: Fraction | str, maximum: int, unit: str) -> Fraction | str:
@@ -121,15 +84,8 @@ def mebibytes(value: object) -> int | str:
 # so the engine never places more than fits.
 
 
-class QuantityError(ValueError):
-    """The text is not a Kubernetes quantity (or not an amount)."""
-
-
 def _exact(text: str | int | float) -> Fraction:
-    amount = parse_quantity(text)
-    if isinstance(amount, str):
-        raise QuantityError(amount)
-    return amount
+    return exact(text)
 
 
 def _ceil(value: Fraction) -> int:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import ConfigError
+from agent.publish.settings import DaemonSettings
 from gpuwarden.cli import main
 
 VENV_BIN = Path(sys.executable).parent
@@ -39,6 +41,62 @@ def test_bad_config_is_a_clear_startup_error(tmp_path: Path, capsys: pytest.Capt
     cfg.write_text("nvlink:\n  error_rate_per_minute: 5\n")
     assert main(["agent", "--backend", "sim", "--once", "--config", str(cfg)]) == 2
     assert "nvlink.error_rate_per_minute: unknown key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("poll_interval_s: 1.0e9\n", "poll_interval_s: must be a finite number greater than 0 and at most 3600"),
+        ("poll_interval_s: 1.0e300\n", "poll_interval_s: must be a finite number greater than 0 and at most 3600"),
+    ],
+)
+def test_a_config_value_beyond_its_flags_bound_stops_the_agent_before_it_polls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    """The file takes no value the flag refuses (--poll-interval caps at 3600)."""
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(text)
+    assert main(["agent", "--backend", "sim", "--once", "--config", str(cfg)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no report: nothing started
+    assert f"gpuwarden agent: config file {cfg}: {says}" in captured.err
+
+
+@pytest.mark.parametrize("value", ["1.0e9", "0", "nan"])
+def test_the_poll_interval_flag_refuses_what_the_file_refuses(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["agent", "--backend", "sim", "--once", "--poll-interval", value])
+    assert info.value.code == 2
+    assert (
+        "argument --poll-interval: must be a finite number greater than 0 and at most 3600" in capsys.readouterr().err
+    )
+
+
+def test_a_config_file_that_never_ends_or_explodes_is_a_short_startup_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["agent", "--backend", "sim", "--once", "--config", "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert "config file /dev/zero is larger than" in err and len(err) < 400
+    bomb = tmp_path / "bomb.yaml"
+    doc = "a: &a [" + ",".join(['"lol"'] * 9) + "]\n"
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
+        doc += f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]\n"
+    bomb.write_text(doc)
+    assert main(["agent", "--backend", "sim", "--once", "--config", str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {bomb} is refused" in err and len(err) < 600
+
+
+def test_connected_settings_hold_their_bounds_however_they_are_built() -> None:
+    """DaemonSettings built in code (the demo, tests) are checked as the flags check them."""
+    with pytest.raises(
+        ConfigError, match="heartbeat_period_s: must be a finite number greater than 0 and at most 3600"
+    ):
+        DaemonSettings(node_name="n", heartbeat_period_s=1e300)
+    with pytest.raises(ConfigError, match="backoff_cap_s: must be a finite number"):
+        DaemonSettings(node_name="n", backoff_cap_s=float("nan"))
+    assert DaemonSettings(node_name="n", metrics_port=None).metrics_port is None
 
 
 def test_unknown_scenario_is_a_clear_startup_error(capsys: pytest.CaptureFixture[str]) -> None:

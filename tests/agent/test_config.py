@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 import yaml
@@ -13,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.config import AgentConfig, ConfigError, config_from_dict, load_config
+from gpuwarden.flags import BOUNDS, Bounds, bounds_of
 
 
 def test_no_file_and_empty_file_give_the_defaults(tmp_path: Path) -> None:
@@ -64,13 +66,25 @@ storage:
         ({"pcie": {"window_s": "abc"}}, "pcie.window_s: expected a number, got 'abc'"),
         ({"pcie": {"window_s": -1}}, "pcie.window_s: must be a finite number greater than 0"),
         ({"nvlink": {"error_rate_per_min": float("nan")}}, "nvlink.error_rate_per_min: must be a finite number"),
-        ({"nvlink": {"window_s": float("inf")}}, "nvlink.window_s: must be a finite number greater than 0, got inf"),
+        (
+            {"nvlink": {"window_s": float("inf")}},
+            "nvlink.window_s: must be a finite number greater than 0 and at most 86400, got inf",
+        ),
         ({"poll_interval_s": float("-inf")}, "poll_interval_s: must be a finite number greater than 0"),
-        ({"gpu": {"retired_pages_limit": 0}}, "gpu.retired_pages_limit: must be at least 1, got 0"),
-        ({"gpu": {"retired_pages_limit": -5}}, "gpu.retired_pages_limit: must be at least 1, got -5"),
-        ({"infiniband": {"link_downed_hold_s": -1}}, "infiniband.link_downed_hold_s: must be a finite number not"),
+        (
+            {"gpu": {"retired_pages_limit": 0}},
+            "gpu.retired_pages_limit: must be a whole number at least 1 and at most 1e+06, got 0",
+        ),
+        (
+            {"gpu": {"retired_pages_limit": -5}},
+            "gpu.retired_pages_limit: must be a whole number at least 1 and at most 1e+06, got -5",
+        ),
+        (
+            {"infiniband": {"link_downed_hold_s": -1}},
+            "infiniband.link_downed_hold_s: must be a finite number at least 0",
+        ),
         ({"infiniband": {"link_downed_hold_s": float("nan")}}, "infiniband.link_downed_hold_s: must be a finite"),
-        ({"pcie": {"gen_sustained_s": float("nan")}}, "pcie.gen_sustained_s: must be a finite number not below 0"),
+        ({"pcie": {"gen_sustained_s": float("nan")}}, "pcie.gen_sustained_s: must be a finite number at least 0"),
         ({"gpu": {"expected_count": 2.5}}, "gpu.expected_count: expected an integer"),
         ({"gpu": {"expected_count": True}}, "gpu.expected_count: expected an integer"),
         ({"gpu": []}, "gpu: expected a mapping"),
@@ -87,7 +101,10 @@ storage:
         ({"gpu": {"expected_count": "\u0668"}}, "gpu.expected_count: expected an integer"),
         ({"storage": {"mounts": [{"timeout_s": 3}]}}, "storage.mounts[0].path: required key missing"),
         ({"storage": {"mounts": [{"path": "rel"}]}}, "storage.mounts[0].path: must be absolute"),
-        ({"hysteresis": {"clear_ratio": 2}}, "hysteresis.clear_ratio: must be in (0, 1]"),
+        (
+            {"hysteresis": {"clear_ratio": 2}},
+            "hysteresis.clear_ratio: must be a finite number greater than 0 and at most 1, got 2",
+        ),
         ([1, 2], "config: expected a mapping"),
     ],
 )
@@ -104,7 +121,9 @@ def test_yaml_nan_and_inf_are_rejected_by_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"pcie\.replay_rate_per_min: must be a finite number .*, got nan"):
         load_config(path)
     path.write_text("xid:\n  dedup_window_s: .inf\n")
-    with pytest.raises(ConfigError, match=r"xid\.dedup_window_s: must be a finite number greater than 0, got inf"):
+    with pytest.raises(
+        ConfigError, match=r"xid\.dedup_window_s: must be a finite number greater than 0 and at most 3600, got inf"
+    ):
         load_config(path)
 
 
@@ -149,7 +168,9 @@ def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
     path.write_text("pcie:\n  window_s: 3e2\n")
     assert load_config(path).pcie.window_s == 300.0
     path.write_text("pcie:\n  window_s: 1e999\n")
-    with pytest.raises(ConfigError, match=r"pcie\.window_s: must be a finite number greater than 0, got inf"):
+    with pytest.raises(
+        ConfigError, match=r"pcie\.window_s: must be a finite number greater than 0 and at most 86400, got inf"
+    ):
         load_config(path)
 
 
@@ -194,3 +215,77 @@ def test_any_misspelt_key_is_refused_by_name(data: st.DataObject) -> None:
     dotted = f"{place}.{typo}" if place else typo
     with pytest.raises(ConfigError, match=re.escape(f"{dotted}: unknown key {typo!r}")):
         config_from_dict(document)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # Beyond the flag's cap: one poll, then silence while /healthz said healthy.
+        ("poll_interval_s: 1.0e9\n", "poll_interval_s: must be a finite number greater than 0 and at most 3600"),
+        # Beyond any timeout a thread can wait: OverflowError in the remediation thread.
+        ("poll_interval_s: 1.0e300\n", "poll_interval_s: must be a finite number greater than 0 and at most 3600"),
+        ("pcie: {gen_load_pct: 250}\n", "pcie.gen_load_pct: must be a whole number at least 0 and at most 100"),
+        ("remediation: {reset_timeout_s: 1e12}\n", "remediation.reset_timeout_s: must be a finite number greater"),
+        ("storage: {mounts: [{path: /m, timeout_s: 1e300}]}\n", "storage.mounts[0].timeout_s: must be a finite"),
+        ("gpu: {expected_count: 99999999999999999999999}\n", "gpu.expected_count: must be a whole number at least 0"),
+    ],
+)
+def test_a_value_beyond_its_bound_names_the_file_the_key_and_the_bound(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"config file {path}: ")
+    assert says in str(err.value)
+
+
+def _numeric_fields(cls: type[Any], prefix: str = "") -> list[tuple[str, dataclasses.Field[Any]]]:
+    found: list[tuple[str, dataclasses.Field[Any]]] = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if get_origin(hints[f.name]) in (dict, list):  # keys and items, not settings
+            continue
+        types_ = {hints[f.name], *get_args(hints[f.name])}
+        for tp in types_:
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                found += _numeric_fields(tp, key)
+        if types_ & {int, float} and bool not in types_:
+            found.append((key, f))
+    return found
+
+
+def test_every_number_of_the_config_declares_its_bounds() -> None:
+    """A numeric key without bounds would take 1e300 from the file, whatever its flag refuses."""
+    from agent.config import MountConfig
+
+    fields_ = _numeric_fields(AgentConfig) + _numeric_fields(MountConfig, "storage.mounts[]")
+    assert fields_
+    assert [key for key, f in fields_ if not isinstance(f.metadata.get(BOUNDS), Bounds)] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**6), 10**12)))
+def test_the_poll_interval_flag_and_the_file_take_exactly_the_same_values(value: float) -> None:
+    """--poll-interval and poll_interval_s are one setting, declared once: they agree on every value."""
+    parse = bounds_of(AgentConfig, "poll_interval_s").flag_type()
+    try:
+        parse(repr(value))
+        flag_ok = True
+    except argparse.ArgumentTypeError:
+        flag_ok = False
+    try:
+        config_from_dict({"poll_interval_s": value})
+        file_ok = True
+    except ConfigError:
+        file_ok = False
+    assert flag_ok == file_ok
+
+
+def test_an_error_about_a_huge_value_stays_short() -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"pcie": {"window_s": [list(range(100))] * 10_000}})
+    assert len(str(err.value)) < 200
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"gpu": {"state_file": "x" * 1_000_000}})
+    assert len(str(err.value)) < 200

@@ -10,15 +10,27 @@ capacity, and not another node's GPUNode.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
-from agent.publish.gpunode import gpunode_object
+from agent.publish.gpunode import gpunode_object, owner_reference
+from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE
+from agent.sim.node import SimNode
+from agent.sim.scenario import load_scenario
 from gpuwarden import contract
-from tests.agent.publish.conftest import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, delete_node_and_leftovers
+from gpuwarden.kube import KubeApi
+from tests.agent.publish.conftest import (
+    AGENT_NAMESPACE,
+    AGENT_SERVICE_ACCOUNT,
+    MANIFESTS,
+    SimAgent,
+    delete_node_and_leftovers,
+)
 from tests.harness import ControlPlane, create_gpu_node, unique_name
 from tests.waiting import wait_for
 
@@ -37,8 +49,9 @@ def two_nodes(k8s: client.ApiClient, agent_manifests: None) -> Iterator[tuple[st
             delete_node_and_leftovers(k8s, name)
 
 
-def _agent_on(control_plane: ControlPlane, k8s: client.ApiClient, node: str) -> client.ApiClient:
-    """A client with the token a DaemonSet pod of the agent on ``node`` would mount."""
+@contextlib.contextmanager
+def _agent_on(control_plane: ControlPlane, k8s: client.ApiClient, node: str) -> Iterator[client.ApiClient]:
+    """A client with the token a DaemonSet pod of the agent on ``node`` would mount; the pod is deleted after."""
     core = client.CoreV1Api(k8s)
     pod = core.create_namespaced_pod(
         AGENT_NAMESPACE,
@@ -51,22 +64,27 @@ def _agent_on(control_plane: ControlPlane, k8s: client.ApiClient, node: str) -> 
             ),
         ),
     )
-    token = core.create_namespaced_service_account_token(
-        AGENT_SERVICE_ACCOUNT,
-        AGENT_NAMESPACE,
-        client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(
-                audiences=[],
-                expiration_seconds=3600,
-                bound_object_ref=client.V1BoundObjectReference(
-                    kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
-                ),
-            )
-        ),
-    ).status.token
-    config = control_plane.configuration()
-    config.api_key = {"authorization": token}
-    return client.ApiClient(config)
+    try:
+        token = core.create_namespaced_service_account_token(
+            AGENT_SERVICE_ACCOUNT,
+            AGENT_NAMESPACE,
+            client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(
+                    audiences=[],
+                    expiration_seconds=3600,
+                    bound_object_ref=client.V1BoundObjectReference(
+                        kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
+                    ),
+                )
+            ),
+        ).status.token
+        config = control_plane.configuration()
+        config.api_key = {"authorization": token}
+        with client.ApiClient(config) as api:
+            yield api
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod(pod.metadata.name, AGENT_NAMESPACE, grace_period_seconds=0)
 
 
 def _status_patch(api: client.ApiClient, node: str, body: dict[str, Any]) -> int:
@@ -91,7 +109,7 @@ def test_the_agents_token_writes_only_its_own_nodes_health(
     control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
 ) -> None:
     node_a, node_b = two_nodes
-    with contextlib.closing(_agent_on(control_plane, k8s, node_a)) as agent:
+    with _agent_on(control_plane, k8s, node_a) as agent:
         # Policies take effect once the API server has loaded them.
         wait_for(
             lambda: _status_patch(agent, node_b, {"status": {"conditions": [_own_condition()]}}) == 403,
@@ -151,7 +169,7 @@ def test_the_agent_answers_in_status_remediation_but_never_writes_the_spec(
         ],
         "validations": [],
     }
-    with contextlib.closing(_agent_on(control_plane, k8s, node_a)) as agent:
+    with _agent_on(control_plane, k8s, node_a) as agent:
         custom = client.CustomObjectsApi(agent)
 
         def status_of(call: Any, *args: Any) -> int:
@@ -188,3 +206,313 @@ def test_the_agent_answers_in_status_remediation_but_never_writes_the_spec(
     stored = client.CustomObjectsApi(k8s).get_cluster_custom_object(*group, node_a)
     assert stored["spec"][contract.GPUNODE_REMEDIATION] == asked
     assert stored["status"][contract.GPUNODE_REMEDIATION] == answered
+
+
+def _wait_for_policies(agent: client.ApiClient, other_node: str) -> None:
+    """Policies take effect once the API server has loaded them."""
+    wait_for(
+        lambda: _status_patch(agent, other_node, {"status": {"conditions": [_own_condition()]}}) == 403,
+        timeout=30,
+        interval=0.5,
+        description="the agent's policies loaded",
+    )
+
+
+# What the agent's token tries to write in each field of NodeStatus it does
+# not own (every field of Kubernetes 1.37's NodeStatus but conditions,
+# capacity and allocatable; test_every_node_status_field_is_held_by_the_policy
+# checks that against the API server's schema).
+FORBIDDEN_STATUS = {
+    "phase": "Terminated",
+    "addresses": [{"type": "InternalIP", "address": "10.66.66.66"}],
+    # The port the API server dials for exec, attach and logs.
+    "daemonEndpoints": {"kubeletEndpoint": {"Port": 6666}},
+    "nodeInfo": {"kernelVersion": "6.6.6"},
+    "images": [{"names": ["registry.invalid/planted:1"], "sizeBytes": 1}],
+    "volumesInUse": ["kubernetes.io/csi/planted^vol-1"],
+    "volumesAttached": [{"name": "kubernetes.io/csi/planted^vol-1", "devicePath": "/dev/planted"}],
+    "config": {"error": "planted"},
+    "runtimeHandlers": [{"name": "planted", "features": {"recursiveReadOnlyMounts": True}}],
+    "features": {"supplementalGroupsPolicy": True},
+    "declaredFeatures": ["Planted"],
+}
+
+
+def test_the_agents_token_changes_no_other_field_of_its_nodes_status_nor_its_metadata(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
+) -> None:
+    node_a, node_b = two_nodes
+    core = client.CoreV1Api(k8s)
+    before = k8s.sanitize_for_serialization(core.read_node(node_a))
+    namespace_uid = core.read_namespace("default").metadata.uid
+    with _agent_on(control_plane, k8s, node_a) as agent:
+        _wait_for_policies(agent, node_b)
+        answers = {
+            field: _status_patch(agent, node_a, {"status": {field: value}}) for field, value in FORBIDDEN_STATUS.items()
+        }
+        metadata = {
+            "finalizers": {"metadata": {"finalizers": ["example.com/hold"]}},
+            "ownerReferences": {
+                "metadata": {
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Namespace", "name": "default", "uid": namespace_uid}
+                    ]
+                }
+            },
+        }
+        answers.update({f"metadata.{key}": _status_patch(agent, node_a, body) for key, body in metadata.items()})
+        # The spec is not reachable through nodes/status: the API server keeps the stored one.
+        spec_answer = _status_patch(agent, node_a, {"spec": {"unschedulable": True, "taints": None}})
+        # What it owns still goes through.
+        assert _status_patch(agent, node_a, {"status": {"conditions": [_own_condition()]}}) == 200
+    # status.config is dropped by the API server itself unless the node already
+    # reports one (dynamic kubelet config is gone); stored or not, it is checked below.
+    assert answers.pop("config") in (200, 403)
+    assert answers == dict.fromkeys(answers, 403)
+    assert spec_answer in (200, 403)
+    after = k8s.sanitize_for_serialization(core.read_node(node_a))
+    assert after["spec"] == before["spec"]
+    for field in FORBIDDEN_STATUS:
+        assert after["status"].get(field) == before["status"].get(field), field
+    assert after["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == 10250
+    for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+        assert after["metadata"].get(key) == before["metadata"].get(key), key
+
+
+def _policy(name: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((MANIFESTS / "admission-policy.yaml").read_text())
+    return next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)
+
+
+def test_every_node_status_field_is_held_by_the_policy(control_plane: ControlPlane) -> None:
+    """Each field of NodeStatus that this API server serves is named by the policy (and tried above).
+
+    A release that adds a field to NodeStatus (as 1.33 added features and
+    1.35 declaredFeatures) fails this test until the policy holds it too.
+    """
+    schema = json.loads(control_plane.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    fields = set(schema["components"]["schemas"]["io.k8s.api.core.v1.NodeStatus"]["properties"])
+    owned = {"conditions", "capacity", "allocatable"}
+    assert owned <= fields
+    assert fields - owned == set(FORBIDDEN_STATUS)
+    expressions = " ".join(v["expression"] for v in _policy("gpuwarden-agent-node-status")["spec"]["validations"])
+    for field in fields - owned:
+        assert f"object.?status.?{field} == oldObject.?status.?{field}" in expressions, field
+
+
+def _gpunode(name: str, *, owners: list[dict[str, Any]] | None = None, **meta: Any) -> dict[str, Any]:
+    body = gpunode_object(name, None)
+    if owners is not None:
+        body["metadata"]["ownerReferences"] = owners
+    body["metadata"].update(meta)
+    return body
+
+
+def test_the_agents_token_creates_its_gpunode_owned_by_its_node_and_never_changes_its_metadata(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
+) -> None:
+    node_a, node_b = two_nodes
+    core = client.CoreV1Api(k8s)
+    uid_a, uid_b = (core.read_node(n).metadata.uid for n in (node_a, node_b))
+    group = (contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)
+    own = owner_reference(node_a, uid_a)
+    with _agent_on(control_plane, k8s, node_a) as agent:
+        _wait_for_policies(agent, node_b)
+        custom = client.CustomObjectsApi(agent)
+
+        def answer(call: Any, *args: Any) -> int:
+            try:
+                call(*group, *args)
+            except client.ApiException as exc:
+                return int(exc.status)
+            return 200
+
+        create = custom.create_cluster_custom_object
+        refused_creates = {
+            "owned by another node": _gpunode(node_a, owners=[owner_reference(node_b, uid_b)]),
+            "owned by something else": _gpunode(
+                node_a, owners=[{"apiVersion": "v1", "kind": "Namespace", "name": node_a, "uid": uid_a}]
+            ),
+            "owned twice": _gpunode(node_a, owners=[own, {**own, "uid": uid_b}]),
+            "as its controller": _gpunode(node_a, owners=[{**own, "controller": True}]),
+            "with labels": _gpunode(node_a, owners=[own], labels={"example.com/x": "y"}),
+            "with annotations": _gpunode(node_a, owners=[own], annotations={"example.com/x": "y"}),
+        }
+        wrong_spec = _gpunode(node_a, owners=[own])
+        wrong_spec["spec"]["nodeName"] = node_b
+        refused_creates["for another node in its spec"] = wrong_spec
+        answers = {why: answer(create, body) for why, body in refused_creates.items()}
+        assert answers == dict.fromkeys(answers, 403)
+        # What the agent creates (agent/publish/gpunode.py) is allowed.
+        assert answer(create, gpunode_object(node_a, uid_a)) == 200
+
+        patch, patch_status = custom.patch_cluster_custom_object, custom.patch_cluster_custom_object_status
+        refused_patches = {
+            "drop its owner": {"metadata": {"ownerReferences": None}},
+            "label it": {"metadata": {"labels": {"example.com/x": "y"}}},
+            "annotate it": {"metadata": {"annotations": {"example.com/x": "y"}}},
+            "hold it with a finalizer": {"metadata": {"finalizers": ["example.com/hold"]}},
+        }
+        answers = {why: answer(patch, node_a, body) for why, body in refused_patches.items()}
+        assert answers == dict.fromkeys(answers, 403)
+        # Through the status subresource metadata is not applied; the status is.
+        status = {"status": {"gpuCount": 8}, "metadata": {"ownerReferences": None, "labels": {"example.com/x": "y"}}}
+        assert answer(patch_status, node_a, status) == 200
+    stored = client.CustomObjectsApi(k8s).get_cluster_custom_object(*group, node_a)
+    assert stored["metadata"]["ownerReferences"] == [own]
+    assert "labels" not in stored["metadata"] and "finalizers" not in stored["metadata"]
+    assert stored["status"]["gpuCount"] == 8
+
+
+def _event(node: str, **overrides: Any) -> dict[str, Any]:
+    """An Event as the agent writes one (agent/publish/events.py), with ``overrides``."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": unique_name(f"{node}.ev")},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "type": "Warning",
+        "reason": "Xid13",
+        "message": "GPU 0: graphics engine exception",
+        "source": {"component": contract.AGENT_COMPONENT, "host": node},
+        "reportingComponent": contract.AGENT_COMPONENT,
+        "reportingInstance": node,
+        "firstTimestamp": "2026-12-01T10:00:00Z",
+        "lastTimestamp": "2026-12-01T10:00:00Z",
+        "count": 1,
+    }
+    body.update(overrides)
+    return body
+
+
+def test_the_agents_token_writes_events_only_about_its_own_node(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str], namespace: str
+) -> None:
+    node_a, node_b = two_nodes
+    admin = client.CoreV1Api(k8s)
+    # The kubelet's Event about node A: the agent may not rewrite it.
+    kubelets = _event(
+        node_a,
+        reason="NodeReady",
+        type="Normal",
+        source={"component": "kubelet", "host": node_a},
+        reportingComponent="kubelet",
+    )
+    admin.create_namespaced_event(DEFAULT_EVENTS_NAMESPACE, kubelets)
+    with _agent_on(control_plane, k8s, node_a) as agent:
+        _wait_for_policies(agent, node_b)
+        core = client.CoreV1Api(agent)
+
+        def create(body: dict[str, Any], where: str = DEFAULT_EVENTS_NAMESPACE) -> int:
+            try:
+                core.create_namespaced_event(where, body)
+            except client.ApiException as exc:
+                return int(exc.status)
+            return 201
+
+        def patch(name: str, body: dict[str, Any]) -> int:
+            try:
+                core.patch_namespaced_event(name, DEFAULT_EVENTS_NAMESPACE, body)
+            except client.ApiException as exc:
+                return int(exc.status)
+            return 200
+
+        # A pod in the Event's own namespace: an Event about an object elsewhere is invalid anyway (422).
+        pod = {"apiVersion": "v1", "kind": "Pod", "name": "victim", "namespace": DEFAULT_EVENTS_NAMESPACE, "uid": "u"}
+        refused = {
+            "about node B": create(_event(node_b)),
+            "about node B, claiming B's host": create(
+                _event(node_b, source={"component": contract.AGENT_COMPONENT, "host": node_b}, reportingInstance=node_b)
+            ),
+            "about a pod": create(_event(node_a, involvedObject=pod)),
+            "about A with a related pod": create(_event(node_a, related=pod)),
+            "about A, as the kubelet": create(
+                _event(node_a, source={"component": "kubelet", "host": node_a}, reportingComponent="kubelet")
+            ),
+            "about A, from B's agent": create(_event(node_a, reportingInstance=node_b)),
+            "with a label": create(_event(node_a, metadata={"name": unique_name("ev"), "labels": {"a": "b"}})),
+            "in a workload's namespace": create(_event(node_a), namespace),
+            "in the agent's own namespace": create(_event(node_a), AGENT_NAMESPACE),
+            "rewrite the kubelet's Event": patch(kubelets["metadata"]["name"], {"count": 2}),
+        }
+        own = _event(node_a)
+        assert create(own) == 201
+        refused["rewrite its own Event's message"] = patch(own["metadata"]["name"], {"message": "all is well"})
+        refused["point its own Event at node B"] = patch(own["metadata"]["name"], {"involvedObject": {"name": node_b}})
+        refused["replace its own Event"] = _answer(
+            lambda: core.replace_namespaced_event(own["metadata"]["name"], DEFAULT_EVENTS_NAMESPACE, _event(node_a))
+        )
+        refused["write through events.k8s.io"] = _answer(
+            lambda: client.EventsV1Api(agent).create_namespaced_event(
+                DEFAULT_EVENTS_NAMESPACE,
+                {
+                    "apiVersion": "events.k8s.io/v1",
+                    "kind": "Event",
+                    "metadata": {"name": unique_name("ev")},
+                    "eventTime": "2026-12-01T10:00:00.000000Z",
+                    "reportingController": contract.AGENT_COMPONENT,
+                    "reportingInstance": node_a,
+                    "action": "Spoof",
+                    "reason": "Spoofed",
+                    "regarding": {"kind": "Node", "name": node_b},
+                    "type": "Normal",
+                },
+            )
+        )
+        # Aggregation (count and lastTimestamp) is what the agent patches.
+        assert patch(own["metadata"]["name"], {"count": 2, "lastTimestamp": "2026-12-01T10:01:00Z"}) == 200
+    assert refused == dict.fromkeys(refused, 403)
+    assert admin.read_namespaced_event(kubelets["metadata"]["name"], DEFAULT_EVENTS_NAMESPACE).count == 1
+    stored = admin.read_namespaced_event(own["metadata"]["name"], DEFAULT_EVENTS_NAMESPACE)
+    assert (stored.count, stored.message, stored.involved_object.name) == (2, own["message"], node_a)
+
+
+def _answer(call: Any) -> int:
+    try:
+        call()
+    except client.ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def test_the_whole_agent_publishes_with_its_pod_bound_token_and_nothing_is_refused(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
+) -> None:
+    """Conditions, capacity, the GPUNode and aggregated Events, as the DaemonSet pod on node A writes them."""
+    node_a, node_b = two_nodes
+    admin = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
+    with _agent_on(control_plane, k8s, node_a) as agent_api:
+        _wait_for_policies(agent_api, node_b)
+        agent = SimAgent(agent_api, node_a, SimNode(load_scenario("default"))).start()
+        try:
+            _wait_published(admin, agent, node_a)
+        finally:
+            agent.stop()
+        assert agent.daemon.stats.snapshot()[1] == {}, "a request of the agent was refused"
+    node = admin.get_node(node_a) or {}
+    assert node["status"]["capacity"][contract.RESOURCE_GPU_MEMORY] == str(7 * 81559)
+    gpunode = admin.get_gpunode(node_a) or {}
+    assert [o["uid"] for o in gpunode["metadata"]["ownerReferences"]] == [node["metadata"]["uid"]]
+    events = (
+        client.CoreV1Api(k8s)
+        .list_namespaced_event(DEFAULT_EVENTS_NAMESPACE, field_selector=f"involvedObject.name={node_a}")
+        .items
+    )
+    assert {e.reason for e in events} >= {"RowRemapPending", "IbPortDown", "Xid13"}
+
+
+def _wait_published(admin: KubeApi, agent: SimAgent, node_a: str) -> None:
+    wait_for(
+        lambda: (admin.get_gpunode(node_a) or {}).get("status", {}).get("gpuCount") == 8,
+        timeout=30,
+        description="the agent's GPUNode",
+    )
+    wait_for(
+        lambda: any(
+            c["type"] == "GpuMemoryDegraded" and c["status"] == "True"
+            for c in (admin.get_node(node_a) or {}).get("status", {}).get("conditions", [])
+        ),
+        timeout=30,
+        description="GpuMemoryDegraded True on node A",
+    )
+    wait_for(lambda: agent.daemon.events.pending() == 0, timeout=30, description="events written")

@@ -55,6 +55,8 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("ValidatingAdmissionPolicyBinding", "gpuwarden-agent-node-status"),
         ("ValidatingAdmissionPolicy", "gpuwarden-agent-gpunodes"),
         ("ValidatingAdmissionPolicyBinding", "gpuwarden-agent-gpunodes"),
+        ("ValidatingAdmissionPolicy", "gpuwarden-agent-events"),
+        ("ValidatingAdmissionPolicyBinding", "gpuwarden-agent-events"),
         # The scheduler's half of the base (manifests/scheduler/, tested in tests/scheduler/).
         ("CustomResourceDefinition", f"{contract.QUEUE_PLURAL}.{contract.SCHEDULING_API_GROUP}"),
         ("CustomResourceDefinition", f"{contract.PODGROUP_PLURAL}.{contract.SCHEDULING_API_GROUP}"),

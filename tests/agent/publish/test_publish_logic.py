@@ -59,6 +59,11 @@ def test_capacity_keeps_its_value_while_the_gpu_probe_fails() -> None:
     assert desired_gpu_memory_mib(failed, 7 * GPU_MIB) == 7 * GPU_MIB
     assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "652472"}}}) == 652472
     assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "lots"}}}) is None
+    # The API server's canonical spellings of what the agent wrote.
+    for text, mib in (("1k", 1000), ("2M", 2_000_000), ("653k", 653_000), ("1Ki", 1024), ("1e3", 1000)):
+        assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": text}}}) == mib
+    # An extended resource is a whole number: a fraction is malformed, not rounded.
+    assert capacity_from_node({"status": {"capacity": {"gpuwarden.io/gpu-memory": "1500m"}}}) is None
     assert capacity_from_node({}) is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from datetime import timedelta
@@ -11,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from agent.model import EventType, HealthEvent
-from agent.publish.capacity import CapacityPublisher
+from agent.publish.capacity import CapacityPublisher, capacity_from_node
 from agent.publish.conditions import ConditionsPublisher, format_time
 from agent.publish.events import EventsPublisher
 from agent.publish.gpunode import GpuNodePublisher
@@ -208,6 +209,31 @@ def test_capacity_is_healthy_gpu_memory_and_follows_health(k8s: client.ApiClient
     pub.publish(report(errors=("gpu: NVML failed to initialise",), with_inventory=False))
     assert api.stats.total_requests() == sent
     assert capacity() == (str(8 * GPU_MIB), str(8 * GPU_MIB))
+
+
+def test_capacity_read_back_in_the_api_servers_canonical_form_is_the_value_sent(
+    k8s: client.ApiClient, gpu_node: str
+) -> None:
+    """The API server stores 1000 as "1k": read back, that is 1000 MiB, not a malformed value sent again."""
+    api = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
+    pub = CapacityPublisher(api, gpu_node)
+    pub.restore(_node(k8s, gpu_node))
+    base = report()
+    small = dataclasses.replace(base, gpus=tuple(dataclasses.replace(g, memory_total_mib=125) for g in base.gpus))
+    assert small.healthy_gpu_memory_mib == 1000
+    assert pub.publish(small)
+    node = _node(k8s, gpu_node)
+    assert node["status"]["capacity"][RESOURCE_GPU_MEMORY] == "1k"  # the API server's spelling
+    assert capacity_from_node(node) == 1000
+    # The heartbeat hands the agent this Node: it already holds the value, so nothing is sent.
+    pub.observe(node)
+    sent = api.stats.total_requests()
+    assert not pub.publish(small)
+    assert api.stats.total_requests() == sent
+    # A restarted agent takes it back as its own too.
+    again = CapacityPublisher(api, gpu_node)
+    assert again.restore(node) == 1000
+    assert not again.publish(small)
 
 
 def test_gpunode_is_owned_by_its_node_listed_and_collected_with_it(
