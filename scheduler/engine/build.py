@@ -14,7 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
-from scheduler.engine.model import Job, Node, PendingReason, Snapshot, Task, TaskStatus
+from scheduler.engine.model import UNLIMITED, Job, Node, PendingReason, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
@@ -31,6 +31,18 @@ from scheduler.engine.state import (
 )
 
 log = get_logger(__name__)
+
+
+def borrowing(spec: Queue) -> tuple[bool, bool, bool]:
+    """Per resource, whether the queue may go over its quota.
+
+    ``overQuotaWeight: 0`` means the queue never borrows: fair share gives it
+    nothing beyond quota, and placement holds it there too, even when the
+    rest of the cluster is idle (the quota acts as a limit). A resource
+    without a quota (ungoverned) has nothing to borrow beyond.
+    """
+    gpu, cpu, memory = (s.over_quota_weight > 0 or s.quota == UNLIMITED for s in spec.resources)
+    return (gpu, cpu, memory)
 
 
 def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
@@ -121,6 +133,7 @@ def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict
             parent=parent,
             quota=[s.quota for s in spec.resources],
             limit=[s.limit for s in spec.resources],
+            borrows=borrowing(spec),
         )
         state.path = [*parent.path, state] if parent is not None else [state]
         states[spec.name] = state
