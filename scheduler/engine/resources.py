@@ -177,8 +177,8 @@ def _fraction(fraction: _Annotation, devices: int) -> GpuRequest | str:
     exact = Decimal(text)
     if not 0 < exact <= 1:
         return f"annotation {fraction.key}={shown} must be above 0 and at most 1"
-    places = -exact.normalize().as_tuple().exponent
-    if isinstance(places, int) and places > GPU_FRACTION_DECIMALS:
+    exponent = exact.normalize().as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > GPU_FRACTION_DECIMALS:
         return (
             f"annotation {fraction.key}={shown} has more than {GPU_FRACTION_DECIMALS} decimal places; "
             f"the smallest slice is {MIN_GPU_FRACTION} of a GPU"
