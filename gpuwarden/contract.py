@@ -247,6 +247,8 @@ class UnschedulableReason(StrEnum):
     """Why a pod group is still pending, as written to its PodGroup status."""
 
     UNKNOWN_QUEUE = "UnknownQueue"
+    # The queue exists but its spec does not parse (its Invalid condition says why).
+    INVALID_QUEUE = "InvalidQueue"
     NOT_LEAF_QUEUE = "NotLeafQueue"
     INVALID_REQUEST = "InvalidRequest"
     OVER_LIMIT = "OverLimit"
