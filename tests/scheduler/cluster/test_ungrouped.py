@@ -5,11 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
+from gpuwarden.contract import ANNOTATION_POD_GROUP, SCHEDULER_NAME
 from gpuwarden.kube import ApiError
+from scheduler.cluster.cycle import ClusterView, SchedulingCycle
 from scheduler.cluster.ungrouped import (
+    REASON_POD_GROUP_INVALID,
     REASON_POD_GROUP_NOT_FOUND,
     UngroupedPod,
     UngroupedPodNotifier,
+    invalid_message,
     missing_message,
 )
 
@@ -70,3 +76,32 @@ def test_a_grouped_pod_that_still_waits_is_cleared_and_a_bound_one_is_left_alone
     assert notifier.write([], lambda _uid: True) == 1
     assert api.calls == [("status", "p-0", {"status": {"conditions": [{"type": "PodScheduled", "$patch": "delete"}]}})]
     assert notifier.told == 0
+
+
+def _pod(name: str, group: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "annotations": {ANNOTATION_POD_GROUP: group},
+        },
+        "spec": {"schedulerName": SCHEDULER_NAME, "containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_a_pod_is_told_whether_its_group_is_missing_or_malformed(incremental: bool) -> None:
+    # A PodGroup stored before its schema required a queue: it exists, and cannot be used.
+    malformed = {"metadata": {"name": "old", "namespace": "ns", "uid": "g1"}, "spec": {"minMember": 1}}
+    view = ClusterView(
+        pods={"uid-a": _pod("a", "absent"), "uid-b": _pod("b", "old")}, podgroups={("ns", "old"): malformed}
+    )
+    cycle = SchedulingCycle(_Api(), incremental=incremental)  # type: ignore[arg-type]
+    cycle.prepare(view, 0.0)
+    told = {p.name: (p.reason, p.message) for p in cycle._ungrouped(view, cycle._view_groups)}
+    assert told == {
+        "a": (REASON_POD_GROUP_NOT_FOUND, missing_message("ns", "absent")),
+        "b": (REASON_POD_GROUP_INVALID, invalid_message("pod group ns/old: spec.queue: missing")),
+    }
