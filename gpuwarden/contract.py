@@ -155,6 +155,17 @@ ANNOTATION_GPU_FRACTION_NUM_DEVICES: Final = f"{API_GROUP}/gpu-fraction-num-devi
 ANNOTATION_KAI_GPU_FRACTION: Final = "gpu-fraction"
 ANNOTATION_KAI_GPU_MEMORY: Final = "gpu-memory"
 ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
+# Bounds on those annotations, the same in the webhook and the scheduler. A
+# fraction is a plain decimal of at most GPU_FRACTION_DECIMALS places (queues
+# are charged in thousandths of a GPU, so finer digits would mean nothing),
+# at least MIN_GPU_FRACTION and at most 1. GPU memory is whole MiB, at most
+# MAX_GPU_MEMORY_MIB: 1 TiB, over three times the largest GPU made today
+# (288 GB), so the bound holds before the webhook knows the cluster's GPUs.
+# A slice spans at most MAX_GPU_FRACTION_NUM_DEVICES GPUs of one node.
+GPU_FRACTION_DECIMALS: Final = 3
+MIN_GPU_FRACTION: Final = "0.001"
+MAX_GPU_MEMORY_MIB: Final = 1024 * 1024
+MAX_GPU_FRACTION_NUM_DEVICES: Final = 64
 
 # The pod group a pod belongs to (set by users or by the scheduler's
 # pod-grouper), and the GPU assignment the scheduler made at bind time.
@@ -246,6 +257,8 @@ class UnschedulableReason(StrEnum):
     """Why a pod group is still pending, as written to its PodGroup status."""
 
     UNKNOWN_QUEUE = "UnknownQueue"
+    # The queue exists but its spec does not parse (its Invalid condition says why).
+    INVALID_QUEUE = "InvalidQueue"
     NOT_LEAF_QUEUE = "NotLeafQueue"
     INVALID_REQUEST = "InvalidRequest"
     OVER_LIMIT = "OverLimit"

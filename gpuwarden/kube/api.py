@@ -208,6 +208,18 @@ class KubeApi:
             patch,
         )
 
+    def patch_pod_status(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Strategic merge patch of a pod's status: one condition is merged by its type, the rest kept."""
+        return self._call(
+            "patch_pod_status",
+            self._core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            patch,
+            field_manager=self.field_manager,
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
+
     def delete_pod(self, namespace: str, name: str, uid: str) -> JSON:
         """Delete one pod, only if it is still the one named by ``uid`` (a precondition).
 

@@ -21,7 +21,9 @@ The order is the one that keeps the cluster consistent when a step fails:
    and a cycle waits only when ``MAX_QUEUED_WRITES`` are still to be written.
 
 A malformed Queue or PodGroup is logged once and left out; it never stops the
-cycle for everyone else. The engine sees none of this: it gets a Snapshot.
+cycle for everyone else. A Queue left out is named in the Snapshot with what
+is wrong, so its jobs wait saying so, and its status gets an ``Invalid``
+condition. The engine sees none of the objects: it gets a Snapshot.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
+from scheduler.cluster.ungrouped import (
+    REASON_POD_GROUP_INVALID,
+    REASON_POD_GROUP_NOT_FOUND,
+    UngroupedPod,
+    UngroupedPodNotifier,
+    invalid_message,
+    missing_message,
+)
+from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import Decisions, Job, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
 from scheduler.engine.session import run_session
@@ -134,6 +145,16 @@ def _is_ours(pod: Mapping[str, Any]) -> bool:
     return isinstance(spec, dict) and spec.get("schedulerName") == contract.SCHEDULER_NAME
 
 
+def _waiting(pod: Mapping[str, Any]) -> bool:
+    """Pending and for the scheduler to place: not bound, not terminating, not gated."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or spec.get("nodeName") or spec.get("schedulingGates"):
+        return False
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return not _meta(pod).get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
+
+
 def _pod_priority(pod: Mapping[str, Any]) -> int:
     # The Priority admission plugin resolves priorityClassName into
     # spec.priority when the pod is created, so the class itself need not be read.
@@ -203,6 +224,7 @@ class SchedulingCycle:
         self.evictor = evictor or Evictor(api)
         self.status = status or StatusWriter(api)
         self.reservations = reservations or ReservationWriter(api)
+        self.ungrouped = UngroupedPodNotifier(api)
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
         self._short_since: dict[str, float] = {}
@@ -238,21 +260,46 @@ class SchedulingCycle:
         self._derived_uids: set[str] = set()
         self._explicit: dict[tuple[str, str], GroupInfo] = {}
         self._groups: dict[tuple[str, str], GroupInfo] = {}
+        # Groups that pods count for but that have no info: a named PodGroup missing or malformed.
+        self._unknown: set[tuple[str, str]] = set()
+        self._view_groups: Mapping[tuple[str, str], GroupInfo] = {}
         self._by_uid: dict[str, str] = {}
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
         self._short: dict[str, tuple[Job, float | None, Job]] = {}
+        self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
 
     # -- inputs ---------------------------------------------------------------
 
-    def _queues(self, view: ClusterView) -> list[Queue]:
+    def _queues(self, view: ClusterView) -> tuple[list[Queue], dict[str, str]]:
+        """The queues that parse, and for each Queue that does not, why (the engine and its status say so)."""
         queues: list[Queue] = []
+        invalid: dict[str, str] = {}
         for name, obj in sorted(view.queues.items()):
             parsed = queue_from_object(obj)
             if isinstance(parsed, str):
                 warn.warning("queue_invalid", ("queue", name, parsed), queue=name, problem=parsed)
+                detail = parsed.removeprefix(f"queue {name}: ")
+                invalid[name] = f"queue {name} is invalid: {detail}"
                 continue
             queues.append(parsed)
-        return queues
+        return queues, invalid
+
+    def _queue_problems(self, snapshot: Snapshot) -> dict[str, tuple[str, str]]:
+        """What each Queue's Invalid condition says: (reason, message) of those that cannot take work.
+
+        Worked out again only when the queues changed (a handful of objects,
+        but every cycle would redo it for nothing).
+        """
+        key = (snapshot.queues, snapshot.invalid_queues)
+        if self._problems_of is not None and self._problems_of[0] == key:
+            return self._problems_of[1]
+        invalid = dict(snapshot.invalid_queues)
+        problems = {name: (contract.QueueConditionReason.INVALID_SPEC.value, why) for name, why in invalid.items()}
+        for name, why in build_tree(snapshot.queues, invalid).errors.items():
+            if name not in invalid:
+                problems[name] = (contract.QueueConditionReason.INVALID_TREE.value, why)
+        self._problems_of = (key, problems)
+        return problems
 
     def _explicit_group(self, key: tuple[str, str], obj: Mapping[str, Any]) -> GroupInfo | None:
         """What a PodGroup says (None when malformed), read again only when the cache replaced the entry."""
@@ -482,6 +529,7 @@ class SchedulingCycle:
             self._derived_uids.clear()
             self._explicit.clear()
             self._groups.clear()
+            self._unknown.clear()
             self._by_uid.clear()
             pod_keys: Collection[str] = list(view.pods)
             group_keys: Collection[tuple[str, str]] = list(view.podgroups)
@@ -590,9 +638,45 @@ class SchedulingCycle:
         before = self._groups.get(key)
         if info is None:
             self._groups.pop(key, None)
+            if members:
+                self._unknown.add(key)  # pods name it, and it is missing or malformed
+            else:
+                self._unknown.discard(key)
         else:
             self._groups[key] = info
+            self._unknown.discard(key)
         return before != info
+
+    def _ungrouped(self, view: ClusterView, groups: Mapping[tuple[str, str], GroupInfo]) -> list[UngroupedPod]:
+        """Pending pods of ours that name a PodGroup which is missing or malformed.
+
+        Incremental cycles look only at the groups some pod counts for and
+        that have no info (a handful); otherwise every pod is looked at.
+        """
+        if self._incremental:
+            wanted = [(key, list(self._members.get(key, ()))) for key in sorted(self._unknown)]
+        else:
+            by_key: dict[tuple[str, str], list[str]] = {}
+            for uid, pod in view.pods.items():
+                facts = self._grouping(uid, pod)
+                if facts.ours and facts.named is not None and (facts.namespace, facts.named) not in groups:
+                    by_key.setdefault((facts.namespace, facts.named), []).append(uid)
+            wanted = list(by_key.items())
+        out: list[UngroupedPod] = []
+        for key, uids in wanted:
+            obj = view.podgroups.get(key)
+            if obj is None:
+                reason, message = REASON_POD_GROUP_NOT_FOUND, missing_message(key[0], key[1])
+            else:
+                problem = podgroup_spec(obj)
+                if not isinstance(problem, str):
+                    continue  # readable: grouped next cycle
+                reason, message = REASON_POD_GROUP_INVALID, invalid_message(problem)
+            for uid in uids:
+                member = view.pods.get(uid)
+                if member is not None and _waiting(member):
+                    out.append(UngroupedPod(key[0], str(_meta(member).get("name") or ""), uid, reason, message))
+        return out
 
     def _reservations(self, view: ClusterView, *, full: bool) -> tuple[Reservation, ...]:
         """:func:`reservations_from` over the view's PodGroups; unless ``full``, only changed ones read again."""
@@ -658,7 +742,7 @@ class SchedulingCycle:
         This is the part of a cycle that reads every object; it makes no API
         call unless a pod needs a derived PodGroup created or its owners read.
         """
-        queues = self._queues(view)
+        queues, invalid = self._queues(view)
         if self._incremental:
             changes = self._regroup(view)
             if changes is not None:
@@ -677,17 +761,35 @@ class SchedulingCycle:
                     changes=changes,
                 )
                 reservations = self._reservations(view, full=changes is None)
+                self._view_groups = self._groups
             except BaseException:
                 self._seen = None  # the kept state may be half updated: start over next cycle
                 raise
         else:
             self._groupings.clear()
             groups, by_uid, _ = self._group_pods(view)
+            self._view_groups = groups
             snapshot = snapshot_from(
                 view.nodes, view.gpunodes, view.pods.values(), queues, groups, now, self._config, pod_groups=by_uid
             )
             reservations = reservations_from(view.podgroups)
-        return replace(self._track_short_gangs(snapshot, now), reservations=reservations)
+        return replace(
+            self._track_short_gangs(snapshot, now),
+            reservations=reservations,
+            invalid_queues=tuple(sorted(invalid.items())),
+        )
+
+    def _tell_ungrouped(self, view: ClusterView) -> None:
+        """Explain the pods that wait for their named PodGroup; before the binds (see :mod:`.ungrouped`)."""
+        ungrouped = self._ungrouped(view, self._view_groups)
+        if not ungrouped and not self.ungrouped.told:
+            return
+
+        def still_pending(uid: str) -> bool:
+            pod = view.pods.get(uid)
+            return pod is not None and _waiting(pod)
+
+        self.ungrouped.write(ungrouped, still_pending)
 
     def decide(self, snapshot: Snapshot, timings: dict[str, float] | None = None) -> Decisions:
         """The engine's session over ``snapshot`` (on the kept working state when incremental)."""
@@ -701,6 +803,7 @@ class SchedulingCycle:
         snapshot = self.prepare(view, now)
         timings: dict[str, float] = {}
         decisions = self.decide(snapshot, timings)
+        self._tell_ungrouped(view)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         nodes = {n.name: n for n in snapshot.nodes}
@@ -721,6 +824,7 @@ class SchedulingCycle:
             "blocked": refusals(evicted),
             "shown_blocked": shown_blocked(view.podgroups),
             "lost_totals": lost_totals(view.queues, lost),
+            "queue_problems": self._queue_problems(snapshot),
         }
         specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
         # Reservations live in PodGroup status: a derived group that holds

@@ -25,6 +25,7 @@ stops the cycle, and the room it named is then free for anyone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -140,17 +141,31 @@ def reservations_from(podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> tuple[
     return tuple(res for key, obj in sorted(podgroups.items()) for res in reservations_of(key, obj))
 
 
-class ReservationWriter:
-    """Writes each PodGroup's reservations when they differ from what it shows.
+@dataclass(slots=True)
+class _Sent:
+    """A write the watch has not shown yet: what was sent, and the PodGroup entry the view held then."""
 
-    What the watched PodGroup shows is the truth (a new leader reads it);
-    what this writer last wrote stands in for it until the watch catches
-    up, so an unchanged reservation is not patched again every cycle.
+    body: list[JSON]
+    seen: Mapping[str, Any] | None
+
+
+class ReservationWriter:
+    """Writes each PodGroup's reservations when they differ from what it holds.
+
+    What the watched PodGroup shows is the truth (a new leader reads it),
+    except right after a write: until the view hands over a newer entry of
+    that PodGroup (entries are replaced, never changed in place), what was
+    sent is what the API server holds, so an unchanged reservation is not
+    patched again every cycle, and a change back to what the stale entry
+    shows is still sent. A watch that lags (an API outage, a slow watch)
+    must never make the writer believe the server holds what the stale
+    entry shows: a leader that did would keep a lapsed reservation on the
+    PodGroup, cycle after cycle, until a new leader read it afresh.
     """
 
     def __init__(self, api: KubeApi) -> None:
         self._api = api
-        self._written: dict[GroupKey, list[JSON]] = {}
+        self._sent: dict[GroupKey, _Sent] = {}
 
     def write(self, reservations: Iterable[Reservation], podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> int:
         """Bring every group's ``status.reservations`` to ``reservations``; returns the patches sent."""
@@ -160,33 +175,42 @@ class ReservationWriter:
             wanted.setdefault((namespace, name), []).append(res)
         groups = set(wanted)
         groups.update(key for key, obj in podgroups.items() if _listed(obj))
-        groups.update(key for key, value in self._written.items() if value)
-        sent = 0
+        groups.update(key for key, sent in self._sent.items() if sent.body)
+        sent_now = 0
         for key in sorted(groups):
             body = encode(wanted.get(key, ()))
             obj = podgroups.get(key)
-            shown = (_listed(obj) if obj is not None else None) or []
-            if body == shown:
-                self._written[key] = body
+            if obj is None and not body:
+                self._sent.pop(key, None)  # gone (or never created): nothing to hold
                 continue
-            if self._written.get(key) == body and obj is not None:
-                continue  # sent already; the watch has not shown it yet
-            if not body and obj is None:
-                self._written.pop(key, None)
+            held = self._held(key, obj)
+            if body == held:
                 continue
-            if self._patch(key, body):
-                sent += 1
-        return sent
+            if self._patch(key, body, obj):
+                sent_now += 1
+        for key in [k for k in self._sent if k not in groups]:
+            del self._sent[key]
+        return sent_now
 
-    def _patch(self, key: GroupKey, body: list[JSON]) -> bool:
+    def _held(self, key: GroupKey, obj: Mapping[str, Any] | None) -> list[JSON]:
+        """What the API server holds for ``key``, as far as this writer knows."""
+        sent = self._sent.get(key)
+        if sent is not None and sent.seen is obj:
+            return sent.body  # the view has shown nothing newer than the entry it held when this was sent
+        self._sent.pop(key, None)  # a newer entry: the server's word from now on
+        shown: list[JSON] = (_listed(obj) if obj is not None else None) or []
+        return shown
+
+    def _patch(self, key: GroupKey, body: list[JSON], seen: Mapping[str, Any] | None) -> bool:
         namespace, name = key
         try:
             self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
         except ApiError as err:
             if err.status == 404:
-                self._written.pop(key, None)
+                self._sent.pop(key, None)
                 log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
                 return False
+            # Nothing is recorded: the next cycle compares with the view again and sends again.
             warn.warning(
                 "reservation_write_failed",
                 ("reservation-write", key, err.status),
@@ -195,6 +219,6 @@ class ReservationWriter:
                 error=err.detail,
             )
             return False
-        self._written[key] = body
+        self._sent[key] = _Sent(body, seen)
         log.info("reservations_written", podgroup=f"{namespace}/{name}", count=len(body))
         return True

@@ -47,6 +47,8 @@ REASON_MULTIPLE = "MultipleReasons"
 CONDITION_EVICTION_BLOCKED = contract.PodGroupConditionType.EVICTION_BLOCKED.value
 REASON_BUDGET = "DisruptionBudget"
 CONDITION_QUOTA_NOT_BACKED = contract.QueueConditionType.QUOTA_NOT_BACKED.value
+CONDITION_INVALID = contract.QueueConditionType.INVALID.value
+REASON_VALID = contract.QueueConditionReason.VALID.value
 # Reasons of the QuotaNotBacked condition.
 REASON_HEALTHY_CAPACITY_SHORT = "HealthyCapacityBelowQuotas"
 REASON_QUOTA_BACKED = "QuotaBacked"
@@ -84,7 +86,27 @@ def queue_status(shares: Sequence[QueueShare]) -> JSON:
         "allocated": resource_list(total(lambda s: s.allocated)),
         "allocatedNonPreemptible": resource_list(total(lambda s: s.allocated_non_preemptible)),
         "requested": resource_list(total(lambda s: s.request)),
-        "conditions": [quota_not_backed(shares)],
+        "conditions": [quota_not_backed(shares), valid()],
+    }
+
+
+def valid() -> JSON:
+    """The Invalid condition of a queue that takes work."""
+    return {"type": CONDITION_INVALID, "status": "False", "reason": REASON_VALID, "message": ""}
+
+
+def invalid_queue_status(reason: str, message: str) -> JSON:
+    """The status of a queue that cannot take work: only why (it has no share and holds nothing of its own).
+
+    The amounts are cleared rather than left at what the queue showed
+    while it was valid, which would read as current.
+    """
+    return {
+        contract.QUEUE_STATUS_FAIR_SHARE: None,
+        contract.QUEUE_STATUS_ALLOCATED: None,
+        contract.QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: None,
+        contract.QUEUE_STATUS_REQUESTED: None,
+        "conditions": [{"type": CONDITION_INVALID, "status": "True", "reason": reason, "message": _clip(message)}],
     }
 
 
@@ -269,7 +291,7 @@ class StatusWriter:
         self._instance = instance or socket.gethostname()
         self._groups: dict[str, _Group] = {}
         self._queues: dict[str, JSON] = {}
-        self._queue_transitions: dict[str, str] = {}
+        self._queue_transitions: dict[str, dict[str, str]] = {}  # queue -> condition type -> time
         self._lock = Lock()
 
     def write(
@@ -280,6 +302,7 @@ class StatusWriter:
         shown_blocked: Iterable[str] = (),
         lost_totals: Mapping[str, float] | None = None,
         *,
+        queue_problems: Mapping[str, tuple[str, str]] | None = None,
         defer_placed: bool = False,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
@@ -291,7 +314,8 @@ class StatusWriter:
         show the condition now, so that it is cleared even by a writer that
         did not set it. With ``defer_placed`` a group placed in full whose
         status was never written waits (a later cycle writes it): a busy
-        scheduler sends its binds first.
+        scheduler sends its binds first. ``queue_problems`` maps a Queue that
+        cannot take work to the (reason, message) of its Invalid condition.
         """
         report = StatusReport()
         with self._lock:
@@ -299,7 +323,7 @@ class StatusWriter:
             self._write_groups(
                 decisions.pending, placed, blocked or {}, set(shown_blocked), report, defer_placed=defer_placed
             )
-            self._write_queues(decisions.queue_shares, lost_totals or {}, report)
+            self._write_queues(decisions.queue_shares, lost_totals or {}, queue_problems or {}, report)
         log.info(
             "status_written",
             pod_groups=report.pod_groups_patched,
@@ -502,28 +526,44 @@ class StatusWriter:
 
     # -- Queues ---------------------------------------------------------------
 
-    def _write_queues(self, shares: Sequence[QueueShare], lost: Mapping[str, float], report: StatusReport) -> None:
+    def _write_queues(
+        self,
+        shares: Sequence[QueueShare],
+        lost: Mapping[str, float],
+        problems: Mapping[str, tuple[str, str]],
+        report: StatusReport,
+    ) -> None:
         by_queue: dict[str, list[QueueShare]] = {}
         for share in shares:
             by_queue.setdefault(share.queue, []).append(share)
-        for queue, mine in sorted(by_queue.items()):
-            desired = queue_status(mine)
+        wanted: dict[str, JSON] = {}
+        for queue, mine in by_queue.items():
+            wanted[queue] = queue_status(mine)
+        for queue, (reason, message) in problems.items():
+            wanted[queue] = invalid_queue_status(reason, message)
+        for queue, desired in sorted(wanted.items()):
             if queue in lost:
                 desired[contract.QUEUE_STATUS_GPU_SECONDS_LOST] = lost[queue]
             known = self._queues.get(queue)
             if known == desired:
                 report.unchanged += 1
                 continue
-            condition = desired["conditions"][0]
-            transition = format_time(self._clock())
-            if known is not None and known["conditions"][0]["status"] == condition["status"]:
-                transition = self._queue_transitions.get(queue, transition)
-            body = {**desired, "conditions": [{**condition, "lastTransitionTime": transition}]}
+            now = format_time(self._clock())
+            before = self._queue_transitions.get(queue, {})
+            transitions: dict[str, str] = {}
+            conditions = []
+            for condition in desired["conditions"]:
+                kind = condition["type"]
+                was = _condition(known, kind) if known is not None else None
+                same = was is not None and was["status"] == condition["status"] and kind in before
+                transitions[kind] = before[kind] if same else now
+                conditions.append({**condition, "lastTransitionTime": transitions[kind]})
+            body = {**desired, "conditions": conditions}
             try:
                 self._api.patch_queue_status(queue, {"status": body})
             except ApiError as err:
                 self._record_error(f"queue {queue}", err, report)
                 continue
             self._queues[queue] = desired
-            self._queue_transitions[queue] = transition
+            self._queue_transitions[queue] = transitions
             report.queues_patched += 1

@@ -14,7 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
-from scheduler.engine.model import Job, Node, PendingReason, Snapshot, Task, TaskStatus
+from scheduler.engine.model import UNLIMITED, Job, Node, PendingReason, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, GpuRequest, parse_gpu_request
@@ -31,6 +31,18 @@ from scheduler.engine.state import (
 )
 
 log = get_logger(__name__)
+
+
+def borrowing(spec: Queue) -> tuple[bool, bool, bool]:
+    """Per resource, whether the queue may go over its quota.
+
+    ``overQuotaWeight: 0`` means the queue never borrows: fair share gives it
+    nothing beyond quota, and placement holds it there too, even when the
+    rest of the cluster is idle (the quota acts as a limit). A resource
+    without a quota (ungoverned) has nothing to borrow beyond.
+    """
+    gpu, cpu, memory = (s.over_quota_weight > 0 or s.quota == UNLIMITED for s in spec.resources)
+    return (gpu, cpu, memory)
 
 
 def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
@@ -108,9 +120,11 @@ def _build_pools(snapshot: Snapshot) -> tuple[dict[str, PoolState], dict[str, No
 
 
 def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict[str, QueueState], QueueTree]:
-    tree = build_tree(snapshot.queues)
+    invalid = dict(snapshot.invalid_queues)
+    tree = build_tree(snapshot.queues, invalid)
     for name, problem in sorted(tree.errors.items()):
-        log.warning("queue unusable", queue=name, problem=problem)
+        if name not in invalid:  # those the caller reported when it read them
+            log.warning("queue unusable", queue=name, problem=problem)
     states: dict[str, QueueState] = {}
 
     def add(node: TreeQueue, parent: QueueState | None) -> None:
@@ -121,6 +135,7 @@ def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict
             parent=parent,
             quota=[s.quota for s in spec.resources],
             limit=[s.limit for s in spec.resources],
+            borrows=borrowing(spec),
         )
         state.path = [*parent.path, state] if parent is not None else [state]
         states[spec.name] = state
@@ -159,7 +174,7 @@ def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
         stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
         reservation_ttl_s=snapshot.config.reservation_ttl_s,
     )
-    builder = JobBuilder(cluster, tree.errors)
+    builder = JobBuilder(cluster, tree.errors, invalid=frozenset(name for name, _ in snapshot.invalid_queues))
     for key, spec in _unique_jobs(snapshot):
         builder.add(key, spec)
     share_out(cluster, tree)
@@ -201,9 +216,10 @@ class JobBuilder:
     such input is only ever rebuilt, never updated.
     """
 
-    def __init__(self, cluster: Cluster, queue_errors: dict[str, str]) -> None:
+    def __init__(self, cluster: Cluster, queue_errors: dict[str, str], invalid: frozenset[str] = frozenset()) -> None:
         self.cluster = cluster
         self.queue_errors = queue_errors
+        self.invalid = invalid
         self.parsed: dict[object, GpuRequest | str] = {}
         self.by_pool: dict[str, dict[object, tuple[GpuRequest, int, str | None]]] = {}
         self.seen_pods: set[tuple[str, str]] = set()
@@ -217,7 +233,10 @@ class JobBuilder:
         error: PendingReason | None = None
         if queue is None:
             why = self.queue_errors.get(spec.queue, f"queue {spec.queue} does not exist")
-            error = PendingReason(UnschedulableReason.UNKNOWN_QUEUE, why)
+            code = (
+                UnschedulableReason.INVALID_QUEUE if spec.queue in self.invalid else UnschedulableReason.UNKNOWN_QUEUE
+            )
+            error = PendingReason(code, why)
         elif not queue.tree.is_leaf:
             error = PendingReason(
                 UnschedulableReason.NOT_LEAF_QUEUE, f"queue {spec.queue} has child queues; only leaf queues take jobs"

@@ -16,6 +16,7 @@ from collections import Counter
 
 from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.caches import NodeGroups, SessionCaches
+from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
@@ -145,6 +146,13 @@ def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
         return list(job.reasons)
     if job.held >= job.spec.min_member and not job.reasons:
         gang = job.spec.min_member
+        first = pending[0]
+        # Extras a queue bound keeps out wait for that, not for room.
+        bound = limit_problem(job.queue, [first.milli, first.cpu, first.mem], job.preemptible) if job.queue else None
+        if bound is not None:
+            return [
+                PendingReason(bound.code, f"gang of {gang} is running; {len(pending)} more pods wait: {bound.message}")
+            ]
         return [
             PendingReason(
                 UnschedulableReason.INSUFFICIENT_RESOURCES,

@@ -97,9 +97,14 @@ class QueueTree:
     errors: dict[str, str]
 
 
-def build_tree(queues: Sequence[Queue]) -> QueueTree:
+def build_tree(queues: Sequence[Queue], invalid: Mapping[str, str] | None = None) -> QueueTree:
+    """The tree of ``queues``; ``invalid`` names queues that exist but could not be read, and why.
+
+    An invalid queue is no part of the tree and neither is anything below
+    it: a child says its ancestor is unusable, not that its parent is missing.
+    """
     specs: dict[str, Queue] = {}
-    errors: dict[str, str] = {}
+    errors: dict[str, str] = dict(invalid or {})
     for q in queues:
         if q.name in specs:
             errors[q.name] = f"queue {q.name} is defined twice"
@@ -112,6 +117,9 @@ def build_tree(queues: Sequence[Queue]) -> QueueTree:
         seen = [name]
         cur = specs[name]
         while cur.parent is not None:
+            if cur.parent in errors and cur.parent not in specs:
+                errors[name] = f"queue {name}: ancestor {cur.parent} is unusable ({errors[cur.parent]})"
+                break
             if cur.parent not in specs:
                 errors[name] = f"queue {name}: parent queue {cur.parent} does not exist"
                 break

@@ -129,7 +129,7 @@ class Engine:
             raise _RebuildError("the state was built from irregular input")
         if snapshot.config != old.config:
             raise _RebuildError("the config changed")
-        if snapshot.queues != old.queues:
+        if snapshot.queues != old.queues or snapshot.invalid_queues != old.invalid_queues:
             raise _RebuildError("the queues changed")
         cluster = kept.cluster
         changed = self._changed_nodes(cluster, snapshot.nodes)

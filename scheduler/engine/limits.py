@@ -5,6 +5,11 @@ top level down, so a refusal names the queue and the limit that was hit.
 A resource a queue does not govern (quota and limit both unbounded, see
 ``model.UNGOVERNED``) passes both checks for that queue: a GPU-only queue
 admits non-preemptible pods whatever CPU and memory they ask for.
+
+A queue whose ``overQuotaWeight`` for a resource is 0 never borrows: its
+quota of that resource bounds it like a limit, for preemptible work too and
+however idle the cluster is (fair share already gives it nothing beyond
+quota; this keeps placement to the same rule).
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ def limit_problem(queue: QueueState, request: list[int], preemptible: bool) -> P
                     f"queue {q.name} has a {RESOURCE_NAMES[r]} limit of {format_amount(r, limit)}; "
                     f"it holds {format_amount(r, q.alloc[r])} and this needs {format_amount(r, request[r])} "
                     f"({format_amount(r, over)} over)",
+                )
+            quota = q.quota[r]
+            if request[r] and not q.borrows[r] and q.alloc[r] + request[r] > quota:
+                return PendingReason(
+                    UnschedulableReason.OVER_LIMIT,
+                    f"queue {q.name} never borrows {RESOURCE_NAMES[r]} (overQuotaWeight 0), so its quota of "
+                    f"{format_amount(r, quota)} is its limit; it holds {format_amount(r, q.alloc[r])} and this "
+                    f"needs {format_amount(r, request[r])}",
                 )
     if not preemptible:
         for q in queue.path:

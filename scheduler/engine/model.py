@@ -276,12 +276,20 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """What one session schedules from.
+
+    ``invalid_queues`` names, with what is wrong, the queues that exist but
+    could not be read (a quota no cluster holds): they are not in ``queues``,
+    and their jobs wait saying so rather than that the queue does not exist.
+    """
+
     nodes: tuple[Node, ...] = ()
     queues: tuple[Queue, ...] = ()
     jobs: tuple[Job, ...] = ()
     now: float = 0.0
     config: SchedulerConfig = SchedulerConfig()
     reservations: tuple[Reservation, ...] = ()
+    invalid_queues: tuple[tuple[str, str], ...] = ()
 
 
 # --------------------------------------------------------------------------

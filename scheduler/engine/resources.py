@@ -13,8 +13,10 @@ clear error string that the session puts on the job.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import NamedTuple
 
 from gpuwarden.contract import (
@@ -24,6 +26,10 @@ from gpuwarden.contract import (
     ANNOTATION_KAI_GPU_FRACTION,
     ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES,
     ANNOTATION_KAI_GPU_MEMORY,
+    GPU_FRACTION_DECIMALS,
+    MAX_GPU_FRACTION_NUM_DEVICES,
+    MAX_GPU_MEMORY_MIB,
+    MIN_GPU_FRACTION,
 )
 
 GPU = 0
@@ -87,6 +93,12 @@ class GpuRequest:
 
 NO_GPU = GpuRequest()
 
+# What the annotations may spell (see the bounds in gpuwarden.contract): plain
+# digits only, so that "1e-300", "nan", "0x10", "1_000", full-width digits or
+# thousands of digits never reach a float or an int.
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,24})?|\.[0-9]{1,24})")
+_WHOLE_TEXT = re.compile(r"[0-9]{1,12}")
+
 
 class _Annotation(NamedTuple):
     """One annotation as the pod spelt it: messages name the key the user wrote (ours or KAI's)."""
@@ -114,7 +126,7 @@ def parse_gpu_request(whole: int, annotations: Mapping[str, str]) -> GpuRequest 
     devices = _annotation(annotations, ANNOTATION_GPU_FRACTION_NUM_DEVICES, ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES)
     if fraction is None and memory is None:
         if devices is not None:
-            return f"annotation {devices.key}={devices.value!r} needs a GPU fraction or GPU memory annotation"
+            return f"annotation {devices.key}={_shown(devices.value)} needs a GPU fraction or GPU memory annotation"
         return GpuRequest(whole=whole) if whole else NO_GPU
     if whole:
         return "a pod asks for whole GPUs (nvidia.com/gpu) and a GPU slice at once; choose one"
@@ -122,28 +134,67 @@ def parse_gpu_request(whole: int, annotations: Mapping[str, str]) -> GpuRequest 
         return f"annotations {fraction.key} and {memory.key} both set; choose one"
     num = 1
     if devices is not None:
-        try:
-            num = int(devices.value)
-        except ValueError:
-            return f"annotation {devices.key}={devices.value!r} is not a whole number"
-        if num < 1:
-            return f"annotation {devices.key}={devices.value!r} must be at least 1"
+        text = devices.value.strip()
+        if not (text.isascii() and text.isdigit()):
+            return f"annotation {devices.key}={_shown(devices.value)} is not a whole number"
+        num = int(text) if len(text) <= 12 else MAX_GPU_FRACTION_NUM_DEVICES + 1
+        if not 1 <= num <= MAX_GPU_FRACTION_NUM_DEVICES:
+            return (
+                f"annotation {devices.key}={_shown(devices.value)} must be at least 1 "
+                f"and at most {MAX_GPU_FRACTION_NUM_DEVICES} (GPUs of one node)"
+            )
     if fraction is not None:
-        try:
-            value = float(fraction.value)
-        except ValueError:
-            return f"annotation {fraction.key}={fraction.value!r} is not a number"
-        if not 0.0 < value <= 1.0:
-            return f"annotation {fraction.key}={fraction.value!r} must be above 0 and at most 1"
-        return GpuRequest(fraction=value, devices=num)
+        return _fraction(fraction, num)
     assert memory is not None
-    try:
-        mib = int(memory.value)
-    except ValueError:
-        return f"annotation {memory.key}={memory.value!r} is not a whole number of MiB"
+    text = memory.value.strip()
+    if not _WHOLE_TEXT.fullmatch(text):
+        if text.startswith("-") and _WHOLE_TEXT.fullmatch(text[1:]):
+            return f"annotation {memory.key}={_shown(memory.value)} must be at least 1 MiB"
+        if not (text.isascii() and text.isdigit()):
+            return f"annotation {memory.key}={_shown(memory.value)} is not a whole number of MiB"
+    mib = int(text) if len(text) <= 12 else MAX_GPU_MEMORY_MIB + 1
     if mib < 1:
-        return f"annotation {memory.key}={memory.value!r} must be at least 1 MiB"
+        return f"annotation {memory.key}={_shown(memory.value)} must be at least 1 MiB"
+    if mib > MAX_GPU_MEMORY_MIB:
+        return (
+            f"annotation {memory.key}={_shown(memory.value)} is more than any GPU holds "
+            f"(at most {MAX_GPU_MEMORY_MIB} MiB)"
+        )
     return GpuRequest(memory_mib=mib, devices=num)
+
+
+def _fraction(fraction: _Annotation, devices: int) -> GpuRequest | str:
+    """A GPU fraction: a plain decimal above 0 and at most 1, in thousandths at the finest."""
+    text = fraction.value.strip()
+    shown = _shown(fraction.value)
+    if not _DECIMAL_TEXT.fullmatch(text):
+        if _looks_numeric(text):
+            return (
+                f"annotation {fraction.key}={shown} must be a plain decimal such as 0.25 "
+                f"(no exponent, at most {GPU_FRACTION_DECIMALS} decimal places)"
+            )
+        return f"annotation {fraction.key}={shown} is not a number"
+    exact = Decimal(text)
+    if not 0 < exact <= 1:
+        return f"annotation {fraction.key}={shown} must be above 0 and at most 1"
+    exponent = exact.normalize().as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > GPU_FRACTION_DECIMALS:
+        return (
+            f"annotation {fraction.key}={shown} has more than {GPU_FRACTION_DECIMALS} decimal places; "
+            f"the smallest slice is {MIN_GPU_FRACTION} of a GPU"
+        )
+    return GpuRequest(fraction=float(exact), devices=devices)
+
+
+def _shown(value: str) -> str:
+    """An annotation value as a message quotes it: 5,000 digits are not repeated back in full."""
+    return repr(value) if len(value) <= 40 else f"{value[:32]!r}... ({len(value)} characters)"
+
+
+def _looks_numeric(text: str) -> bool:
+    """A number written some other way (an exponent, too many digits), not a word."""
+    body = text.lstrip("+-")
+    return bool(body) and body[0] in "0123456789." and any(c.isdigit() for c in body)
 
 
 def format_amount(resource: int, value: int) -> str:

@@ -103,6 +103,9 @@ class QueueState:
     quota: list[int]
     limit: list[int]
     path: list[QueueState] = field(default_factory=list)  # top-level .. self
+    # Per resource, whether the queue may hold more than its quota: not where
+    # its overQuotaWeight is 0 ("never borrows", even from an idle cluster).
+    borrows: tuple[bool, bool, bool] = (True, True, True)
     alloc: list[int] = field(default_factory=lambda: [0, 0, 0])
     np_alloc: list[int] = field(default_factory=lambda: [0, 0, 0])
     share: list[int] = field(default_factory=lambda: [0, 0, 0])

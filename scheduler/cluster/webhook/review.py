@@ -45,10 +45,11 @@ SHARING_ANNOTATIONS = (
     contract.ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES,
 )
 ALLOWED = (
-    f"allowed: {contract.ANNOTATION_GPU_FRACTION} above 0 and at most 1, or {contract.ANNOTATION_GPU_MEMORY} "
-    f"in whole MiB (one of the two, and no {contract.RESOURCE_NVIDIA_GPU} limit with it), optionally "
-    f"{contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES} of at least 1 with either (KAI's gpu-fraction, "
-    "gpu-memory and gpu-fraction-num-devices are read the same way)"
+    f"allowed: {contract.ANNOTATION_GPU_FRACTION} above 0 and at most 1 with at most "
+    f"{contract.GPU_FRACTION_DECIMALS} decimal places, or {contract.ANNOTATION_GPU_MEMORY} in whole MiB up to "
+    f"{contract.MAX_GPU_MEMORY_MIB} (one of the two, and no {contract.RESOURCE_NVIDIA_GPU} limit with it), "
+    f"optionally {contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES} from 1 to {contract.MAX_GPU_FRACTION_NUM_DEVICES} "
+    "with either (KAI's gpu-fraction, gpu-memory and gpu-fraction-num-devices are read the same way)"
 )
 # Variables of the slice ConfigMap: a container setting one itself would escape its slice.
 _RESERVED_ENV = (

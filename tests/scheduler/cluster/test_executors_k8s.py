@@ -386,8 +386,9 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
             "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
             "requested": {"gpu": 4, "cpu": "16", "memory": "128Gi"},
         }
-        [backed] = queue_now["conditions"]
+        [backed, valid] = queue_now["conditions"]
         assert (backed["type"], backed["status"]) == ("QuotaNotBacked", "False")
+        assert (valid["type"], valid["status"], valid["reason"]) == ("Invalid", "False", "Valid")
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
         assert status["phase"] == "Pending"
         [condition] = status["conditions"]
@@ -467,7 +468,7 @@ def test_a_queue_short_of_backed_quota_shows_it_and_the_crd_accepts_it(
 
         status = _status(k8s, contract.QUEUE_PLURAL, queue)
         assert status["allocatedNonPreemptible"] == {"gpu": 2, "cpu": "1", "memory": "1Gi"}
-        [condition] = status["conditions"]
+        [condition, _valid] = status["conditions"]
         assert (condition["type"], condition["status"], condition["reason"]) == (
             contract.QueueConditionType.QUOTA_NOT_BACKED.value,
             "True",

@@ -137,7 +137,10 @@ def test_a_queue_in_several_pools_shows_the_sums() -> None:
         "allocated": {"gpu": 0.5, "cpu": "0", "memory": "0Mi"},
         "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
         "requested": {"gpu": 2, "cpu": "500m", "memory": "0Mi"},
-        "conditions": [{"type": "QuotaNotBacked", "status": "False", "reason": "QuotaBacked", "message": ""}],
+        "conditions": [
+            {"type": "QuotaNotBacked", "status": "False", "reason": "QuotaBacked", "message": ""},
+            {"type": "Invalid", "status": "False", "reason": "Valid", "message": ""},
+        ],
     }
 
 
@@ -203,7 +206,8 @@ def test_a_queue_whose_quota_is_not_backed_says_by_how_much_and_why() -> None:
             "reason": "HealthyCapacityBelowQuotas",
             "message": "2 of 8 GPUs of this queue's quota are not backed: "
             "the pool's healthy capacity (40 GPUs) is below the sum of quotas (48 GPUs)",
-        }
+        },
+        {"type": "Invalid", "status": "False", "reason": "Valid", "message": ""},
     ]
     child = queue_status([_short_share(1, parent="dept")])["conditions"][0]["message"]
     assert child.startswith("1 of 8 GPUs of this queue's quota is not backed: the backed part of parent queue dept")
@@ -238,3 +242,32 @@ def test_the_writer_keeps_the_quota_condition_time_while_its_status_holds() -> N
     assert cycle(3) == "True@2025-01-01T00:00:00Z"  # the shortfall moved, the condition did not flip
     t[0] += timedelta(minutes=1)
     assert cycle(0) == "False@2025-01-01T00:02:00Z"
+
+
+def test_an_invalid_queue_shows_why_and_its_condition_clears_with_its_own_time() -> None:
+    api = _Api()
+    t = [datetime(2025, 1, 1, tzinfo=UTC)]
+    writer = StatusWriter(api, clock=lambda: t[0], instance="test")  # type: ignore[arg-type]
+    problem = ("InvalidSpec", "queue team is invalid: spec.resources.gpu.quota: 1e+37 GPUs is beyond any cluster")
+
+    def conditions() -> dict[str, str]:
+        body = api.patches[-1][1]["status"]
+        return {c["type"]: f"{c['status']}/{c['reason']}@{c['lastTransitionTime']}" for c in body["conditions"]}
+
+    writer.write(Decisions(), queue_problems={"team": problem})
+    (name, body) = api.patches[-1]
+    assert name == "team" and body["status"]["fairShare"] is None
+    assert body["status"]["conditions"][0]["message"] == problem[1]
+    assert conditions() == {"Invalid": "True/InvalidSpec@2025-01-01T00:00:00Z"}
+    t[0] += timedelta(minutes=1)
+    sent = len(api.patches)
+    writer.write(Decisions(), queue_problems={"team": problem})
+    assert len(api.patches) == sent  # unchanged: nothing sent
+
+    # Fixed: the queue has a share again and the condition flips to False.
+    t[0] += timedelta(minutes=1)
+    writer.write(Decisions(queue_shares=(_short_share(0),)))
+    assert conditions() == {
+        "QuotaNotBacked": "False/QuotaBacked@2025-01-01T00:02:00Z",
+        "Invalid": "False/Valid@2025-01-01T00:02:00Z",
+    }

@@ -11,16 +11,20 @@ of the reservations it reads from the PodGroups.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from kubernetes import client
+from structlog.testing import capture_logs
 
 from gpuwarden import contract
 from gpuwarden.contract import Action, EvictionAction
+from gpuwarden.localcluster import ControlPlane
 from scheduler.cluster.assignment import decode_assignment
+from scheduler.engine.model import Reservation
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
 from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health, refusing_pdb
@@ -216,3 +220,50 @@ def test_room_reserved_for_a_derived_group_in_its_first_cycle_is_kept_on_its_new
     group = groups_by_pod(k8s, namespace)["big"]["metadata"]["name"]
     (entry,) = podgroup_status(k8s, namespace, group)["reservations"]
     assert entry["node"] == moved.eviction.node and len(entry["gpus"]) == 2
+
+
+def test_a_reservation_that_lapses_while_the_api_server_is_down_is_cleared_by_the_same_leader(
+    k8s: client.ApiClient,
+    control_plane: ControlPlane,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+) -> None:
+    """The watch is cut off by the outage, a write behind; the leader must not take its stale view for the truth.
+
+    The room is written for a group; the API server goes away before the
+    watch shows the write, and the job it was for goes too, so the next
+    cycle (on the view the watch last delivered) holds nothing for it and
+    its clearing write fails. Once the API server is back, the same cycle
+    object, on a fresh view, clears the room, and later cycles find nothing
+    lapsed.
+    """
+    nodes = set(cluster(1))
+    q = queue(8)
+    podgroup(k8s, namespace, "gone", q, 1)
+    cycle = new_cycle(k8s)
+    before = view(k8s, nodes)
+    room = Reservation(
+        f"{namespace}/gone", next(iter(nodes)), (0, 1), cpu_milli=1000, memory_mib=1024, expires=time.time() + 300
+    )
+    # What the cycle that freed the room wrote (a reclaim's: its victims are terminating).
+    cycle.reservations.write([room], before.podgroups)
+    assert podgroup_status(k8s, namespace, "gone")["reservations"]
+
+    control_plane.stop_apiserver()
+    try:
+        cycle.run(before)  # the watch's last view: the write not in it, and the group has no pods
+    finally:
+        control_plane.start_apiserver()
+    assert podgroup_status(k8s, namespace, "gone")["reservations"], "nothing could be written meanwhile"
+
+    def lapsed(logs: list[dict[str, Any]]) -> list[str]:
+        return [e["why"] for e in logs if e["event"] == "reservation_lapsed" and e["job"] == room.job]
+
+    with capture_logs() as logs:
+        cycle.run(view(k8s, nodes))
+    assert lapsed(logs) == ["the job is gone"]
+    assert not podgroup_status(k8s, namespace, "gone").get("reservations"), "the lapsed room is still held"
+    with capture_logs() as logs:
+        cycle.run(view(k8s, nodes))
+    assert lapsed(logs) == []

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.cluster.reservations import decode_entry, encode, reservations_from
+from gpuwarden.kube import ApiError
+from scheduler.cluster.reservations import STATUS_FIELD, ReservationWriter, decode_entry, encode, reservations_from
 from scheduler.engine.model import Reservation
 
 NOW = 1_764_600_000.0
@@ -79,3 +80,41 @@ def test_any_entry_reads_as_one_reservation_or_none_without_raising(entry: dict[
     found = reservations_from({("ns", "g"): {"status": {"reservations": [entry]}}})
     assert len(found) <= 1
     assert all(r.job == "ns/g" and r.node == entry["node"] for r in found)
+
+
+class _Api:
+    """Records status patches; ``down`` makes them fail as an unreachable API server does."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, Any]] = []
+        self.down = False
+
+    def patch_podgroup_status(self, namespace: str, name: str, patch: Any) -> Any:
+        if self.down:
+            raise ApiError("patch_podgroup_status", None, "ConnectionRefusedError")
+        self.patches.append((name, patch["status"][STATUS_FIELD]))
+        return {}
+
+
+def _group(reservations: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"metadata": {"name": "g", "namespace": "ns"}, "status": {STATUS_FIELD: reservations}}
+
+
+def test_a_watch_that_lags_never_makes_the_writer_keep_a_lapsed_reservation() -> None:
+    api = _Api()
+    writer = ReservationWriter(api)  # type: ignore[arg-type]
+    room = Reservation("ns/g", "n1", (0,), cpu_milli=1000, memory_mib=1024, expires=2_000_000_000)
+    before = _group(None)
+    # Written; the watch has not shown it (and, with the API down, will not for a while).
+    assert writer.write([room], {("ns", "g"): before}) == 1
+    assert writer.write([room], {("ns", "g"): before}) == 0, "sent already: not sent again"
+    # The room lapses while the view still holds the entry from before the write:
+    # the server holds the room, so the clear is sent, and sent again until it goes through.
+    api.down = True
+    assert writer.write([], {("ns", "g"): before}) == 0
+    api.down = False
+    shown = _group(encode([room]))  # the watch catches up with the first write
+    assert writer.write([], {("ns", "g"): shown}) == 1
+    assert api.patches[-1] == ("g", None)
+    # A newer entry that shows it cleared: nothing more to send.
+    assert writer.write([], {("ns", "g"): _group(None)}) == 0

@@ -257,6 +257,15 @@ BAD = [
         0,
         "is larger than the largest GPU in the cluster",
     ),
+    # Bounded by the contract whatever the cluster holds.
+    ({contract.ANNOTATION_GPU_FRACTION: "1e-300"}, 0, "must be a plain decimal such as 0.25"),
+    ({contract.ANNOTATION_GPU_FRACTION: "0." + "3" * 4998}, 0, "(5000 characters) must be a plain decimal"),
+    ({contract.ANNOTATION_GPU_MEMORY: "99999999999"}, 0, "is more than any GPU holds (at most 1048576 MiB)"),
+    (
+        {contract.ANNOTATION_GPU_MEMORY: "1024", contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES: "1000"},
+        0,
+        "must be at least 1 and at most 64",
+    ),
 ]
 
 

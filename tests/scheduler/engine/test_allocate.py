@@ -433,13 +433,53 @@ def test_extras_take_what_nobody_below_its_share_can_use() -> None:
 
 
 def test_extras_above_share_are_shared_between_queues() -> None:
-    # Both elastic jobs are past their share of 2; the 4 GPUs left go 2 and 2.
+    # c deserves 4 but its pods fit nowhere; a and b are past their share of
+    # 2 each, and the 4 GPUs c leaves unused go 2 and 2.
     snap = Snapshot(
         nodes=(node("n1", 8),),
-        queues=(queue("a", 2, weight=0), queue("b", 2, weight=0)),
+        queues=(queue("a", 2), queue("b", 2), queue("c", 4, weight=0)),
         jobs=(
             job("ea", "a", *[pending(f"ea-{i}", 1) for i in range(8)], min_member=1, created=1),
             job("eb", "b", *[pending(f"eb-{i}", 1) for i in range(8)], min_member=1, created=2),
+            *(
+                job(f"c{i}", "c", pending(f"c{i}-0", 1, node_selector={"rack": "none"}), created=3 + i)
+                for i in range(4)
+            ),
         ),
     )
-    assert _allocated_gpus(run_session(snap)) == {"a": 4, "b": 4}
+    d = run_session(snap)
+    assert {s.queue: s.fair_share.gpu / 1000 for s in d.queue_shares} == {"a": 2, "b": 2, "c": 4}
+    assert _allocated_gpus(d) == {"a": 4, "b": 4, "c": 0}
+
+
+def test_a_queue_that_never_borrows_stays_within_quota_on_an_idle_cluster() -> None:
+    # overQuotaWeight 0: no GPU beyond quota, however idle the cluster.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("none", 0, weight=0), queue("two", 2, weight=0)),
+        jobs=(
+            job("z", "none", pending("z-0", 1), created=1),
+            job("t", "two", *[pending(f"t-{i}", 1) for i in range(4)], min_member=1, created=2),
+            job("t2", "two", pending("t2-0", 1), created=3),
+        ),
+    )
+    d = run_session(snap)
+    assert _allocated_gpus(d) == {"none": 0, "two": 2}
+    assert pending_codes(d) == {"z": "OverLimit", "t": "OverLimit", "t2": "OverLimit"}
+    extras = next(p for p in d.pending if p.job == "default/t").reasons[0].message
+    assert extras.startswith("gang of 1 is running; 2 more pods wait: queue two never borrows gpu")
+    reason = next(p for p in d.pending if p.job == "default/z").reasons[0]
+    assert "queue none never borrows gpu (overQuotaWeight 0)" in reason.message
+    assert "quota of 0 GPUs is its limit" in reason.message
+
+
+def test_a_parent_that_never_borrows_bounds_its_children() -> None:
+    # The children borrow from each other, never beyond what the parent may hold.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("dept", 3, weight=0), queue("a", 1, parent="dept"), queue("b", 1, parent="dept")),
+        jobs=(job("ea", "a", *[pending(f"ea-{i}", 1) for i in range(8)], min_member=1, created=1),),
+    )
+    d = run_session(snap)
+    assert _allocated_gpus(d) == {"dept": 3, "a": 3, "b": 0}
+    assert "queue dept never borrows gpu" in next(p for p in d.pending if p.job == "default/ea").reasons[0].message

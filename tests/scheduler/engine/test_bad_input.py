@@ -126,3 +126,28 @@ def test_a_request_no_node_could_ever_hold_says_so_and_evicts_nothing(task: Task
     (status,) = d.pending
     assert [r.code for r in status.reasons] == [UnschedulableReason.NO_ELIGIBLE_NODES]
     assert fragment in status.reasons[0].message
+
+
+def test_jobs_of_a_queue_that_could_not_be_read_say_so_not_that_it_does_not_exist() -> None:
+    why = "queue broken is invalid: spec.resources.gpu.quota: 1e+37 GPUs is beyond any cluster"
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("fine", 2), queue("child", 1, parent="broken")),
+        jobs=(
+            job("a", "broken", pending("a-0", 1)),
+            job("b", "child", pending("b-0", 1)),
+            job("c", "nowhere", pending("c-0", 1)),
+            job("d", "fine", pending("d-0", 1)),
+        ),
+        invalid_queues=(("broken", why),),
+    )
+    d = run_session(snap)
+    assert set(binds_by_job(d)) == {"d"}
+    reasons = {p.job.split("/")[1]: p.reasons[0] for p in d.pending}
+    assert (reasons["a"].code, reasons["a"].message) == (UnschedulableReason.INVALID_QUEUE, why)
+    assert reasons["b"].code is UnschedulableReason.UNKNOWN_QUEUE
+    assert reasons["b"].message == f"queue child: ancestor broken is unusable ({why})"
+    assert (reasons["c"].code, reasons["c"].message) == (
+        UnschedulableReason.UNKNOWN_QUEUE,
+        "queue nowhere does not exist",
+    )

@@ -95,7 +95,9 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         # CPU and memory quotas too, often ungoverned (every pod asks for
         # CPU) and sometimes small, so that "non-preemptible work within
         # quota" is exercised on every resource and not on GPUs alone.
-        cpu = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 2000, 16000])), UNLIMITED, 1.0)
+        cpu = QueueResource(
+            draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 2000, 16000])), UNLIMITED, draw(st.sampled_from([0.0, 1.0]))
+        )
         memory = QueueResource(draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 4096])), UNLIMITED, 1.0)
         queues.append(
             Queue(f"q{i}", parent=parent, priority=draw(st.sampled_from([0, 1])), gpu=gpu, cpu=cpu, memory=memory)
@@ -200,6 +202,22 @@ def _check(snapshot: Snapshot) -> None:
         if limit != UNLIMITED:
             assert share.allocated.gpu <= limit
     _check_non_preemptible_within_quota(snapshot, decisions)
+    _check_never_borrowing_within_quota(snapshot, decisions)
+
+
+def _check_never_borrowing_within_quota(snapshot: Snapshot, decisions: Decisions) -> None:
+    """A queue with overQuotaWeight 0 for a resource ends no session over its
+    quota of it (unless it already was when the session began), however idle
+    the rest of the cluster."""
+    spec = {q.name: q for q in snapshot.queues}
+    start = {q.name: list(q.alloc) for q in build_cluster(snapshot).queues.values()}
+    for share in decisions.queue_shares:
+        if share.queue not in spec:
+            continue
+        held = (share.allocated.gpu, share.allocated.cpu, share.allocated.memory)
+        for r, resource in enumerate(spec[share.queue].resources):
+            if resource.over_quota_weight == 0 and resource.quota != UNLIMITED:
+                assert held[r] <= max(resource.quota, start[share.queue][r]), f"{share.queue} borrowed"
 
 
 def _non_preemptible_usage(snapshot: Snapshot, decisions: Decisions, *, after: bool) -> dict[str, list[int]]:
@@ -315,6 +333,7 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
             assert preemptible[e.job], f"{e.action} evicted non-preemptible {e.job}"
             assert e.beneficiary, "an eviction to make room names who it is for"
     _check_non_preemptible_within_quota(second, decisions)
+    _check_never_borrowing_within_quota(second, decisions)
     # A gang evicted for any reason but health is evicted whole.
     for key in evicted_jobs:
         job = next(j for j in second.jobs if j.key == key)

@@ -35,6 +35,15 @@ from scheduler.engine.resources import GpuRequest, format_amount, parse_gpu_requ
         # gpuwarden's spelling wins over KAI's.
         (0, {ANNOTATION_GPU_FRACTION: "0.5", ANNOTATION_KAI_GPU_FRACTION: "0.1"}, GpuRequest(fraction=0.5)),
         (1, {"unrelated": "x"}, GpuRequest(whole=1)),
+        # The bounds themselves are allowed.
+        (0, {ANNOTATION_GPU_FRACTION: "0.001"}, GpuRequest(fraction=0.001)),
+        (0, {ANNOTATION_GPU_FRACTION: " .5 "}, GpuRequest(fraction=0.5)),
+        (0, {ANNOTATION_GPU_FRACTION: "1.000"}, GpuRequest(fraction=1.0)),
+        (
+            0,
+            {ANNOTATION_GPU_MEMORY: "1048576", ANNOTATION_GPU_FRACTION_NUM_DEVICES: "64"},
+            GpuRequest(memory_mib=1048576, devices=64),
+        ),
     ],
 )
 def test_valid_requests(whole: int, annotations: dict[str, str], expected: GpuRequest) -> None:
@@ -55,6 +64,18 @@ def test_valid_requests(whole: int, annotations: dict[str, str], expected: GpuRe
         (0, {ANNOTATION_GPU_FRACTION: "0.5", ANNOTATION_GPU_FRACTION_NUM_DEVICES: "0"}, "at least 1"),
         (0, {ANNOTATION_GPU_FRACTION: "0.5", ANNOTATION_GPU_FRACTION_NUM_DEVICES: "two"}, "not a whole number"),
         (-1, {}, "negative"),
+        # Bounded in spelling and size: what a float or an int would take but no GPU means.
+        (0, {ANNOTATION_GPU_FRACTION: "1e-300"}, "must be a plain decimal such as 0.25"),
+        (0, {ANNOTATION_GPU_FRACTION: "0." + "0" * 4997 + "1"}, "(5000 characters) must be a plain decimal"),
+        (0, {ANNOTATION_GPU_FRACTION: "0.0005"}, "more than 3 decimal places; the smallest slice is 0.001"),
+        (0, {ANNOTATION_GPU_FRACTION: "nan"}, "is not a number"),
+        (0, {ANNOTATION_GPU_FRACTION: "0.2_5"}, "must be a plain decimal"),
+        (0, {ANNOTATION_GPU_MEMORY: "99999999999"}, "is more than any GPU holds (at most 1048576 MiB)"),
+        (0, {ANNOTATION_GPU_MEMORY: "9" * 5000}, "(5000 characters) is more than any GPU holds"),
+        (0, {ANNOTATION_GPU_MEMORY: "5_000"}, "not a whole number of MiB"),
+        (0, {ANNOTATION_GPU_MEMORY: "1e3"}, "not a whole number of MiB"),
+        (0, {ANNOTATION_GPU_MEMORY: "1024", ANNOTATION_GPU_FRACTION_NUM_DEVICES: "65"}, "at most 64"),
+        (0, {ANNOTATION_GPU_MEMORY: "1024", ANNOTATION_GPU_FRACTION_NUM_DEVICES: "9" * 5000}, "at most 64"),
     ],
 )
 def test_invalid_requests_say_why(whole: int, annotations: dict[str, str], fragment: str) -> None:
