@@ -70,6 +70,23 @@ def has_sharing_annotation(annotations: object) -> bool:
     return isinstance(annotations, Mapping) and any(k in annotations for k in SHARING_ANNOTATIONS)
 
 
+def _cel_list(keys: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{k}'" for k in keys) + "]"
+
+
+def sharing_changed_expression(keys: Sequence[str] = SHARING_ANNOTATIONS) -> str:
+    """The CEL list of sharing annotations an update sets, removes or changes: the shipped policy's rule.
+
+    ``variables.old`` and ``variables.new`` are the pod's annotations before
+    and after (an empty map when it has none); the update is allowed when
+    the list is empty (manifests/scheduler/gpu-sharing-policy.yaml).
+    """
+    return (
+        f"{_cel_list(keys)}.filter(k, (k in variables.new) != (k in variables.old) "
+        "|| ((k in variables.new) && variables.new[k] != variables.old[k]))"
+    )
+
+
 def reserved(name: object) -> bool:
     """Whether ``name`` is a variable the slice ConfigMap sets (its per-device forms included)."""
     return isinstance(name, str) and any(name == v or name.startswith(f"{v}_") for v in RESERVED_ENV)

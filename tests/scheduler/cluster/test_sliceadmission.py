@@ -9,13 +9,20 @@ are in test_webhook_k8s.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuwarden import contract
 from scheduler.cluster.convert import GroupInfo, snapshot_from, task_from_pod
-from scheduler.cluster.sliceadmission import SliceAdmission, missing_injection
+from scheduler.cluster.sliceadmission import (
+    SHARING_ANNOTATIONS,
+    SliceAdmission,
+    missing_injection,
+    sharing_changed_expression,
+)
 from scheduler.cluster.sliceconfig import config_map_name
 from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.webhook.review import review_pod
@@ -171,3 +178,20 @@ def test_the_engine_never_places_a_refused_slice_pod_and_says_why_on_its_group()
     # The same snapshot without the check binds both: the check is what keeps the bare pod off.
     unchecked = snapshot_from({"n1": node}, {}, [bare, ok], [queue], groups, 0.0, SchedulerConfig())
     assert sorted(b.pod for b in run_session(unchecked).binds) == ["bare", "ok"]
+
+
+def test_the_shipped_update_policy_names_every_sharing_annotation_and_the_webhook_stays_create_only() -> None:
+    manifests = Path(__file__).resolve().parents[3] / "manifests" / "scheduler"
+    docs = [d for d in yaml.safe_load_all((manifests / "gpu-sharing-policy.yaml").read_text()) if d]
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["changed"] == sharing_changed_expression()
+    assert all(f"'{key}'" in variables["changed"] for key in SHARING_ANNOTATIONS)
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["UPDATE"] and rule["resources"] == ["pods"]
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] and "matchResources" not in binding["spec"]
+    kustomization = yaml.safe_load((manifests / "kustomization.yaml").read_text())
+    assert "gpu-sharing-policy.yaml" in kustomization["resources"]
+    webhook = next(d for d in yaml.safe_load_all((manifests / "webhook.yaml").read_text()) if d and "webhooks" in d)
+    assert [r["operations"] for r in webhook["webhooks"][0]["rules"]] == [["CREATE"]]
