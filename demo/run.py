@@ -2,9 +2,10 @@
 
 In order: the local control plane (with the Job controller), the manifests'
 objects that make sense without a kubelet (namespace, CRDs, RBAC, admission
-policies, config; not the DaemonSet, Deployment or Services), the queue
-tree, the simulated nodes with their agents, the scheduler with remediation
-(watch cache, leader election, cycle, remediation controller: the
+policies, config; not the DaemonSet, Deployment or Services), the admission
+webhook for GPU slices (served in this process), the queue tree, the
+simulated nodes with their agents, the scheduler with remediation (watch
+cache, leader election, cycle, remediation controller: the
 :class:`~scheduler.cluster.runner.SchedulerRunner` the Deployment runs), the
 stand-in kubelet and training operator, the workload, the fault schedule and
 the people. Then the live view until ``--duration`` or Ctrl-C, the summary,
@@ -31,6 +32,7 @@ import yaml
 from kubernetes import client
 
 from agent.sim.scenario import load_scenario as load_node_scenario
+from demo.admission import DemoWebhook
 from demo.faults import FaultSchedule, People
 from demo.kubelet import LABEL_PART_OF, PART_OF, StandInKubelet
 from demo.nodes import SimulatedNode
@@ -63,7 +65,8 @@ DEMO_MANIFESTS = Path(__file__).resolve().parent / "manifests"
 # What a cluster runs as pods, which the local cluster cannot: no kubelet.
 # The admission webhook is served by the scheduler pod's second container and
 # reached through its Service: neither runs here, and with its failurePolicy
-# Fail the configuration alone would refuse every GPU slice pod.
+# Fail the configuration alone would refuse every GPU slice pod. The demo
+# serves the webhook itself and registers its configuration (demo/admission.py).
 _NEEDS_KUBELET = frozenset({"DaemonSet", "Deployment", "Service", "MutatingWebhookConfiguration"})
 READY_TIMEOUT_S = 120.0
 
@@ -169,6 +172,10 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
         core.create_namespace(
             client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels={LABEL_PART_OF: PART_OF}))
         )
+    # The admission webhook for GPU slices, in this process (demo/admission.py).
+    webhook = DemoWebhook(api)
+    stack.callback(webhook.stop)
+    webhook.start(probe_namespace=workload.namespaces[0])
     custom = client.CustomObjectsApi(api)
     for queue in queue_objects(sc.queues, pool_gpus):
         custom.create_cluster_custom_object(

@@ -189,6 +189,10 @@ ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_CUDA_DEVICE_MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
 ENV_CUDA_DEVICE_SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
 ENV_GPU_FRACTION: Final = "GPUWARDEN_GPU_FRACTION"
+# The runtime class that preloads HAMi-core: the webhook sets it on slice
+# pods that name none, and the scheduler places no slice pod without one
+# (both take it from their --runtime-class flag, this by default).
+SLICE_RUNTIME_CLASS: Final = "nvidia"
 # The scheduler's admission webhook: its configuration, Service and certificate Secret.
 WEBHOOK_COMPONENT: Final = "gpuwarden-webhook"
 
@@ -266,6 +270,9 @@ class UnschedulableReason(StrEnum):
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     NO_ELIGIBLE_NODES = "NoEligibleNodes"
     GANG_INCOMPLETE = "GangIncomplete"
+    # A GPU slice pod without what the admission webhook injects (its slice
+    # ConfigMap's envFrom, the runtime class): bound, it would see whole GPUs.
+    SLICE_NOT_ADMITTED = "SliceNotAdmitted"
 
 
 # --------------------------------------------------------------------------

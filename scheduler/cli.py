@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import yaml
 
 from gpuwarden import serving
-from gpuwarden.contract import SCHEDULER_COMPONENT
+from gpuwarden.contract import SCHEDULER_COMPONENT, SLICE_RUNTIME_CLASS
 from gpuwarden.flags import add_flag, number, port_number, positive_int, seconds
 from gpuwarden.logconfig import get_logger
 from gpuwarden.yamlfile import load_yaml
@@ -81,6 +81,14 @@ def register(sub: Any) -> None:
         default="none",
         help="CUDA_DEVICE_SM_LIMIT of a GPU slice: none (memory is capped, compute time-sliced) or "
         "proportional (the SM share follows the memory share)",
+    )
+    add_flag(
+        connected,
+        "--runtime-class",
+        default=SLICE_RUNTIME_CLASS,
+        help="the runtime class the admission webhook sets on GPU slice pods (its --runtime-class): a slice "
+        "pod without a runtimeClassName, or without its slice ConfigMap's envFrom, is not placed; empty: the "
+        "webhook sets none",
     )
     add_flag(
         connected,
@@ -318,6 +326,7 @@ def run_connected(args: argparse.Namespace) -> int:
         bind_workers=args.bind_workers,
         bookkeeping_defer_s=args.bookkeeping_defer,
         slice_compute=SliceCompute(args.slice_compute),
+        slice_runtime_class=args.runtime_class or None,
         evictions_per_s=args.evictions_per_second,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_address,

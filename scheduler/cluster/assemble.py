@@ -51,6 +51,7 @@ from scheduler.cluster.convert import (
     warn,
     with_external_queues,
 )
+from scheduler.cluster.sliceadmission import SliceAdmission
 from scheduler.engine.model import Job, Node, Queue, SchedulerConfig, Snapshot, Task
 
 # What a pod is to the snapshot, whatever the groups are this cycle.
@@ -76,9 +77,9 @@ class _PodFacts:
     task: Task | None = None
     external: Task | None = None
 
-    def our_task(self) -> Task:
+    def our_task(self, admission: SliceAdmission | None) -> Task:
         if self.task is None:
-            self.task = task_from_pod(self.obj)
+            self.task = task_from_pod(self.obj, admission)
         return self.task
 
     def foreign_task(self) -> Task:
@@ -210,7 +211,9 @@ class SnapshotAssembler:
     Not thread-safe: the loop that runs the cycles owns it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, admission: SliceAdmission | None = None) -> None:
+        # As for snapshot_from: what a pending slice pod must carry to be placed.
+        self._admission = admission
         self._nodes: dict[str, _NodeMemo] = {}
         self._pods: dict[str, _PodFacts] = {}
         self._jobs: dict[tuple[str, str], _JobMemo] = {}
@@ -355,7 +358,7 @@ class SnapshotAssembler:
             else:
                 warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
             return
-        task = facts.task or facts.our_task()
+        task = facts.task or facts.our_task(self._admission)
         place.member = gkey
         members = state.members.get(gkey)
         if members is None:
@@ -414,7 +417,7 @@ class SnapshotAssembler:
         stamp: str | None = None
         tasks: list[Task] = []
         for facts in ordered:
-            tasks.append(facts.task or facts.our_task())
+            tasks.append(facts.task or facts.our_task(self._admission))
             created = facts.created
             if created is not None and (stamp is None or created < stamp):
                 stamp = created

@@ -76,6 +76,7 @@ from scheduler.cluster.quantity import (
     mib_ceil,
     mib_floor,
 )
+from scheduler.cluster.sliceadmission import SliceAdmission, has_sharing_annotation
 from scheduler.engine.health import judge
 from scheduler.engine.model import (
     NON_PREEMPTIBLE_PRIORITY,
@@ -94,6 +95,7 @@ from scheduler.engine.model import (
     TaskStatus,
     Toleration,
 )
+from scheduler.engine.resources import parse_gpu_request
 
 warn = WarnOnce(__name__)
 
@@ -550,7 +552,21 @@ def _tolerations(raw: object, ident: str) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
-def _task(pod: Mapping[str, Any], external: bool) -> Task:
+def _refusal(pod: Mapping[str, Any], gpus: int, annotations: Mapping[str, str], admission: SliceAdmission) -> str:
+    """Why a pending GPU slice pod must not be placed (:mod:`.sliceadmission`); "" for any other pod.
+
+    A malformed request is left to the engine, which explains it the same
+    way for every pod; only a well-formed slice is checked here.
+    """
+    if not has_sharing_annotation(annotations):
+        return ""
+    request = parse_gpu_request(gpus, annotations)
+    if isinstance(request, str) or not request.is_slice:
+        return ""
+    return admission.refusal(pod) or ""
+
+
+def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | None = None) -> Task:
     meta = _dict(pod.get("metadata"), "metadata", "pod")
     name = _str(meta.get("name"))
     namespace = _str(meta.get("namespace")) or "default"
@@ -589,6 +605,9 @@ def _task(pod: Mapping[str, Any], external: bool) -> Task:
                 warn.warning("gpu assignment unreadable", (ident, text), pod=ident, value=text[:200])
             else:
                 indices = decoded
+    refusal = ""
+    if admission is not None and status is TaskStatus.PENDING:
+        refusal = _refusal(pod, gpus, annotations, admission)
     selector = spec.get("nodeSelector")
     tolerations = spec.get("tolerations")
     return Task(
@@ -604,6 +623,7 @@ def _task(pod: Mapping[str, Any], external: bool) -> Task:
         tolerations=_tolerations(tolerations, ident) if tolerations else (),
         node=node,
         gpu_indices=indices,
+        refusal=refusal,
     )
 
 
@@ -612,7 +632,7 @@ def task_order(task: Task) -> tuple[str, str, str]:
     return (task.namespace, task.name, task.uid)
 
 
-def task_from_pod(pod: Mapping[str, Any]) -> Task:
+def task_from_pod(pod: Mapping[str, Any], admission: SliceAdmission | None = None) -> Task:
     """A pod as the engine sees it.
 
     Status: ``RELEASING`` once a deletion timestamp is set (it holds its
@@ -621,9 +641,12 @@ def task_from_pod(pod: Mapping[str, Any]) -> Task:
     ``PENDING``. Held GPUs come from the assignment annotation
     (:mod:`scheduler.cluster.assignment`). Whether a pod belongs in the
     snapshot at all (finished, gated, another scheduler's) is
-    :func:`snapshot_from`'s business.
+    :func:`snapshot_from`'s business. With ``admission``, a pending GPU
+    slice pod that lacks what the admission webhook injects carries why in
+    ``refusal`` (the scheduler's cycle passes it; the webhook, which is
+    about to inject it, does not).
     """
-    return _task(pod, external=False)
+    return _task(pod, external=False, admission=admission)
 
 
 def external_task_from_pod(pod: Mapping[str, Any]) -> Task:
@@ -748,6 +771,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     config: SchedulerConfig,
     *,
     pod_groups: Mapping[str, str] | None = None,
+    admission: SliceAdmission | None = None,
 ) -> Snapshot:
     """The engine's Snapshot from the watch cache's raw objects.
 
@@ -762,7 +786,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     deleted or are held by scheduling gates, and pending pods whose group is
     not known yet (the next cycle has it). A bound pod of ours without a
     known group still holds its resources, as other schedulers' pods do (see
-    the module docstring).
+    the module docstring). ``admission`` is as for :func:`task_from_pod`.
     """
     engine_nodes = {name: keyed_node(name, obj, gpunodes.get(name)) for name, obj in nodes.items()}
 
@@ -809,7 +833,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
             else:
                 warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
             continue
-        task = _task(pod, external=False)
+        task = _task(pod, external=False, admission=admission)
         members.setdefault(key, []).append(task)
         if task.gpu_indices and task.node is not None:
             held.setdefault(task.node, set()).update(task.gpu_indices)

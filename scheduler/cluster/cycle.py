@@ -8,7 +8,10 @@ The order is the one that keeps the cluster consistent when a step fails:
    so that ``kubectl get podgroups`` and the status writer have an object.
    Scheduling needs only the derived spec, so the creates go out after the
    binds, many at once: 4,000 new bare pods do not wait on 4,000 creates.
-3. Build the engine's Snapshot (:mod:`.convert`) and run one session.
+3. Build the engine's Snapshot (:mod:`.convert`) and run one session. A
+   pending GPU slice pod that lacks what the admission webhook injects is
+   given to the engine as refused (:mod:`.sliceadmission`): never placed,
+   its group pending with the reason, the pod with an Event.
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
    double-booked.
@@ -49,6 +52,7 @@ from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
 from scheduler.cluster.queues import podgroup_spec, queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
+from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
 from scheduler.cluster.ungrouped import (
     REASON_POD_GROUP_INVALID,
@@ -60,7 +64,16 @@ from scheduler.cluster.ungrouped import (
 )
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
-from scheduler.engine.model import Decisions, Job, Queue, Reservation, SchedulerConfig, Snapshot, TaskStatus
+from scheduler.engine.model import (
+    Decisions,
+    Job,
+    JobStatus,
+    Queue,
+    Reservation,
+    SchedulerConfig,
+    Snapshot,
+    TaskStatus,
+)
 from scheduler.engine.session import run_session
 
 log = get_logger(__name__)
@@ -81,6 +94,10 @@ warn = WarnOnce(__name__)
 MAX_QUEUED_WRITES = 4
 
 JSON = dict[str, Any]
+
+# A slice pod must carry what the webhook injects (its runtime class at the default).
+DEFAULT_SLICE_ADMISSION = SliceAdmission()
+_SLICE_NOT_ADMITTED = contract.UnschedulableReason.SLICE_NOT_ADMITTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +233,12 @@ class SchedulingCycle:
         writes_in_background: bool = False,
         bookkeeping_max_defer_s: float = 0.0,
         bookkeeping_quiet_s: float = BOOKKEEPING_QUIET_S,
+        slice_admission: SliceAdmission | None = DEFAULT_SLICE_ADMISSION,
     ) -> None:
         self._api = api
+        # What a pending GPU slice pod must carry to be placed (None: not checked).
+        self._admission = slice_admission
+        self.refusals = RefusalEvents(api)
         self._config = config or SchedulerConfig()
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
@@ -235,7 +256,7 @@ class SchedulingCycle:
         self._incremental = incremental
         self._groupings: dict[str, _Grouping] = {}
         self._podgroups: dict[tuple[str, str], tuple[Mapping[str, Any], GroupInfo | None]] = {}
-        self._snapshots = SnapshotAssembler()
+        self._snapshots = SnapshotAssembler(slice_admission)
         # The engine's working state kept from session to session (undone
         # and updated by the jobs and nodes that changed) when incremental.
         self._engine = Engine() if incremental else None
@@ -427,6 +448,12 @@ class SchedulingCycle:
             else:
                 specs.append(self._deferred_groups.pop(key))
         return specs
+
+    def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
+        """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""
+        refused = {p.job for p in pending if any(r.code is _SLICE_NOT_ADMITTED for r in p.reasons)}
+        tasks = [t for job in snapshot.jobs if job.key in refused for t in job.tasks] if refused else []
+        self.refusals.explain(tasks)
 
     def _after_binds(
         self, specs: list[GroupSpec], decisions: Decisions, gang_met: list[str], status_args: Mapping[str, Any]
@@ -770,7 +797,15 @@ class SchedulingCycle:
             groups, by_uid, _ = self._group_pods(view)
             self._view_groups = groups
             snapshot = snapshot_from(
-                view.nodes, view.gpunodes, view.pods.values(), queues, groups, now, self._config, pod_groups=by_uid
+                view.nodes,
+                view.gpunodes,
+                view.pods.values(),
+                queues,
+                groups,
+                now,
+                self._config,
+                pod_groups=by_uid,
+                admission=self._admission,
             )
             reservations = reservations_from(view.podgroups)
         return replace(
@@ -819,6 +854,7 @@ class SchedulingCycle:
         ]
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
+        self._explain_refused(snapshot, pending)
         written = replace(decisions, queue_shares=shares, pending=pending)
         status_args: dict[str, Any] = {
             "blocked": refusals(evicted),

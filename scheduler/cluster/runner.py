@@ -41,6 +41,7 @@ from scheduler.cluster.evict import Evictor, refused_pods
 from scheduler.cluster.fence import LeaseFence, LeaseLostError
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
+from scheduler.cluster.sliceadmission import DEFAULT_RUNTIME_CLASS, SliceAdmission
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import RemediationController
@@ -191,6 +192,8 @@ class RunnerSettings:
     bookkeeping_defer_s: float = BOOKKEEPING_MAX_DEFER_S
     # Whether a GPU slice's ConfigMap also caps its share of the SMs (sliceconfig).
     slice_compute: SliceCompute = SliceCompute.NONE
+    # The runtime class the webhook gives slice pods (its --runtime-class); None: it gives none.
+    slice_runtime_class: str | None = DEFAULT_RUNTIME_CLASS
     evictions_per_s: float = 10.0
     sync_timeout_s: float = 120.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -286,6 +289,7 @@ class SchedulerRunner:
             evictor=evictor,
             writes_in_background=True,
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
+            slice_admission=SliceAdmission(settings.slice_runtime_class),
         )
         # Remediation shares the cycle's evictor: one eviction rate for the process.
         self.remediation = (

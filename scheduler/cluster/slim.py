@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from gpuwarden.kube import JSON
+from scheduler.cluster.sliceadmission import kept_env
 
 # Written by kubectl apply: a copy of the whole object, read by nobody here.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -47,7 +48,9 @@ _POD_STATUS = ("phase", "nominatedNodeName", "startTime", "qosClass")
 # running pod's size.
 _POD_CONDITIONS = frozenset({"PodScheduled", "DisruptionTarget"})
 _CONDITION = ("type", "status", "reason")
-_CONTAINER = ("name", "resources", "restartPolicy")
+# envFrom, and of env only the slice's own variables: whether a GPU slice
+# pod carries what the admission webhook gives it (.sliceadmission).
+_CONTAINER = ("name", "resources", "restartPolicy", "envFrom")
 
 _NODE_META = ("name", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp")
 _NODE_SPEC = ("unschedulable", "taints", "providerID")
@@ -108,14 +111,27 @@ def _meta(raw: JSON, keys: tuple[str, ...]) -> JSON:
     return meta
 
 
+def _container(raw: JSON) -> JSON:
+    container = _pick(raw, _CONTAINER)
+    env = kept_env(raw.get("env"))
+    if env:
+        container["env"] = env
+    return container
+
+
 def slim_pod(raw: JSON) -> JSON:
-    """A pod with its identity, owner, requests, constraints and phase; no container specs or statuses."""
+    """A pod with its identity, owner, requests, constraints and phase; no container specs or statuses.
+
+    Of each container what scheduling reads: its name, requests, restart
+    policy (sidecars), ``envFrom`` and the entries of ``env`` that would
+    override a GPU slice's variables (:func:`~scheduler.cluster.sliceadmission.kept_env`).
+    """
     spec = raw.get("spec") or {}
     slim_spec = _pick(spec, _POD_SPEC)
-    slim_spec["containers"] = [_pick(c, _CONTAINER) for c in spec.get("containers") or ()]
+    slim_spec["containers"] = [_container(c) for c in spec.get("containers") or ()]
     init = spec.get("initContainers")
     if init:
-        slim_spec["initContainers"] = [_pick(c, _CONTAINER) for c in init]
+        slim_spec["initContainers"] = [_container(c) for c in init]
     status = raw.get("status") or {}
     slim_status = _pick(status, _POD_STATUS)
     conditions = [_pick(c, _CONDITION) for c in status.get("conditions") or () if c.get("type") in _POD_CONDITIONS]

@@ -301,6 +301,10 @@ class JobBuilder:
             if status is PENDING:
                 task.shape = shape_of(task)
                 has_pending = True
+                if tspec.refusal and job.error is None:
+                    job.error = PendingReason(
+                        UnschedulableReason.SLICE_NOT_ADMITTED, f"pod {tspec.name} is not placed: {tspec.refusal}"
+                    )
                 if never is not None and job.error is None:
                     job.error = PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"pod {tspec.name} {never}")
             else:

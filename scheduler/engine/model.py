@@ -185,7 +185,9 @@ class Task:
     slice comes from the pod's annotations (fraction or MiB, optionally on N
     devices), parsed by the engine so that a malformed value becomes a reason
     on the job instead of a crash. Running pods carry their node and the GPU
-    indices they hold.
+    indices they hold. ``refusal``, when set, is why the Kubernetes side
+    says the pod must not be placed at all (a GPU slice pod that would not
+    obey its slice on the node): its job stays pending with that reason.
     """
 
     name: str
@@ -200,6 +202,7 @@ class Task:
     tolerations: tuple[Toleration, ...] = ()
     node: str | None = None
     gpu_indices: tuple[int, ...] = ()
+    refusal: str = ""
 
 
 @dataclass(frozen=True, slots=True)

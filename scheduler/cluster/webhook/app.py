@@ -32,7 +32,7 @@ class WebhookSettings:
     host: str = "0.0.0.0"
     port: int = 9443
     # Set on slice pods that name none; None or "" sets nothing.
-    runtime_class: str | None = "nvidia"
+    runtime_class: str | None = contract.SLICE_RUNTIME_CLASS
     cert_file: str | None = None
     key_file: str | None = None
     certs: CertSettings | None = None

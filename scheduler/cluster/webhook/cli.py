@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from gpuwarden.contract import WEBHOOK_COMPONENT
+from gpuwarden.contract import SLICE_RUNTIME_CLASS, WEBHOOK_COMPONENT
 from gpuwarden.flags import FlagError, add_flag, port_number, seconds
 
 
@@ -31,8 +31,9 @@ def register(sub: Any) -> None:
     add_flag(
         parser,
         "--runtime-class",
-        default="nvidia",
-        help="runtimeClassName set on slice pods that name none (the runtime that preloads HAMi-core); empty sets none",
+        default=SLICE_RUNTIME_CLASS,
+        help="runtimeClassName set on slice pods that name none (the runtime that preloads HAMi-core); empty sets "
+        "none; give the scheduler the same",
     )
     add_flag(
         parser,

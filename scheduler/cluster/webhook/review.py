@@ -10,7 +10,9 @@ the largest GPU there is can never be placed; and what would defeat the
 slice: a container that sets the variables the slice's ConfigMap carries
 (``env`` wins over ``envFrom``).
 
-The mutation, for a slice pod only: every container and init container gets
+The mutation, for a slice pod only, is what :mod:`scheduler.cluster.sliceadmission`
+says such a pod lacks (the scheduler refuses to place one that lacks any of
+it, from the same definition): every container and init container gets
 ``envFrom`` the pod's slice ConfigMap (``optional: false``: the kubelet does
 not start a container before the ConfigMap exists, that is, before the
 scheduler placed it), and the pod gets the configured runtime class unless
@@ -32,30 +34,20 @@ from typing import Any
 from gpuwarden import contract
 from gpuwarden.kube import JSON
 from scheduler.cluster.convert import task_from_pod
-from scheduler.cluster.sliceconfig import config_map_name
+from scheduler.cluster.sliceadmission import (
+    SHARING_ANNOTATIONS,
+    escaping_container,
+    has_sharing_annotation,
+    missing_injection,
+)
 from scheduler.engine.resources import GpuRequest, parse_gpu_request
 
-# The annotations that make a pod a GPU-sharing pod, ours and KAI's.
-SHARING_ANNOTATIONS = (
-    contract.ANNOTATION_GPU_FRACTION,
-    contract.ANNOTATION_GPU_MEMORY,
-    contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES,
-    contract.ANNOTATION_KAI_GPU_FRACTION,
-    contract.ANNOTATION_KAI_GPU_MEMORY,
-    contract.ANNOTATION_KAI_GPU_FRACTION_NUM_DEVICES,
-)
 ALLOWED = (
     f"allowed: {contract.ANNOTATION_GPU_FRACTION} above 0 and at most 1 with at most "
     f"{contract.GPU_FRACTION_DECIMALS} decimal places, or {contract.ANNOTATION_GPU_MEMORY} in whole MiB up to "
     f"{contract.MAX_GPU_MEMORY_MIB} (one of the two, and no {contract.RESOURCE_NVIDIA_GPU} limit with it), "
     f"optionally {contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES} from 1 to {contract.MAX_GPU_FRACTION_NUM_DEVICES} "
     "with either (KAI's gpu-fraction, gpu-memory and gpu-fraction-num-devices are read the same way)"
-)
-# Variables of the slice ConfigMap: a container setting one itself would escape its slice.
-_RESERVED_ENV = (
-    contract.ENV_NVIDIA_VISIBLE_DEVICES,
-    contract.ENV_CUDA_DEVICE_MEMORY_LIMIT,
-    contract.ENV_CUDA_DEVICE_SM_LIMIT,
 )
 # What the API server's name generator draws from (no vowels: no words), and how much of generateName it keeps.
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -76,19 +68,6 @@ def _generated_name(prefix: str) -> str:
     return prefix[:_MAX_GENERATE_PREFIX] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(_NAME_RANDOM))
 
 
-def _reserved(name: object) -> bool:
-    return isinstance(name, str) and any(name == v or name.startswith(f"{v}_") for v in _RESERVED_ENV)
-
-
-def _containers(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
-    out: list[tuple[str, int, Mapping[str, Any]]] = []
-    for key in ("initContainers", "containers"):
-        items = spec.get(key)
-        if isinstance(items, list):
-            out.extend((key, i, c) for i, c in enumerate(items) if isinstance(c, dict))
-    return out
-
-
 def _deny(problem: str) -> Verdict:
     return Verdict(False, f"gpuwarden: {problem}; {ALLOWED}")
 
@@ -99,36 +78,17 @@ def _check_slice(request: GpuRequest, largest_gpu_mib: int | None, pod: Mapping[
             f"a GPU slice of {request.memory_mib} MiB is larger than the largest GPU in the cluster "
             f"({largest_gpu_mib} MiB), so it can never be placed; ask for at most {largest_gpu_mib} MiB"
         )
-    spec = pod.get("spec") or {}
-    for _key, _index, container in _containers(spec):
-        for var in container.get("env") or ():
-            name = var.get("name") if isinstance(var, dict) else None
-            if _reserved(name):
-                return (
-                    f"container {container.get('name')!r} sets {name}, which the scheduler sets for a GPU slice "
-                    "(its devices and memory limit); remove it from env"
-                )
-    return None
+    return escaping_container(pod.get("spec") or {})
 
 
 def _mutation(pod: Mapping[str, Any], runtime_class: str | None) -> list[JSON]:
     meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
     ops: list[JSON] = []
     name = meta.get("name") or ""
     if not name:
         name = _generated_name(str(meta.get("generateName") or "pod-"))
         ops.append({"op": "add", "path": "/metadata/name", "value": name})
-    ref = {"configMapRef": {"name": config_map_name(name), "optional": False}}
-    for key, index, container in _containers(spec):
-        sources = container.get("envFrom")
-        if not isinstance(sources, list):
-            ops.append({"op": "add", "path": f"/spec/{key}/{index}/envFrom", "value": [ref]})
-        elif ref not in sources:
-            # Last, so that it wins over any other envFrom source with the same keys.
-            ops.append({"op": "add", "path": f"/spec/{key}/{index}/envFrom/-", "value": ref})
-    if runtime_class and not spec.get("runtimeClassName"):
-        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": runtime_class})
+    ops.extend(gap.op for gap in missing_injection(pod, name, runtime_class))
     return ops
 
 
@@ -144,7 +104,7 @@ def review_pod(pod: Mapping[str, Any], *, largest_gpu_mib: int | None, runtime_c
         return Verdict(True)
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict) or not any(k in annotations for k in SHARING_ANNOTATIONS):
+    if not has_sharing_annotation(annotations):
         return Verdict(True)
     task = task_from_pod(pod)
     request = parse_gpu_request(task.gpus, task.annotations)

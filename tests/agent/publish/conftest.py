@@ -29,6 +29,7 @@ AGENT_NAMESPACE = "gpuwarden"
 AGENT_SERVICE_ACCOUNT = "gpuwarden-agent"
 GPUNODE_CRD = f"{contract.GPUNODE_PLURAL}.{contract.API_GROUP}"
 WEBHOOK_CONFIGURATION = contract.WEBHOOK_COMPONENT
+GPU_SHARING_POLICY_BINDING = "gpuwarden-gpu-sharing-fixed"
 # Fast enough that a test sees a polled fault within a second or two, slow
 # enough that several agents do not load a 2-core machine.
 TEST_POLL_INTERVAL_S = 0.5
@@ -43,6 +44,12 @@ def agent_manifests(control_plane: ControlPlane) -> Iterator[None]:
     # failurePolicy is Fail: left in place it would refuse every GPU slice pod
     # the rest of the session creates. Its tests point their own copy at 127.0.0.1.
     control_plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK_CONFIGURATION, "--ignore-not-found")
+    # Likewise the binding of the policy that fixes a pod's GPU-sharing
+    # annotations: the scheduler's tests annotate pods after creation to see
+    # the scheduler refuse them. Its own tests bind the policy to their namespace.
+    control_plane.kubectl(
+        "delete", "validatingadmissionpolicybinding", GPU_SHARING_POLICY_BINDING, "--ignore-not-found"
+    )
     try:
         yield
     finally:

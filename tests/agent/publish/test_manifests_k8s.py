@@ -81,6 +81,9 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         ("RoleBinding", "gpuwarden-webhook"),
         ("ClusterRole", "gpuwarden-webhook"),
         ("ClusterRoleBinding", "gpuwarden-webhook"),
+        # What keeps a pod's GPU-sharing annotations as they were created.
+        ("ValidatingAdmissionPolicy", "gpuwarden-gpu-sharing-fixed"),
+        ("ValidatingAdmissionPolicyBinding", "gpuwarden-gpu-sharing-fixed"),
     }
     # As the API server stores it (defaults applied), not as written.
     ds = _get_json(control_plane, "daemonset")

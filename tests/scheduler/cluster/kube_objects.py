@@ -14,6 +14,7 @@ from kubernetes import client
 from agent.publish.conditions import desired_conditions
 from agent.publish.gpunode import gpunode_object, gpunode_status
 from gpuwarden import contract
+from scheduler.cluster.sliceadmission import slice_env_source
 from tests.agent.publish.reports import report
 from tests.harness import ControlPlane, create_gpu_node, unique_name
 
@@ -140,6 +141,8 @@ def pod(
     annotations: dict[str, str] | None = None,
     owner: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
+    env_from: list[client.V1EnvFromSource] | None = None,
+    runtime_class: str | None = None,
 ) -> client.V1Pod:
     notes = dict(annotations or {})
     if group is not None:
@@ -159,11 +162,19 @@ def pod(
                     resources=client.V1ResourceRequirements(
                         requests={"cpu": "1", "memory": "4Gi", **limits}, limits=limits or None
                     ),
+                    env_from=env_from,
                 )
             ],
+            runtime_class_name=runtime_class,
         ),
     )
     return client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+
+
+def slice_env(pod_name: str) -> list[client.V1EnvFromSource]:
+    """The envFrom the admission webhook gives a GPU slice pod: its slice ConfigMap, required."""
+    ref = slice_env_source(pod_name)["configMapRef"]
+    return [client.V1EnvFromSource(config_map_ref=client.V1ConfigMapEnvSource(name=ref["name"], optional=False))]
 
 
 def node_of(k8s: client.ApiClient, namespace: str, name: str) -> str | None:

@@ -23,11 +23,12 @@ from gpuwarden.contract import Action
 from gpuwarden.kube import KubeApi
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.bind import Binder
-from scheduler.cluster.cycle import ClusterView, SchedulingCycle
+from scheduler.cluster.cycle import DEFAULT_SLICE_ADMISSION, ClusterView, SchedulingCycle
 from scheduler.cluster.retrying import RetryPolicy
+from scheduler.cluster.sliceadmission import SliceAdmission
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
-from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health
+from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health, slice_env
 
 pytestmark = pytest.mark.k8s
 
@@ -87,9 +88,13 @@ def view(k8s: client.ApiClient, node_names: set[str]) -> ClusterView:
     return ClusterView(nodes=nodes, gpunodes=gpunodes, pods=pods, queues=queues, podgroups=podgroups)
 
 
-def new_cycle(k8s: client.ApiClient, default_queue: str = "default") -> SchedulingCycle:
+def new_cycle(
+    k8s: client.ApiClient, default_queue: str = "default", slice_admission: SliceAdmission = DEFAULT_SLICE_ADMISSION
+) -> SchedulingCycle:
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    return SchedulingCycle(api, default_queue=default_queue, binder=Binder(api, retry=NO_WAIT))
+    return SchedulingCycle(
+        api, default_queue=default_queue, binder=Binder(api, retry=NO_WAIT), slice_admission=slice_admission
+    )
 
 
 def podgroup_status(k8s: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
@@ -140,8 +145,10 @@ def test_four_quarter_slices_share_one_gpu_each_with_its_assignment(
             group=f"slice-{i}",
             gpus=0,
             annotations={contract.ANNOTATION_GPU_FRACTION: "0.25"},
+            # As a webhook that sets no runtime class leaves a slice pod.
+            env_from=slice_env(f"slice-{i}"),
         )
-    new_cycle(k8s).run(view(k8s, nodes))
+    new_cycle(k8s, slice_admission=SliceAdmission(runtime_class=None)).run(view(k8s, nodes))
     core = client.CoreV1Api(k8s)
     assigned = set()
     for i in range(4):

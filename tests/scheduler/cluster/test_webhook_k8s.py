@@ -33,7 +33,7 @@ from scheduler.cluster.webhook.app import Webhook, WebhookSettings
 from scheduler.cluster.webhook.certs import CertSettings
 from scheduler.cluster.webhook.review import sharing_annotations_expression
 from tests.harness import free_ports, unique_name, wait_for
-from tests.scheduler.cluster.kube_objects import pod
+from tests.scheduler.cluster.kube_objects import pod, podgroup
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, view
 
 pytestmark = pytest.mark.k8s
@@ -466,3 +466,199 @@ def test_a_second_replica_serves_the_same_certificate_from_the_shared_secret(
         assert replica.certs.bundle_pem == first.certs.bundle_pem
     finally:
         second.stop()
+
+
+# -- slice pods the webhook never saw ------------------------------------------
+
+POLICY_MANIFEST = WEBHOOK_MANIFEST.parent / "gpu-sharing-policy.yaml"
+
+
+def refused_condition(k8s: client.ApiClient, namespace: str, group: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL, group
+    )
+    (condition,) = (obj.get("status") or {}).get("conditions") or [{}]
+    return dict(condition)
+
+
+def pod_events(k8s: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    events: list[client.CoreV1Event] = (
+        client.CoreV1Api(k8s)
+        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=Pod")
+        .items
+    )
+    return events
+
+
+def assert_refused_and_explained(k8s: client.ApiClient, cycle: SchedulingCycle, nodes: set[str], ns: str) -> str:
+    """Two cycles: nothing bound, no ConfigMap, the group and the pod say why (the pod once); the reason."""
+    for _ in range(2):
+        result = cycle.run(view(k8s, nodes))
+        assert result.binds == ()
+    core = client.CoreV1Api(k8s)
+    assert core.read_namespaced_pod("late", ns).spec.node_name is None
+    with pytest.raises(client.ApiException) as missing:
+        core.read_namespaced_config_map(config_map_name("late"), ns)
+    assert missing.value.status == 404
+    condition = refused_condition(k8s, ns, "late")
+    assert (condition["type"], condition["status"]) == ("Unschedulable", "True")
+    assert condition["reason"] == "SliceNotAdmitted"
+    (event,) = pod_events(k8s, ns, "late")
+    assert (event.type, event.reason, event.count) == ("Warning", "SliceNotAdmitted", 1)
+    assert event.message.startswith("not scheduled: it would not obey its GPU slice and see whole GPUs")
+    message: str = condition["message"]
+    assert message.startswith("SliceNotAdmitted: pod late is not placed: it would not obey its GPU slice")
+    assert "delete the pod and create it again" in message
+    return message
+
+
+def test_a_pod_annotated_as_a_slice_after_creation_is_never_bound_and_says_how_to_fix_it(
+    k8s: client.ApiClient, harness: Harness, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    ns = harness.namespace
+    podgroup(k8s, ns, "late", q, 1)
+    created = pod(k8s, ns, "late", group="late", gpus=0)
+    assert created.spec.containers[0].env_from is None  # no sharing annotation: the webhook was not asked
+    # An update never reaches the webhook (in a cluster without the shipped policy it is let through).
+    client.CoreV1Api(k8s).patch_namespaced_pod(
+        "late", ns, {"metadata": {"annotations": {contract.ANNOTATION_GPU_FRACTION: "0.5"}}}
+    )
+    message = assert_refused_and_explained(k8s, slice_cycle(k8s), nodes, ns)
+    assert f"container 'main' has no envFrom of its slice ConfigMap {config_map_name('late')}" in message
+    assert f"the pod has no runtimeClassName (the webhook sets {contract.SLICE_RUNTIME_CLASS}" in message
+
+
+def test_a_slice_pod_in_a_namespace_the_webhook_excludes_is_never_bound(
+    k8s: client.ApiClient, harness: Harness, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """kube-system, as the shipped namespaceSelector leaves it out: created as a slice, admitted untouched."""
+    nodes = set(cluster(1))
+    q = queue(8)
+    ns = "kube-system"
+    (hook,) = shipped_configuration()["webhooks"]
+    assert ns in hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    core = client.CoreV1Api(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    podgroup(k8s, ns, "late", q, 1)
+    try:
+        created = pod(k8s, ns, "late", group="late", gpus=0, annotations={contract.ANNOTATION_GPU_FRACTION: "0.5"})
+        assert created.spec.containers[0].env_from is None and created.spec.runtime_class_name is None
+        message = assert_refused_and_explained(k8s, slice_cycle(k8s), nodes, ns)
+        assert "kube-system and gpuwarden are excluded and cannot run GPU slices" in message
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod("late", ns, grace_period_seconds=0)
+        with contextlib.suppress(client.ApiException):
+            custom.delete_namespaced_custom_object(
+                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, ns, contract.PODGROUP_PLURAL, "late"
+            )
+        core.delete_collection_namespaced_event(ns, field_selector="involvedObject.name=late")
+
+
+@pytest.fixture
+def sharing_policy(k8s: client.ApiClient, harness: Harness) -> Iterator[str]:
+    """The shipped policy, bound (Deny) to the test's namespace and kube-system only; named for this test."""
+    docs = [d for d in yaml.safe_load_all(POLICY_MANIFEST.read_text()) if d]
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    name = unique_name("gpu-sharing-fixed")
+    policy["metadata"] = {"name": name}
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [harness.namespace, "kube-system"]}
+            ]
+        }
+    }
+    admission = client.AdmissionregistrationV1Api(k8s)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            admission.delete_validating_admission_policy_binding(name)
+        with contextlib.suppress(client.ApiException):
+            admission.delete_validating_admission_policy(name)
+
+
+def annotate(k8s: client.ApiClient, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+    client.CoreV1Api(k8s).patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+
+
+def refused_update(k8s: client.ApiClient, namespace: str, name: str, annotations: dict[str, str | None]) -> str:
+    with pytest.raises(client.ApiException) as refused:
+        annotate(k8s, namespace, name, annotations)
+    assert refused.value.status == 403
+    message: str = json.loads(refused.value.body)["message"]
+    return message
+
+
+def test_updates_that_change_sharing_annotations_are_refused_and_every_other_update_passes(
+    k8s: client.ApiClient,
+    harness: Harness,
+    sharing_policy: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    ns = harness.namespace
+    core = client.CoreV1Api(k8s)
+    whole = pod(k8s, ns, "whole", gpus=1)
+
+    # The policy is served once the API server's informers have it.
+    def enforced() -> bool:
+        try:
+            core.patch_namespaced_pod(
+                "whole", ns, {"metadata": {"annotations": {contract.ANNOTATION_GPU_FRACTION: "0.5"}}}, dry_run="All"
+            )
+        except client.ApiException as err:
+            return err.status == 403 and "fixed when it is created" in json.loads(err.body)["message"]
+        return False
+
+    wait_for(enforced, timeout=30, description="the API server enforces the policy")
+    assert whole.metadata.annotations is None
+
+    admitted = slice_pod(k8s, ns, "slice", {contract.ANNOTATION_GPU_FRACTION: "0.5"}, queue=q)
+    assert admitted.spec.containers[0].env_from
+    changed = refused_update(k8s, ns, "slice", {contract.ANNOTATION_GPU_FRACTION: "0.25"})
+    assert "(this update changes gpuwarden.io/gpu-fraction)" in changed
+    assert "delete the pod and create it with the annotations it needs" in changed
+    assert "gpuwarden.io/gpu-fraction" in refused_update(k8s, ns, "slice", {contract.ANNOTATION_GPU_FRACTION: None})
+    kai = refused_update(k8s, ns, "whole", {contract.ANNOTATION_KAI_GPU_MEMORY: "1024", "note": "x"})
+    assert "(this update changes gpu-memory)" in kai
+    for key in (contract.ANNOTATION_GPU_MEMORY, contract.ANNOTATION_GPU_FRACTION_NUM_DEVICES):
+        assert key in refused_update(k8s, ns, "whole", {key: "2"})
+
+    # Everything else passes, without a round trip to the webhook: it is stopped.
+    reviews = harness.webhook.server.reviews if harness.webhook else 0
+    harness.stop()
+    annotate(k8s, ns, "slice", {"note": "kept", contract.ANNOTATION_GPU_FRACTION: "0.5"})
+    core.patch_namespaced_pod("slice", ns, {"metadata": {"labels": {"team": "a"}}})
+    other = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="kai", annotations={contract.ANNOTATION_KAI_GPU_FRACTION: "0.5"}),
+        spec=client.V1PodSpec(
+            scheduler_name="kai-scheduler", containers=[client.V1Container(name="main", image="registry.invalid/x:1")]
+        ),
+    )
+    core.create_namespaced_pod(ns, other)
+    annotate(k8s, ns, "kai", {contract.ANNOTATION_KAI_GPU_FRACTION: "0.25"})  # another scheduler's pod
+    # The scheduler's own writes to the pod (its GPU assignment, the bind) pass too.
+    (bound,) = slice_cycle(k8s).run(view(k8s, nodes)).binds
+    assert bound.ok and core.read_namespaced_pod("slice", ns).spec.node_name in nodes
+    assert reviews == harness.probe_reviews + 1  # the slice pod's creation, and no update
+
+    # Namespaces the webhook excludes are covered too.
+    system = unique_name("late")
+    pod(k8s, "kube-system", system, gpus=0)
+    try:
+        assert "gpuwarden.io/gpu-fraction" in refused_update(
+            k8s, "kube-system", system, {contract.ANNOTATION_GPU_FRACTION: "0.5"}
+        )
+    finally:
+        core.delete_namespaced_pod(system, "kube-system", grace_period_seconds=0)
