@@ -210,7 +210,7 @@ class KubeApi:
 
     def patch_pod_status(self, namespace: str, name: str, patch: JSON) -> JSON:
         """Strategic merge patch of a pod's status: one condition is merged by its type, the rest kept."""
-        return self._call(
+        return self._write(
             "patch_pod_status",
             self._core.patch_namespaced_pod_status,
             name,

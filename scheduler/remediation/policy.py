@@ -65,6 +65,7 @@ from types import MappingProxyType
 from typing import get_type_hints
 
 from gpuwarden.contract import SCHEDULER_COMPONENT
+from gpuwarden.flags import Bounds, bounded, check_bounds
 from scheduler.remediation.breaker import BreakerSettings, BreakerSettingsError
 
 DAY_S = 86400.0
@@ -88,14 +89,19 @@ class PodDrainAction(StrEnum):
     DELETE = "delete"  # plain delete: the policy's timeout passed
 
 
+# The longest any remediation timer may be: a year. Longer is a typo (or an
+# overflow waiting in datetime arithmetic), not a policy.
+MAX_TIMER_S = 366 * DAY_S
+
+
 @dataclass(frozen=True, slots=True)
 class DrainPolicy:
     mode: DrainMode = DrainMode.IMMEDIATE
-    timeout_s: float = 0.0
+    timeout_s: float = bounded(0.0, Bounds(0.0, MAX_TIMER_S, allow_low=True))
 
     def __post_init__(self) -> None:
-        if self.timeout_s < 0:
-            raise SettingsError(f"a drain timeout cannot be negative, got {self.timeout_s}")
+        for key, problem in check_bounds(self):
+            raise SettingsError(f"drain {key} {problem}")
         if self.mode is not DrainMode.IMMEDIATE and self.timeout_s <= 0:
             raise SettingsError(f"drain mode {self.mode} needs a timeout_s above 0")
 
@@ -132,25 +138,20 @@ class Settings:
     """
 
     dry_run: bool = False
-    repeat_window_s: float = 7 * DAY_S
-    drain_timeout_s: float = 6 * 3600.0
-    reset_timeout_s: float = 600.0
-    validation_timeout_s: float = 3600.0
-    max_reset_attempts: int = 1
-    history_limit: int = 32
+    repeat_window_s: float = bounded(7 * DAY_S, Bounds(0.0, MAX_TIMER_S))
+    drain_timeout_s: float = bounded(6 * 3600.0, Bounds(0.0, MAX_TIMER_S))
+    reset_timeout_s: float = bounded(600.0, Bounds(0.0, MAX_TIMER_S))
+    validation_timeout_s: float = bounded(3600.0, Bounds(0.0, MAX_TIMER_S))
+    max_reset_attempts: int = bounded(1, Bounds(1, 100, allow_low=True, integer=True))
+    history_limit: int = bounded(32, Bounds(1, 1000, allow_low=True, integer=True))
     drain: DrainPolicies = DrainPolicies()
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     actor: str = SCHEDULER_COMPONENT
 
     def __post_init__(self) -> None:
-        for name in ("repeat_window_s", "drain_timeout_s", "reset_timeout_s", "validation_timeout_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise SettingsError(f"remediation.{name} must be above 0, got {value}")
-        if self.max_reset_attempts < 1:
-            raise SettingsError(f"remediation.max_reset_attempts must be at least 1, got {self.max_reset_attempts}")
-        if self.history_limit < 1:
-            raise SettingsError(f"remediation.history_limit must be at least 1, got {self.history_limit}")
+        # The same bounds whether the value came from the file or from code.
+        for key, problem in check_bounds(self):
+            raise SettingsError(f"remediation.{key} {problem}")
         if self.drain.longest_timeout_s >= self.drain_timeout_s:
             raise SettingsError(
                 f"remediation.drain_timeout_s ({self.drain_timeout_s:g}) must be longer than every drain policy's "

@@ -70,7 +70,15 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
         # What the scheduler's token may change, and the lease fence (manifests/scheduler/admission-policy.yaml).
         *(
             (kind, f"gpuwarden-scheduler-{name}")
-            for name in ("nodes", "gpunodes", "configmaps", "webhook-configuration", "pod-deletion", "fence")
+            for name in (
+                "nodes",
+                "gpunodes",
+                "configmaps",
+                "webhook-configuration",
+                "pod-status",
+                "pod-deletion",
+                "fence",
+            )
             for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
         ),
         # The scheduler's admission webhook for GPU-sharing pods.

@@ -11,10 +11,13 @@ sends it.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from gpuwarden import contract
@@ -29,6 +32,7 @@ SA = "gpuwarden-scheduler"
 SA_NAMESPACE = "gpuwarden"
 WEBHOOK = "gpuwarden-webhook"
 MERGE = "application/merge-patch+json"
+POLICY = Path(__file__).resolve().parents[3] / "manifests" / "scheduler" / "admission-policy.yaml"
 
 
 def _status(call: Callable[[], Any]) -> int:
@@ -221,6 +225,17 @@ def test_the_scheduler_token_cannot_take_over_the_cluster(
         "write a GPUNode's health": lambda: custom.patch_cluster_custom_object_status(
             *gpunode, {"status": {"gpus": []}}, _content_type=MERGE
         ),
+        "mark a kube-system pod Succeeded": lambda: core.patch_namespaced_pod_status(
+            system_pod.metadata.name, "kube-system", {"status": {"phase": "Succeeded"}}
+        ),
+        "mark a pod Ready": lambda: core.patch_namespaced_pod_status(
+            system_pod.metadata.name,
+            "kube-system",
+            {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Planted"}]}},
+        ),
+        "label a pod through its status": lambda: core.patch_namespaced_pod_status(
+            system_pod.metadata.name, "kube-system", {"metadata": {"labels": {"app": "planted"}}}
+        ),
         "read a Secret": lambda: core.read_namespaced_secret("bootstrap-token", "kube-system"),
         "create a pod": lambda: core.create_namespaced_pod(
             namespace, {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
@@ -306,6 +321,12 @@ def test_every_write_the_scheduler_makes_is_still_allowed(
         )
         == 200
     )
+    # Why a pod it cannot group waits: the PodScheduled condition of a pending pod.
+    waiting = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no PodGroup g"}
+    assert (
+        _status(lambda: core.patch_namespaced_pod_status("slice", namespace, {"status": {"conditions": [waiting]}}))
+        == 200
+    )
     # Binds and evictions of its own pods.
     assert (
         _status(
@@ -347,3 +368,18 @@ def test_every_write_the_scheduler_makes_is_still_allowed(
         },
     )
     assert _status(lambda: core.delete_namespaced_pod(unbound.metadata.name, namespace)) == 403
+
+
+def test_every_pod_status_field_but_conditions_is_held_by_the_policy(control_plane: ControlPlane) -> None:
+    """Each field of PodStatus this API server serves is named by the scheduler's pod-status policy.
+
+    A release that adds a field to PodStatus fails this test until the
+    policy holds it too.
+    """
+    schema = json.loads(control_plane.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    fields = set(schema["components"]["schemas"]["io.k8s.api.core.v1.PodStatus"]["properties"]) - {"conditions"}
+    docs = yaml.safe_load_all(POLICY.read_text())
+    policy = next(d for d in docs if d and d["metadata"]["name"] == "gpuwarden-scheduler-pod-status")
+    expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    missing = {f for f in fields if f"object.?status.?{f} == oldObject.?status.?{f}" not in expressions}
+    assert missing == set()

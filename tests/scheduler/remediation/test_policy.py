@@ -60,8 +60,16 @@ def test_settings_from_a_config_section() -> None:
     [
         ({"repeat_window": 5}, "unknown key(s) repeat_window"),
         ({"reset_timeout_s": "10m"}, "remediation.reset_timeout_s must be a number"),
-        ({"reset_timeout_s": 0}, "reset_timeout_s must be above 0"),
-        ({"max_reset_attempts": 0}, "max_reset_attempts must be at least 1"),
+        ({"reset_timeout_s": 0}, "reset_timeout_s must be a finite number greater than 0"),
+        ({"max_reset_attempts": 0}, "max_reset_attempts must be a whole number at least 1"),
+        # Accepted once, and then an OverflowError in the datetime arithmetic of a pass.
+        (
+            {"repeat_window_s": 1.0e300},
+            "remediation.repeat_window_s must be a finite number greater than 0 and at most",
+        ),
+        ({"validation_timeout_s": float("inf")}, "remediation.validation_timeout_s must be a finite number"),
+        ({"history_limit": 10**9}, "remediation.history_limit must be a whole number at least 1 and at most 1000"),
+        ({"drain": {"default": {"mode": "allow-completion", "timeout_s": 1e300}}}, "timeout_s must be"),
         ({"dry_run": "yes"}, "dry_run must be true or false"),
         ({"drain": {"default": {"mode": "gently"}}}, "remediation.drain.default.mode: 'gently' is not one of"),
         ({"drain": {"default": {"mode": "allow-completion"}}}, "needs a timeout_s above 0"),
