@@ -300,6 +300,19 @@ class KubeApi:
             field_manager=self.field_manager,
         )
 
+    def patch_podgroup(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge patch of a PodGroup (a derived group's spec, following its owner)."""
+        return self._merge_patch(
+            "patch_podgroup",
+            self._custom.patch_namespaced_custom_object,
+            contract.SCHEDULING_API_GROUP,
+            contract.SCHEDULING_API_VERSION,
+            namespace,
+            contract.PODGROUP_PLURAL,
+            name,
+            patch,
+        )
+
     # -- Any namespaced object of an API group (a pod's owners) ---------------
 
     def get_namespaced_object(self, group: str, version: str, plural: str, namespace: str, name: str) -> JSON | None:

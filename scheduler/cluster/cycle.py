@@ -41,26 +41,22 @@ from typing import Any
 from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
-from scheduler.cluster.assemble import Changes, SnapshotAssembler
+from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
-from scheduler.cluster.convert import GroupInfo, is_external_queue, snapshot_from
+from scheduler.cluster.convert import is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictResult
 from scheduler.cluster.fence import LeaseLostError
-from scheduler.cluster.grouping import GroupSpec, derive_group
+from scheduler.cluster.grouping import GroupSpec
+from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
-from scheduler.cluster.owners import OwnerLookupError, OwnerResolver
-from scheduler.cluster.queues import podgroup_spec, queue_from_object
+from scheduler.cluster.owners import OwnerResolver
+from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
 from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
 from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
 from scheduler.cluster.ungrouped import (
-    REASON_POD_GROUP_INVALID,
-    REASON_POD_GROUP_NOT_FOUND,
-    UngroupedPod,
     UngroupedPodNotifier,
-    invalid_message,
-    missing_message,
 )
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
@@ -157,46 +153,8 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _is_ours(pod: Mapping[str, Any]) -> bool:
-    spec = pod.get("spec")
-    return isinstance(spec, dict) and spec.get("schedulerName") == contract.SCHEDULER_NAME
-
-
-def _waiting(pod: Mapping[str, Any]) -> bool:
-    """Pending and for the scheduler to place: not bound, not terminating, not gated."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict) or spec.get("nodeName") or spec.get("schedulingGates"):
-        return False
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, dict) else None
-    return not _meta(pod).get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
-
-
-def _pod_priority(pod: Mapping[str, Any]) -> int:
-    # The Priority admission plugin resolves priorityClassName into
-    # spec.priority when the pod is created, so the class itself need not be read.
-    spec = pod.get("spec")
-    value = spec.get("priority") if isinstance(spec, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-@dataclass(slots=True)
-class _Grouping:
-    """What grouping reads of one pod entry (``obj``), kept while the cache holds that entry."""
-
-    obj: Mapping[str, Any]
-    ours: bool
-    namespace: str = ""
-    named: str | None = None
-    priority: int = 0
-
-
-@dataclass(slots=True)
-class _Grouped:
-    """What the kept grouping holds of one pod: the group it counts for, and whether that was derived."""
-
-    key: tuple[str, str] | None
-    derived: bool
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class SchedulingCycle:
@@ -249,20 +207,17 @@ class SchedulingCycle:
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
         self._short_since: dict[str, float] = {}
-        self._created_groups: set[tuple[str, str]] = set()
         # Conversions made once per cache entry, reused while the entry is unchanged.
         # ``incremental=False`` converts everything every cycle (snapshot_from),
         # the reference the benchmarks compare against.
         self._incremental = incremental
-        self._groupings: dict[str, _Grouping] = {}
-        self._podgroups: dict[tuple[str, str], tuple[Mapping[str, Any], GroupInfo | None]] = {}
+        # Which pod is in which group, kept from view to view (:mod:`.groups`).
+        self.grouper = PodGrouper(self._owners, default_queue=default_queue, incremental=incremental)
         self._snapshots = SnapshotAssembler(slice_admission)
         # The engine's working state kept from session to session (undone
         # and updated by the jobs and nodes that changed) when incremental.
         self._engine = Engine() if incremental else None
-        # Derived PodGroups this cycle found missing, created after its binds,
-        # and those that wait for a cycle with no binds (_podgroups_to_create).
-        self._to_create: dict[tuple[str, str], GroupSpec] = {}
+        # Derived PodGroups found missing that wait for a cycle with no binds (_podgroups_to_create).
         self._deferred_groups: dict[tuple[str, str], GroupSpec] = {}
         self._max_defer_s = bookkeeping_max_defer_s
         self._quiet_s = bookkeeping_quiet_s
@@ -272,19 +227,6 @@ class SchedulingCycle:
         self._writing: deque[Future[None]] = deque()
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
-        # The grouping kept from view to view (see the class docstring);
-        # ``_seen`` is the generation of the view it reflects, None when none.
-        self._seen: int | None = None
-        self._grouped: dict[str, _Grouped] = {}
-        self._members: dict[tuple[str, str], dict[str, int]] = {}
-        self._derived_infos: dict[tuple[str, str], dict[str, GroupInfo]] = {}
-        self._derived_uids: set[str] = set()
-        self._explicit: dict[tuple[str, str], GroupInfo] = {}
-        self._groups: dict[tuple[str, str], GroupInfo] = {}
-        # Groups that pods count for but that have no info: a named PodGroup missing or malformed.
-        self._unknown: set[tuple[str, str]] = set()
-        self._view_groups: Mapping[tuple[str, str], GroupInfo] = {}
-        self._by_uid: dict[str, str] = {}
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
         self._short: dict[str, tuple[Job, float | None, Job]] = {}
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
@@ -322,57 +264,13 @@ class SchedulingCycle:
         self._problems_of = (key, problems)
         return problems
 
-    def _explicit_group(self, key: tuple[str, str], obj: Mapping[str, Any]) -> GroupInfo | None:
-        """What a PodGroup says (None when malformed), read again only when the cache replaced the entry."""
-        memo = self._podgroups.get(key)
-        if memo is not None and memo[0] is obj:
-            return memo[1]
-        spec = podgroup_spec(obj)
-        info: GroupInfo | None = None
-        if isinstance(spec, str):
-            warn.warning("podgroup_invalid", ("podgroup", key, spec), podgroup="/".join(key), problem=spec)
-        else:
-            info = GroupInfo(
-                queue=spec.queue,
-                min_member=spec.min_member,
-                preemptible=spec.preemptible,
-                uid=str(_meta(obj).get("uid") or ""),
-            )
-        self._podgroups[key] = (obj, info)
-        return info
-
-    def _explicit_groups(self, view: ClusterView) -> dict[tuple[str, str], GroupInfo]:
-        if not self._incremental:
-            self._podgroups.clear()
-        groups: dict[tuple[str, str], GroupInfo] = {}
-        for key, obj in view.podgroups.items():
-            info = self._explicit_group(key, obj)
-            if info is not None:
-                groups[key] = info
-        if len(self._podgroups) > len(view.podgroups) + 1024:
-            self._podgroups = {key: memo for key, memo in self._podgroups.items() if key in view.podgroups}
-        return groups
-
-    def _derived(self, pod: Mapping[str, Any]) -> GroupSpec:
-        return derive_group(pod, self._owners.chain(pod), default_queue=self._default_queue)
-
     def _ensure_podgroup(self, spec: GroupSpec) -> None:
         """Create the PodGroup a derived group needs (once; it is owned by the workload)."""
         key = (spec.namespace, spec.name)
-        if key in self._created_groups:
+        if self.grouper.created(key):
             return
-        body: JSON = {
-            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-            "kind": contract.PODGROUP_KIND,
-            "metadata": {"name": spec.name, "namespace": spec.namespace},
-            "spec": {"minMember": spec.min_member, "queue": spec.queue},
-        }
-        if spec.priority_class_name:
-            body["spec"]["priorityClassName"] = spec.priority_class_name
-        if spec.owner is not None:
-            body["metadata"]["ownerReferences"] = [spec.owner.to_json()]
         try:
-            self._api.create_podgroup(spec.namespace, body)
+            self._api.create_podgroup(spec.namespace, podgroup_object(spec))
         except ApiError as exc:
             if exc.status != 409:  # 409: it exists (created by an earlier cycle or a previous leader)
                 warn.warning(
@@ -383,7 +281,41 @@ class SchedulingCycle:
                     error=exc.detail,
                 )
                 return
-        self._created_groups.add(key)
+        self.grouper.mark_created(key)
+
+    def _follow_owners(self, drifted: Sequence[tuple[GroupSpec, Mapping[str, Any]]]) -> None:
+        """Rewrite the spec of derived PodGroups whose owner changed (resized, relabelled): :mod:`.groups`.
+
+        The write carries the resourceVersion it was decided from; a 409
+        (someone wrote it since) is decided again next cycle.
+        """
+        for spec, obj in drifted:
+            meta = _mapping(obj.get("metadata"))
+            current = _mapping(obj.get("spec"))
+            fields: JSON = dict(spec_fields(spec))
+            if "priorityClassName" not in fields and current.get("priorityClassName"):
+                fields["priorityClassName"] = None
+            patch: JSON = {"spec": fields}
+            version = meta.get("resourceVersion")
+            if isinstance(version, str) and version:
+                patch["metadata"] = {"resourceVersion": version}
+            try:
+                self._api.patch_podgroup(spec.namespace, spec.name, patch)
+                log.info(
+                    "podgroup_follows_owner",
+                    podgroup=f"{spec.namespace}/{spec.name}",
+                    min_member=spec.min_member,
+                    queue=spec.queue,
+                )
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    warn.warning(
+                        "podgroup_update_failed",
+                        ("podgroup-update", spec.namespace, spec.name),
+                        podgroup=f"{spec.namespace}/{spec.name}",
+                        status=exc.status,
+                        error=exc.detail,
+                    )
 
     def flush(self) -> None:
         """Wait until the writes of the cycles run so far are done (at once without ``writes_in_background``)."""
@@ -424,9 +356,8 @@ class SchedulingCycle:
         A group that waits, has room reserved or an eviction refused is
         news: its PodGroup is created at once.
         """
-        for key, spec in self._to_create.items():
+        for key, spec in self.grouper.take_missing().items():
             self._deferred_groups.setdefault(key, spec)
-        self._to_create.clear()
         now = time.monotonic()
         if decisions.binds:
             self._bound_at = now
@@ -441,7 +372,7 @@ class SchedulingCycle:
         present = {job.key for job in snapshot.jobs}
         for key in list(self._deferred_groups):
             group = f"{key[0]}/{key[1]}"
-            if key in self._created_groups or key in view.podgroups or group not in present:
+            if self.grouper.created(key) or key in view.podgroups or group not in present:
                 del self._deferred_groups[key]
             elif key in self._queued or (busy and group not in urgent):
                 continue
@@ -456,13 +387,19 @@ class SchedulingCycle:
         self.refusals.explain(tasks)
 
     def _after_binds(
-        self, specs: list[GroupSpec], decisions: Decisions, gang_met: list[str], status_args: Mapping[str, Any]
+        self,
+        specs: list[GroupSpec],
+        drifted: Sequence[tuple[GroupSpec, Mapping[str, Any]]],
+        decisions: Decisions,
+        gang_met: list[str],
+        status_args: Mapping[str, Any],
     ) -> None:
         try:
             self._create_podgroups(specs)
         finally:
             # Created, or to be tried again by the next cycle that finds it missing.
             self._queued.difference_update((s.namespace, s.name) for s in specs)
+        self._follow_owners(drifted)
         self.status.write(decisions, gang_met=gang_met, **status_args)
 
     def _create_podgroups(self, specs: list[GroupSpec]) -> None:
@@ -473,237 +410,6 @@ class SchedulingCycle:
             return
         with ThreadPoolExecutor(max_workers=min(self._writers, len(specs)), thread_name_prefix="podgroup") as pool:
             list(pool.map(self._ensure_podgroup, specs))
-
-    def _grouping(self, uid: str, pod: Mapping[str, Any]) -> _Grouping:
-        """What grouping reads of ``pod``, read again only when the cache replaced the entry."""
-        memo = self._groupings.get(uid)
-        if memo is not None and memo.obj is pod:
-            return memo
-        if not _is_ours(pod):
-            memo = _Grouping(pod, ours=False)
-        else:
-            meta = _meta(pod)
-            annotations = meta.get("annotations") or {}
-            named = annotations.get(contract.ANNOTATION_POD_GROUP) if isinstance(annotations, dict) else None
-            memo = _Grouping(
-                pod,
-                ours=True,
-                namespace=str(meta.get("namespace") or "default"),
-                named=named if isinstance(named, str) and named else None,
-                priority=_pod_priority(pod),
-            )
-        self._groupings[uid] = memo
-        return memo
-
-    def _group_pods(
-        self, view: ClusterView
-    ) -> tuple[dict[tuple[str, str], GroupInfo], dict[str, str], dict[tuple[str, str], list[int]]]:
-        """Groups by key, the derived group of each pod that names none, and each group's pod priorities."""
-        groups = self._explicit_groups(view)
-        by_uid: dict[str, str] = {}
-        members: dict[tuple[str, str], list[int]] = {}
-        derived_infos: dict[tuple[str, str], tuple[str, GroupInfo]] = {}
-        for uid, pod in view.pods.items():
-            facts = self._grouping(uid, pod)
-            if not facts.ours:
-                continue
-            if facts.named is not None:
-                key = (facts.namespace, facts.named)
-            else:
-                try:
-                    derived = self._derived(pod)
-                except OwnerLookupError:
-                    continue  # no group rather than a wrong one: the pod waits (the resolver logged why)
-                key = (derived.namespace, derived.name)
-                by_uid[uid] = derived.name
-                if key not in view.podgroups and key not in self._created_groups:
-                    self._to_create.setdefault(key, derived)
-                if key not in groups:
-                    chosen = derived_infos.get(key)
-                    if chosen is None or uid < chosen[0]:
-                        derived_infos[key] = (uid, GroupInfo(queue=derived.queue, min_member=derived.min_member))
-            priorities = members.get(key)
-            if priorities is None:
-                members[key] = [facts.priority]
-            else:
-                priorities.append(facts.priority)
-        if len(self._groupings) > len(view.pods) + max(1024, len(view.pods) // 4):
-            self._groupings = {uid: memo for uid, memo in self._groupings.items() if uid in view.pods}
-        # A derived group's spec is its least pod's (by UID): the same whatever order the pods come in.
-        for key, (_, derived_info) in derived_infos.items():
-            groups[key] = derived_info
-        # A group's priority is its pods' (they share a priority class).
-        for key, priorities in members.items():
-            info = groups.get(key)
-            if info is not None:
-                groups[key] = replace(info, priority=max(priorities))
-        return groups, by_uid, members
-
-    def _regroup(self, view: ClusterView) -> Changes | None:
-        """Bring the kept grouping up to ``view``; what changed for the assembler, None if everything did.
-
-        Everything is grouped again when the view does not say what changed
-        since the view this state reflects (the first cycle, a cache whose
-        change log overflowed, a cycle that failed half way).
-        """
-        changed = view.changed
-        full = changed is None or self._seen is None or changed.since != self._seen
-        self._seen = None  # until this grouping is complete
-        if full:
-            self._grouped.clear()
-            self._members.clear()
-            self._derived_infos.clear()
-            self._derived_uids.clear()
-            self._explicit.clear()
-            self._groups.clear()
-            self._unknown.clear()
-            self._by_uid.clear()
-            pod_keys: Collection[str] = list(view.pods)
-            group_keys: Collection[tuple[str, str]] = list(view.podgroups)
-        else:
-            assert changed is not None
-            pod_keys = changed.pods | self._derived_uids
-            group_keys = changed.podgroups
-        dirty: set[tuple[str, str]] = set()
-        for key in group_keys:
-            obj = view.podgroups.get(key)
-            if obj is None:
-                self._podgroups.pop(key, None)
-                info = None
-            else:
-                info = self._explicit_group(key, obj)
-            if info is None:
-                before = self._explicit.pop(key, None)
-            else:
-                before = self._explicit.get(key)
-                self._explicit[key] = info
-            if before != info:
-                dirty.add(key)
-        regrouped: set[str] = set()
-        for uid in pod_keys:
-            before_name = self._by_uid.pop(uid, None)
-            self._ungroup(uid, dirty)
-            pod = view.pods.get(uid)
-            if pod is None:
-                self._groupings.pop(uid, None)
-            else:
-                self._group(uid, pod, view, dirty)
-            if self._by_uid.get(uid) != before_name:
-                regrouped.add(uid)
-        groups_changed: set[tuple[str, str]] = set()
-        for key in dirty:
-            if self._refresh_group(key):
-                groups_changed.add(key)
-        self._seen = view.generation
-        if full:
-            return None
-        return Changes(pods=pod_keys, groups=groups_changed, pod_groups=regrouped)
-
-    def _ungroup(self, uid: str, dirty: set[tuple[str, str]]) -> None:
-        grouped = self._grouped.pop(uid, None)
-        if grouped is None or grouped.key is None:
-            self._derived_uids.discard(uid)
-            return
-        key = grouped.key
-        dirty.add(key)
-        members = self._members.get(key)
-        if members is not None:
-            members.pop(uid, None)
-            if not members:
-                del self._members[key]
-        if grouped.derived:
-            self._derived_uids.discard(uid)
-            infos = self._derived_infos.get(key)
-            if infos is not None:
-                infos.pop(uid, None)
-                if not infos:
-                    del self._derived_infos[key]
-
-    def _group(self, uid: str, pod: Mapping[str, Any], view: ClusterView, dirty: set[tuple[str, str]]) -> None:
-        facts = self._grouping(uid, pod)
-        if not facts.ours:
-            return
-        if facts.named is not None:
-            key = (facts.namespace, facts.named)
-            self._grouped[uid] = _Grouped(key, derived=False)
-        else:
-            self._derived_uids.add(uid)
-            try:
-                derived = self._derived(pod)
-            except OwnerLookupError:
-                self._grouped[uid] = _Grouped(None, derived=True)
-                return  # no group rather than a wrong one: the pod waits (the resolver logged why)
-            key = (derived.namespace, derived.name)
-            self._grouped[uid] = _Grouped(key, derived=True)
-            self._by_uid[uid] = derived.name
-            if key not in view.podgroups and key not in self._created_groups:
-                # Created after the cycle's binds (one round trip each): never ahead of them.
-                self._to_create.setdefault(key, derived)
-            infos = self._derived_infos.get(key)
-            info = GroupInfo(queue=derived.queue, min_member=derived.min_member)
-            if infos is None:
-                self._derived_infos[key] = {uid: info}
-            else:
-                infos[uid] = info
-        dirty.add(key)
-        members = self._members.get(key)
-        if members is None:
-            self._members[key] = {uid: facts.priority}
-        else:
-            members[uid] = facts.priority
-
-    def _refresh_group(self, key: tuple[str, str]) -> bool:
-        """Recompute one group's info as ``_group_pods`` would; True if it changed."""
-        info = self._explicit.get(key)
-        if info is None:
-            infos = self._derived_infos.get(key)
-            if infos:
-                info = infos[min(infos)]
-        members = self._members.get(key)
-        if info is not None and members:
-            info = replace(info, priority=max(members.values()))
-        before = self._groups.get(key)
-        if info is None:
-            self._groups.pop(key, None)
-            if members:
-                self._unknown.add(key)  # pods name it, and it is missing or malformed
-            else:
-                self._unknown.discard(key)
-        else:
-            self._groups[key] = info
-            self._unknown.discard(key)
-        return before != info
-
-    def _ungrouped(self, view: ClusterView, groups: Mapping[tuple[str, str], GroupInfo]) -> list[UngroupedPod]:
-        """Pending pods of ours that name a PodGroup which is missing or malformed.
-
-        Incremental cycles look only at the groups some pod counts for and
-        that have no info (a handful); otherwise every pod is looked at.
-        """
-        if self._incremental:
-            wanted = [(key, list(self._members.get(key, ()))) for key in sorted(self._unknown)]
-        else:
-            by_key: dict[tuple[str, str], list[str]] = {}
-            for uid, pod in view.pods.items():
-                facts = self._grouping(uid, pod)
-                if facts.ours and facts.named is not None and (facts.namespace, facts.named) not in groups:
-                    by_key.setdefault((facts.namespace, facts.named), []).append(uid)
-            wanted = list(by_key.items())
-        out: list[UngroupedPod] = []
-        for key, uids in wanted:
-            obj = view.podgroups.get(key)
-            if obj is None:
-                reason, message = REASON_POD_GROUP_NOT_FOUND, missing_message(key[0], key[1])
-            else:
-                problem = podgroup_spec(obj)
-                if not isinstance(problem, str):
-                    continue  # readable: grouped next cycle
-                reason, message = REASON_POD_GROUP_INVALID, invalid_message(problem)
-            for uid in uids:
-                member = view.pods.get(uid)
-                if member is not None and _waiting(member):
-                    out.append(UngroupedPod(key[0], str(_meta(member).get("name") or ""), uid, reason, message))
-        return out
 
     def _reservations(self, view: ClusterView, *, full: bool) -> tuple[Reservation, ...]:
         """:func:`reservations_from` over the view's PodGroups; unless ``full``, only changed ones read again."""
@@ -771,7 +477,7 @@ class SchedulingCycle:
         """
         queues, invalid = self._queues(view)
         if self._incremental:
-            changes = self._regroup(view)
+            changes = self.grouper.regroup(view)
             if changes is not None:
                 assert view.changed is not None
                 changes = replace(changes, nodes=view.changed.nodes | view.changed.gpunodes)
@@ -781,30 +487,27 @@ class SchedulingCycle:
                     view.gpunodes,
                     view.pods,
                     queues,
-                    self._groups,
+                    self.grouper.groups,
                     now,
                     self._config,
-                    pod_groups=self._by_uid,
+                    pod_groups=self.grouper.by_uid,
                     changes=changes,
                 )
                 reservations = self._reservations(view, full=changes is None)
-                self._view_groups = self._groups
             except BaseException:
-                self._seen = None  # the kept state may be half updated: start over next cycle
+                self.grouper.invalidate()  # the kept state may be half updated: start over next cycle
                 raise
         else:
-            self._groupings.clear()
-            groups, by_uid, _ = self._group_pods(view)
-            self._view_groups = groups
+            self.grouper.group_all(view)
             snapshot = snapshot_from(
                 view.nodes,
                 view.gpunodes,
                 view.pods.values(),
                 queues,
-                groups,
+                self.grouper.groups,
                 now,
                 self._config,
-                pod_groups=by_uid,
+                pod_groups=self.grouper.by_uid,
                 admission=self._admission,
             )
             reservations = reservations_from(view.podgroups)
@@ -816,13 +519,13 @@ class SchedulingCycle:
 
     def _tell_ungrouped(self, view: ClusterView) -> None:
         """Explain the pods that wait for their named PodGroup; before the binds (see :mod:`.ungrouped`)."""
-        ungrouped = self._ungrouped(view, self._view_groups)
+        ungrouped = self.grouper.ungrouped(view)
         if not ungrouped and not self.ungrouped.told:
             return
 
         def still_pending(uid: str) -> bool:
             pod = view.pods.get(uid)
-            return pod is not None and _waiting(pod)
+            return pod is not None and waiting(pod)
 
         self.ungrouped.write(ungrouped, still_pending)
 
@@ -871,12 +574,15 @@ class SchedulingCycle:
             self._create_podgroups(first)
             specs = [spec for spec in specs if f"{spec.namespace}/{spec.name}" not in reserving]
         self.reservations.write(held, view.podgroups)
+        drifted = self.grouper.drifted(view)
         if self._background is None:
-            self._after_binds(specs, written, gang_met, status_args)
+            self._after_binds(specs, drifted, written, gang_met, status_args)
         else:
             self._reap(keep=MAX_QUEUED_WRITES)
             self._queued.update((s.namespace, s.name) for s in specs)
-            self._writing.append(self._background.submit(self._after_binds, specs, written, gang_met, status_args))
+            self._writing.append(
+                self._background.submit(self._after_binds, specs, drifted, written, gang_met, status_args)
+            )
         seconds = time.monotonic() - started
         log.info(
             "cycle_done",

@@ -76,6 +76,7 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
                 "configmaps",
                 "webhook-configuration",
                 "pod-status",
+                "podgroups",
                 "pod-deletion",
                 "fence",
             )

@@ -100,7 +100,7 @@ def test_a_pod_is_told_whether_its_group_is_missing_or_malformed(incremental: bo
     )
     cycle = SchedulingCycle(_Api(), incremental=incremental)  # type: ignore[arg-type]
     cycle.prepare(view, 0.0)
-    told = {p.name: (p.reason, p.message) for p in cycle._ungrouped(view, cycle._view_groups)}
+    told = {p.name: (p.reason, p.message) for p in cycle.grouper.ungrouped(view)}
     assert told == {
         "a": (REASON_POD_GROUP_NOT_FOUND, missing_message("ns", "absent")),
         "b": (REASON_POD_GROUP_INVALID, invalid_message("pod group ns/old: spec.queue: missing")),
