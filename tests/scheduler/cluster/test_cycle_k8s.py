@@ -58,10 +58,17 @@ def view(k8s: client.ApiClient, node_names: set[str]) -> ClusterView:
         )["items"]
         if g["metadata"]["name"] in node_names
     }
+    # An earlier test's pods linger while its namespace terminates: not this test's cluster.
+    gone = {
+        n["metadata"]["name"]
+        for n in _raw(core.list_namespace(_preload_content=False))["items"]
+        if (n.get("status") or {}).get("phase") == "Terminating"
+    }
     pods = {
         p["metadata"]["uid"]: p
         for p in _raw(core.list_pod_for_all_namespaces(_preload_content=False))["items"]
-        if p["spec"].get("schedulerName") == contract.SCHEDULER_NAME or p["spec"].get("nodeName") in node_names
+        if (p["spec"].get("schedulerName") == contract.SCHEDULER_NAME or p["spec"].get("nodeName") in node_names)
+        and p["metadata"]["namespace"] not in gone
     }
     queues = {
         q["metadata"]["name"]: q
