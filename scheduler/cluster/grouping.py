@@ -303,8 +303,15 @@ def _jobset_stages(jobset: Mapping[str, Any]) -> tuple[dict[str, _Stage], _Stage
     for position, rjob in enumerate(rjobs):
         name = _s(rjob.get("name"))
         template = _d(rjob.get("template"))
-        annotations = {**js_annotations, **_annotations(template)}
-        exclusive = ANNOTATION_JOBSET_EXCLUSIVE in annotations and ANNOTATION_JOBSET_NODE_SELECTOR not in annotations
+        # As the controller copies them onto the pods: the JobSet's, then the
+        # template's, the node-selector flag only beside its exclusive key.
+        copied: dict[str, Any] = {}
+        for source in (js_annotations, _annotations(template)):
+            if ANNOTATION_JOBSET_EXCLUSIVE in source:
+                copied[ANNOTATION_JOBSET_EXCLUSIVE] = source[ANNOTATION_JOBSET_EXCLUSIVE]
+                if ANNOTATION_JOBSET_NODE_SELECTOR in source:
+                    copied[ANNOTATION_JOBSET_NODE_SELECTOR] = source[ANNOTATION_JOBSET_NODE_SELECTOR]
+        exclusive = ANNOTATION_JOBSET_EXCLUSIVE in copied and ANNOTATION_JOBSET_NODE_SELECTOR not in copied
         per_job = 1 if exclusive else _job_size(_d(template.get("spec")))
         sizes.append(_count(rjob.get("replicas"), 1) * per_job)
         deps = tuple(

@@ -272,6 +272,11 @@ def test_a_jobset_with_exclusive_placement_counts_each_jobs_leader_only() -> Non
     strategy = {**exclusive, "alpha.jobset.sigs.k8s.io/node-selector": "true"}
     js_ns = obj(JOBSET_V, "JobSet", "exclusive-placement", spec, annotations=strategy)
     assert derive_group(*jobset_pod(js_ns, "workers")).min_member == 9
+    # The flag counts only beside its own exclusive key (labelAndAnnotateObject).
+    on_template_ns = obj(
+        JOBSET_V, "JobSet", "e", on_template, annotations={"alpha.jobset.sigs.k8s.io/node-selector": "true"}
+    )
+    assert derive_group(*jobset_pod(on_template_ns, "workers")).min_member == 3
 
 
 def test_a_staged_jobset_pod_without_its_replicated_job_label_is_grouped_by_its_job() -> None:
