@@ -30,6 +30,8 @@ import agent.config
 import scheduler.remediation.policy
 from gpuwarden.cli import build_parser
 from gpuwarden.contract import ConditionType, Reason
+from scheduler.cluster import grouping
+from scheduler.cluster.owners import FOLLOWED_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -254,3 +256,20 @@ def test_every_condition_type_and_reason_has_a_runbook() -> None:
         assert "What it means" in body and "What to do" in body, ctype.value
     missing = [r.value for r in Reason if f"`{r.value}`" not in runbooks]
     assert missing == []
+
+
+# Policies that stage an operator's start-up: each must say how its gang is formed.
+STAGED_POLICIES = ("dependsOn", "InOrder", "exclusive-topology", "WaitForWorkersReady", "LeaderReady")
+
+
+def test_every_followed_owner_kind_and_staged_policy_is_in_both_grouping_tables() -> None:
+    section = _section(README.read_text(), "### Pod groups derived from workloads")
+    readme_table = "\n".join(line for line in section.splitlines() if line.startswith("| "))
+    doc = grouping.__doc__ or ""
+    doc_table = doc[doc.index("=====") : doc.rindex("=====")]
+    # A CronJob's runs are grouped by their Job; a Pod is an owner only on the way up (LeaderWorkerSet).
+    kinds = sorted(kind for _, kind in FOLLOWED_KINDS if kind not in ("Pod", "CronJob"))
+    assert [k for k in kinds if k not in readme_table] == []
+    assert [k for k in kinds if k not in doc_table] == []
+    assert [p for p in STAGED_POLICIES if p not in readme_table] == []
+    assert [p for p in STAGED_POLICIES if p not in doc_table] == []

@@ -3,12 +3,14 @@
 :func:`scheduler.cluster.grouping.derive_group` decides a pod's group from its
 owner chain; this module fetches that chain. Owners are read as raw objects
 through the custom-objects API, which serves every non-core API group, so a
-cluster without the Kubeflow, Ray, JobSet, LeaderWorkerSet or Argo CRDs
+cluster without the Kubeflow, Trainer, Ray, JobSet, LeaderWorkerSet or Argo CRDs
 answers 404 for those kinds and the chain simply ends there: never an error.
 Pods are owners too: a LeaderWorkerSet's worker StatefulSet is owned by its
 group's leader pod, so the chain of a worker runs worker StatefulSet, leader
 pod, leader StatefulSet, LeaderWorkerSet, and the core pod is read by its own
-path.
+path. Each owner is read at the version its reference names, so an MPIJob of
+mpi-operator (``kubeflow.org/v2beta1``) is read as v2beta1, with its
+``launcherCreationPolicy``, and one of the v1 training operator as v1.
 
 Owners change rarely and many pods share one, so each object is cached by
 its UID for ``ttl_s``; a gang of 1,000 workers costs one read per owner, not
@@ -56,6 +58,10 @@ FOLLOWED_KINDS: frozenset[tuple[str, str]] = frozenset(
         ("kubeflow.org", "JAXJob"),
         ("ray.io", "RayCluster"),
         ("ray.io", "RayJob"),
+        # Followed for their labels (a queue): a RayService's RayClusters and
+        # a TrainJob's JobSet are the gangs, sized from their own specs.
+        ("ray.io", "RayService"),
+        ("trainer.kubeflow.org", "TrainJob"),
         ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
         ("argoproj.io", "Workflow"),
     }

@@ -1,7 +1,7 @@
 """Minimal CRDs of the workload kinds pods are grouped by, for the test API server.
 
-The real operators (Kubeflow's training operator, KubeRay, JobSet,
-LeaderWorkerSet, Argo Workflows) are not run here; what the scheduler needs
+The real operators (Kubeflow's training operator and Trainer, KubeRay,
+JobSet, LeaderWorkerSet, Argo Workflows) are not run here; what the scheduler needs
 from them is only that their objects are served under the real group,
 version, kind and plural, so that an owner reference written as their
 controllers write it resolves through the API exactly as in a cluster. The
@@ -52,11 +52,24 @@ TFJOB = OwnerKind("kubeflow.org", "v1", "TFJob", "tfjobs")
 MPIJOB = OwnerKind("kubeflow.org", "v1", "MPIJob", "mpijobs")
 RAYCLUSTER = OwnerKind("ray.io", "v1", "RayCluster", "rayclusters")
 RAYJOB = OwnerKind("ray.io", "v1", "RayJob", "rayjobs")
+RAYSERVICE = OwnerKind("ray.io", "v1", "RayService", "rayservices")
+TRAINJOB = OwnerKind("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs")
 JOBSET = OwnerKind("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 LEADERWORKERSET = OwnerKind("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets")
 WORKFLOW = OwnerKind("argoproj.io", "v1alpha1", "Workflow", "workflows")
 
-OWNER_KINDS = (PYTORCHJOB, TFJOB, MPIJOB, RAYCLUSTER, RAYJOB, JOBSET, LEADERWORKERSET, WORKFLOW)
+OWNER_KINDS = (
+    PYTORCHJOB,
+    TFJOB,
+    MPIJOB,
+    RAYCLUSTER,
+    RAYJOB,
+    RAYSERVICE,
+    JOBSET,
+    LEADERWORKERSET,
+    WORKFLOW,
+    TRAINJOB,
+)
 
 # A followed kind whose CRD the test API server never gets.
 XGBOOSTJOB = OwnerKind("kubeflow.org", "v1", "XGBoostJob", "xgboostjobs")
