@@ -87,32 +87,41 @@ def scheduler_rbac(control_plane: ControlPlane) -> Iterator[None]:
         control_plane.kubectl("delete", "-f", str(SCHEDULER_RBAC), "--ignore-not-found", "--wait=false", check=False)
 
 
+def create_queue(k8s: client.ApiClient, name: str, resources: dict[str, Any]) -> None:
+    """A Queue with ``spec.resources`` as given (e.g. ``{"gpu": {"quota": 8}}``)."""
+    client.CustomObjectsApi(k8s).create_cluster_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        contract.QUEUE_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.QUEUE_KIND,
+            "metadata": {"name": name},
+            "spec": {"resources": resources},
+        },
+    )
+
+
+def delete_queue(k8s: client.ApiClient, name: str) -> None:
+    with contextlib.suppress(client.ApiException):
+        client.CustomObjectsApi(k8s).delete_cluster_custom_object(
+            contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+        )
+
+
 @pytest.fixture
 def queue(k8s: client.ApiClient, scheduler_crds: None) -> Iterator[Callable[..., str]]:
     made: list[str] = []
 
     def make(gpu_quota: float, **extra: Any) -> str:
         name = unique_name("q")
-        client.CustomObjectsApi(k8s).create_cluster_custom_object(
-            contract.SCHEDULING_API_GROUP,
-            contract.SCHEDULING_API_VERSION,
-            contract.QUEUE_PLURAL,
-            {
-                "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-                "kind": contract.QUEUE_KIND,
-                "metadata": {"name": name},
-                "spec": {"resources": {"gpu": {"quota": gpu_quota, **extra}}},
-            },
-        )
+        create_queue(k8s, name, {"gpu": {"quota": gpu_quota, **extra}})
         made.append(name)
         return name
 
     yield make
     for name in made:
-        with contextlib.suppress(client.ApiException):
-            client.CustomObjectsApi(k8s).delete_cluster_custom_object(
-                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
-            )
+        delete_queue(k8s, name)
 
 
 def podgroup(k8s: client.ApiClient, namespace: str, name: str, queue: str, min_member: int) -> None:

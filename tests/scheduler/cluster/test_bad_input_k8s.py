@@ -24,7 +24,7 @@ from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.ungrouped import missing_message
 from scheduler.engine.resources import parse_gpu_request
 from tests.harness import unique_name
-from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup
+from tests.scheduler.cluster.kube_objects import create_queue, delete_queue, node_of, pod, podgroup
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status, view
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_crds", "scheduler_rbac")]
@@ -72,29 +72,13 @@ def raw_queue(k8s: client.ApiClient) -> Iterator[Callable[[dict[str, Any]], str]
 
     def make(resources: dict[str, Any]) -> str:
         name = unique_name("q")
-        _custom(k8s).create_cluster_custom_object(
-            contract.SCHEDULING_API_GROUP,
-            contract.SCHEDULING_API_VERSION,
-            contract.QUEUE_PLURAL,
-            {
-                "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-                "kind": contract.QUEUE_KIND,
-                "metadata": {"name": name},
-                "spec": {"resources": resources},
-            },
-        )
+        create_queue(k8s, name, resources)
         made.append(name)
         return name
 
     yield make
     for name in made:
-        try:
-            _custom(k8s).delete_cluster_custom_object(
-                contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
-            )
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        delete_queue(k8s, name)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuwarden import contract
 from gpuwarden.localcluster import ManagedProcess, free_ports
 from tests.harness import ControlPlane, pod_bound_token, temporary_namespace, unique_name
 from tests.scheduler.cluster.fencing import (
@@ -40,6 +39,7 @@ from tests.scheduler.cluster.fencing import (
     over_committed,
     wait_for_fence_policy,
 )
+from tests.scheduler.cluster.kube_objects import create_queue, delete_queue
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac")]
@@ -111,27 +111,6 @@ def schedulers(
             forget_lease(k8s)
 
 
-def create_queue(k8s: client.ApiClient, name: str, gpu_quota: int) -> None:
-    client.CustomObjectsApi(k8s).create_cluster_custom_object(
-        contract.SCHEDULING_API_GROUP,
-        contract.SCHEDULING_API_VERSION,
-        contract.QUEUE_PLURAL,
-        {
-            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
-            "kind": contract.QUEUE_KIND,
-            "metadata": {"name": name},
-            "spec": {"resources": {"gpu": {"quota": gpu_quota}}},
-        },
-    )
-
-
-def delete_queue(k8s: client.ApiClient, name: str) -> None:
-    with contextlib.suppress(client.ApiException):
-        client.CustomObjectsApi(k8s).delete_cluster_custom_object(
-            contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
-        )
-
-
 def _bound(core: client.CoreV1Api, namespace: str) -> int:
     return sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
 
@@ -168,7 +147,7 @@ def _pause_the_leader_mid_bind(
         # The pods wait for their queue, so that one cycle queues all their binds at once.
         for i in range(EARLY_PODS):
             core.create_namespaced_pod(namespace, gpu_pod(f"early-{i}", early))
-        create_queue(k8s, early, 0)
+        create_queue(k8s, early, {"gpu": {"quota": 0}})
         wait_for(lambda: _bound(core, namespace) >= pause_at, timeout=60, interval=0.01, description="binding")
         os.kill(leader.pid, signal.SIGSTOP)
         paused_at = _bound(core, namespace)
