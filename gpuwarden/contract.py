@@ -376,8 +376,9 @@ class PodGroupPhase(StrEnum):
     """PodGroup .status.phase.
 
     Pending: fewer than minMember pods placed. Running: at least minMember
-    placed or running. Succeeded / Failed: every pod has finished, all
-    successfully or not.
+    placed, running or succeeded. Succeeded / Failed: no pod is left to run;
+    Failed when some failed and fewer than minMember succeeded (a failure
+    the workload retried past does not fail a gang that completed).
     """
 
     PENDING = "Pending"

@@ -48,7 +48,9 @@ Snapshot file::
         preemptible: true          # optional; inferred from priority
         minMember: 2
         created: 1699990000
-        belowMinMemberSince: null  # when a running gang was first seen short
+        belowMinMemberSince: null  # when a running gang was first seen short, having lost a member
+        succeeded: 0               # members that finished successfully (count toward minMember)
+        failed: 0                  # members that failed (count for nothing)
         tasks:
           - name: train-0          # or `replicas: 4` to make train-0..train-3
             cpu: 8
@@ -191,6 +193,8 @@ _KEYS: dict[str, frozenset[str]] = {
             "minMember",
             "created",
             "belowMinMemberSince",
+            "succeeded",
+            "failed",
             "tasks",
         }
     ),
@@ -582,6 +586,8 @@ class _Reader:
             created=self.time(data, "created", where, 0.0) or 0.0,
             tasks=tuple(tasks),
             below_min_member_since=self.time(data, "belowMinMemberSince", where, None),
+            succeeded=self.integer(data, "succeeded", where, 0, maximum=_MAX_MEMBERS),
+            failed=self.integer(data, "failed", where, 0, maximum=_MAX_MEMBERS),
         )
 
     def config(self, data: Any, where: str) -> SchedulerConfig:

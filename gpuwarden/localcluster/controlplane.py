@@ -280,6 +280,35 @@ class ControlPlane:
     def apiserver_running(self) -> bool:
         return self._apiserver is not None and self._apiserver.running()
 
+    @contextlib.contextmanager
+    def extra_controllers(self, *names: str) -> Iterator[None]:
+        """Run more kube-controller-manager controllers (``job``, ...) while the block runs.
+
+        The control plane runs only the controllers every user of it relies
+        on; a test whose workload needs another one for real (a batch Job's
+        pods made by the Job controller) runs it for just that long: a
+        second controller manager with only ``names``, no leader election,
+        stopped when the block ends, even when it fails.
+        """
+        if not names:
+            raise ValueError("name at least one controller")
+        proc = self._process(
+            f"kube-controller-manager-{'-'.join(names)}",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--controllers={','.join(names)}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+        proc.start()
+        try:
+            yield
+        finally:
+            proc.stop()
+
     def stop(self) -> None:
         """Stop every process (controller manager first) and remove the run folder.
 

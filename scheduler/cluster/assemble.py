@@ -12,7 +12,8 @@ was read from it:
   different object;
 - per pod, what deciding its place in the snapshot needs (terminal phase,
   scheduler, binding, gates, namespace, annotated group, creation time) and
-  its engine Task, converted on first use;
+  its engine Task, converted on first use (a finished pod of ours has none:
+  it is only counted in its group's ``succeeded`` or ``failed``);
 - per pod group, its Job, reused while the group's info, its tasks and its
   earliest creation time are unchanged.
 
@@ -55,9 +56,14 @@ from scheduler.cluster.sliceadmission import SliceAdmission
 from scheduler.engine.model import Job, Node, Queue, SchedulerConfig, Snapshot, Task
 
 # What a pod is to the snapshot, whatever the groups are this cycle.
-_SKIP = 0  # finished, malformed, another scheduler's unbound pod, or ours pending but deleted or gated
+_SKIP = 0  # malformed, another scheduler's unbound or finished pod, or ours pending but deleted or gated
 _FOREIGN = 1  # another scheduler's bound pod: holds capacity on its node
-_OURS = 2  # ours: placed by its group, if the group is known
+_OURS = 2  # ours: placed by its group (or counted there, once finished), if the group is known
+
+# How a pod of ours has finished: not yet, successfully, or not.
+_ACTIVE = 0
+_SUCCEEDED = 1
+_FAILED = 2
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -74,6 +80,7 @@ class _PodFacts:
     uid: str = ""
     group: str | None = None
     created: str | None = None
+    finished: int = _ACTIVE
     task: Task | None = None
     external: Task | None = None
 
@@ -98,16 +105,17 @@ def _read_pod(pod: object) -> _PodFacts:
     if not isinstance(spec, dict):
         spec = {}
     phase = status.get("phase") if isinstance(status, dict) else None
+    finished = _ACTIVE
     if isinstance(phase, str) and phase in _TERMINAL_PHASES:
-        return _PodFacts(pod, _SKIP)
+        finished = _SUCCEEDED if phase == "Succeeded" else _FAILED
     raw_node = spec.get("nodeName")
     node = raw_node if isinstance(raw_node, str) else ""
     if spec.get("schedulerName") != SCHEDULER_NAME:
-        return _PodFacts(pod, _FOREIGN if node else _SKIP, node)
+        return _PodFacts(pod, _FOREIGN if node and not finished else _SKIP, node)
     meta = pod.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
-    if not node and (meta.get("deletionTimestamp") or spec.get("schedulingGates")):
+    if not finished and not node and (meta.get("deletionTimestamp") or spec.get("schedulingGates")):
         return _PodFacts(pod, _SKIP)
     raw_namespace = meta.get("namespace")
     annotations = meta.get("annotations")
@@ -124,6 +132,7 @@ def _read_pod(pod: object) -> _PodFacts:
         uid=uid if isinstance(uid, str) else "",
         group=group if isinstance(group, str) and group else None,
         created=created if isinstance(created, str) else None,
+        finished=finished,
     )
 
 
@@ -131,6 +140,7 @@ def _read_pod(pod: object) -> _PodFacts:
 class _JobMemo:
     info: GroupInfo
     tasks: tuple[Task, ...]
+    finished: tuple[int, int]  # succeeded, failed
     stamp: str
     job: Job
 
@@ -351,6 +361,8 @@ class SnapshotAssembler:
             else:
                 wanting.add(key)
         if gkey is None or gkey not in groups:
+            if facts.finished:
+                return  # holds nothing, and counts for no group yet
             ident = f"{facts.namespace}/{facts.name}"
             if facts.node:
                 self._add_foreign(place, key, facts.node, dirty_nodes)
@@ -358,7 +370,6 @@ class SnapshotAssembler:
             else:
                 warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
             return
-        task = facts.task or facts.our_task(self._admission)
         place.member = gkey
         members = state.members.get(gkey)
         if members is None:
@@ -366,6 +377,9 @@ class SnapshotAssembler:
         else:
             members[key] = facts
         dirty_jobs.add(gkey)
+        if facts.finished:
+            return  # counted by its group, holding nothing
+        task = facts.task or facts.our_task(self._admission)
         if task.gpu_indices and task.node is not None:
             place.held = task.node
             held = state.held.get(task.node)
@@ -416,12 +430,18 @@ class SnapshotAssembler:
         ordered = sorted(members.values(), key=_facts_order) if len(members) > 1 else list(members.values())
         stamp: str | None = None
         tasks: list[Task] = []
+        succeeded = failed = 0
         for facts in ordered:
-            tasks.append(facts.task or facts.our_task(self._admission))
+            if facts.finished == _SUCCEEDED:
+                succeeded += 1
+            elif facts.finished == _FAILED:
+                failed += 1
+            else:
+                tasks.append(facts.task or facts.our_task(self._admission))
             created = facts.created
             if created is not None and (stamp is None or created < stamp):
                 stamp = created
-        state.jobs[gkey] = self._job(gkey, info, tasks, stamp, now)
+        state.jobs[gkey] = self._job(gkey, info, tasks, (succeeded, failed), stamp, now)
         if stamp is None:
             state.unstamped.add(gkey)
         else:
@@ -449,10 +469,25 @@ class SnapshotAssembler:
             pools.add(state.engine_nodes[name].pool)
         return pools
 
-    def _job(self, key: tuple[str, str], info: GroupInfo, members: list[Task], stamp: str | None, now: float) -> Job:
+    def _job(  # noqa: PLR0917 (one call site)
+        self,
+        key: tuple[str, str],
+        info: GroupInfo,
+        members: list[Task],
+        finished: tuple[int, int],
+        stamp: str | None,
+        now: float,
+    ) -> Job:
         tasks = tuple(members)
         memo = self._jobs.get(key)
-        if memo is not None and stamp is not None and memo.stamp == stamp and memo.info == info and memo.tasks == tasks:
+        if (
+            memo is not None
+            and stamp is not None
+            and memo.stamp == stamp
+            and memo.info == info
+            and memo.tasks == tasks
+            and memo.finished == finished
+        ):
             return memo.job
         created = creation_epoch(stamp) if stamp is not None else None
         job = Job(
@@ -466,9 +501,11 @@ class SnapshotAssembler:
             created=created if created is not None else now,
             tasks=tasks,
             below_min_member_since=info.below_min_member_since,
+            succeeded=finished[0],
+            failed=finished[1],
         )
         if stamp is not None:
-            self._jobs[key] = _JobMemo(info, tasks, stamp, job)
+            self._jobs[key] = _JobMemo(info, tasks, finished, stamp, job)
         else:
             self._jobs.pop(key, None)
         return job

@@ -670,6 +670,18 @@ def creation_epoch(text: str) -> float | None:
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def _earliest(earliest: dict[tuple[str, str], str], key: tuple[str, str], created: object) -> None:
+    """Keep the group's earliest creation time (its age): the first pod's, finished or not.
+
+    RFC 3339 in UTC at one-second precision, as the API server writes it,
+    orders as text: only each group's earliest is parsed.
+    """
+    if isinstance(created, str):
+        first = earliest.get(key)
+        if first is None or created < first:
+            earliest[key] = created
+
+
 def _external_queue(pool: str) -> Queue:
     unbounded = QueueResource(quota=UNLIMITED, limit=UNLIMITED, over_quota_weight=0.0)
     return Queue(
@@ -782,16 +794,23 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
     and ``groups`` says what that group is. One Job per group with pods;
     created is its earliest pod's creation time.
 
-    Left out: finished pods (Succeeded, Failed), pending pods that are being
-    deleted or are held by scheduling gates, and pending pods whose group is
-    not known yet (the next cycle has it). A bound pod of ours without a
-    known group still holds its resources, as other schedulers' pods do (see
-    the module docstring). ``admission`` is as for :func:`task_from_pod`.
+    A finished pod of ours (Succeeded, Failed) is no task: it holds
+    nothing. It is counted in its group's ``succeeded`` or ``failed``
+    (succeeded members count toward the gang, :class:`Job`), and a group
+    whose pods have all finished is a job without tasks, so that its status
+    can say how it ended. Left out: other schedulers' finished pods,
+    pending pods that are being deleted or are held by scheduling gates,
+    and pods whose group is not known yet (the next cycle has it). A bound
+    pod of ours without a known group still holds its resources, as other
+    schedulers' pods do (see the module docstring). ``admission`` is as for
+    :func:`task_from_pod`.
     """
     engine_nodes = {name: keyed_node(name, obj, gpunodes.get(name)) for name, obj in nodes.items()}
 
     by_uid = pod_groups or {}
     members: dict[tuple[str, str], list[Task]] = {}
+    # Per group, its members that succeeded and that failed.
+    finished: dict[tuple[str, str], list[int]] = {}
     earliest: dict[tuple[str, str], str] = {}
     foreign: dict[str, list[Mapping[str, Any]]] = {}
     # GPU indices held by our pods, per node, for naming foreign pods' GPUs.
@@ -805,19 +824,18 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         if not isinstance(spec, dict):
             spec = {}
         phase = status.get("phase") if isinstance(status, dict) else None
-        if isinstance(phase, str) and phase in _TERMINAL_PHASES:
-            continue
+        ended = isinstance(phase, str) and phase in _TERMINAL_PHASES
         raw_node = spec.get("nodeName")
         node_name = raw_node if isinstance(raw_node, str) else ""
         bound = bool(node_name)
         if spec.get("schedulerName") != SCHEDULER_NAME:
-            if bound:
+            if bound and not ended:
                 foreign.setdefault(node_name, []).append(pod)
             continue
         meta = pod.get("metadata")
         if not isinstance(meta, dict):
             meta = {}
-        if not bound and (meta.get("deletionTimestamp") or spec.get("schedulingGates")):
+        if not ended and not bound and (meta.get("deletionTimestamp") or spec.get("schedulingGates")):
             continue
         namespace = _str(meta.get("namespace")) or "default"
         annotations = meta.get("annotations")
@@ -825,6 +843,12 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         if not isinstance(group, str) or not group:
             group = by_uid.get(_str(meta.get("uid")))
         key = (namespace, group) if group else None
+        if ended:
+            if key is not None and key in groups:
+                counts = finished.setdefault(key, [0, 0])
+                counts[0 if phase == "Succeeded" else 1] += 1
+                _earliest(earliest, key, meta.get("creationTimestamp"))
+            continue
         if key is None or key not in groups:
             ident = f"{namespace}/{_str(meta.get('name'))}"
             if bound:
@@ -837,16 +861,12 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         members.setdefault(key, []).append(task)
         if task.gpu_indices and task.node is not None:
             held.setdefault(task.node, set()).update(task.gpu_indices)
-        # RFC 3339 in UTC at one-second precision, as the API server writes
-        # it, orders as text: only each group's earliest is parsed.
-        created = meta.get("creationTimestamp")
-        if isinstance(created, str):
-            first = earliest.get(key)
-            if first is None or created < first:
-                earliest[key] = created
+        _earliest(earliest, key, meta.get("creationTimestamp"))
 
     jobs: list[Job] = []
-    for key, tasks in members.items():
+    for key in [*members, *(k for k in finished if k not in members)]:
+        tasks = members.get(key, [])
+        succeeded, failed = finished.get(key, (0, 0))
         info = groups[key]
         stamp = earliest.get(key)
         created = creation_epoch(stamp) if stamp is not None else None
@@ -862,6 +882,8 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
                 created=created if created is not None else now,
                 tasks=tuple(tasks),
                 below_min_member_since=info.below_min_member_since,
+                succeeded=succeeded,
+                failed=failed,
             )
         )
 

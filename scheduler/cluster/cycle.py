@@ -53,8 +53,9 @@ from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.owners import OwnerResolver
 from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
+from scheduler.cluster.short_gangs import ShortGangs
 from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
-from scheduler.cluster.status import StatusWriter, refusals, shown_blocked
+from scheduler.cluster.status import StatusWriter, finished_phase, refusals, shown_blocked
 from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
@@ -62,7 +63,6 @@ from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
     Decisions,
-    Job,
     JobStatus,
     Queue,
     Reservation,
@@ -206,7 +206,7 @@ class SchedulingCycle:
         self.ungrouped = UngroupedPodNotifier(api)
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
-        self._short_since: dict[str, float] = {}
+        self._short_gangs = ShortGangs()
         # Conversions made once per cache entry, reused while the entry is unchanged.
         # ``incremental=False`` converts everything every cycle (snapshot_from),
         # the reference the benchmarks compare against.
@@ -228,7 +228,6 @@ class SchedulingCycle:
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
-        self._short: dict[str, tuple[Job, float | None, Job]] = {}
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
 
     # -- inputs ---------------------------------------------------------------
@@ -429,43 +428,8 @@ class SchedulingCycle:
         return tuple(res for key in sorted(self._reserved) for res in self._reserved[key])
 
     def _track_short_gangs(self, snapshot: Snapshot, now: float) -> Snapshot:
-        """Date when each running gang first fell below minMember (stale-gang eviction needs it).
-
-        A job the assembler handed over unchanged was counted last cycle: its
-        count, and the dated copy made of it, are reused.
-        """
-        jobs = []
-        seen: set[str] = set()
-        kept = self._short
-        for job in snapshot.jobs:
-            key = job.key
-            memo = kept.get(key)
-            # A dated copy holds only while the gang stayed short: a job that
-            # left the snapshot and came back (the same object) is dated anew.
-            if memo is not None and memo[0] is job and (memo[1] is None or self._short_since.get(key) == memo[1]):
-                since = memo[1]
-                if since is None:
-                    jobs.append(job)
-                    continue
-                seen.add(key)
-                jobs.append(memo[2])
-                continue
-            running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING)
-            if 0 < running < job.min_member:
-                since = self._short_since.setdefault(key, now)
-                dated = replace(job, below_min_member_since=since)
-                jobs.append(dated)
-                kept[key] = (job, since, dated)
-                seen.add(key)
-            else:
-                kept[key] = (job, None, job)
-                jobs.append(job)
-        for key in [k for k in self._short_since if k not in seen]:
-            del self._short_since[key]
-        if len(kept) > len(snapshot.jobs) + 1024:
-            present = {job.key for job in snapshot.jobs}
-            self._short = {key: memo for key, memo in kept.items() if key in present}
-        return replace(snapshot, jobs=tuple(jobs))
+        """Date each running gang that lost members and is short of minMember (:mod:`.short_gangs`)."""
+        return self._short_gangs.date(snapshot, now)
 
     # -- the cycle --------------------------------------------------------------
 
@@ -553,7 +517,7 @@ class SchedulingCycle:
         gang_met = [
             job.key
             for job in snapshot.jobs
-            if sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) >= job.min_member
+            if sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) + job.succeeded >= job.min_member
         ]
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
@@ -564,6 +528,7 @@ class SchedulingCycle:
             "shown_blocked": shown_blocked(view.podgroups),
             "lost_totals": lost_totals(view.queues, lost),
             "queue_problems": self._queue_problems(snapshot),
+            "finished": {job.key: ended for job in snapshot.jobs if (ended := finished_phase(job)) is not None},
         }
         specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
         # Reservations live in PodGroup status: a derived group that holds

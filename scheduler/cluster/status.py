@@ -15,9 +15,12 @@ hour; the condition holds the current explanation for as long as it lasts.
 
 PodGroup phase, as far as one cycle's decisions tell: ``Pending`` while the
 engine has pods of the group to place and placed none this cycle,
-``Scheduled`` once it placed some (the ``Unschedulable`` condition stays True
-while pods beyond those are still waiting). A group the decisions say nothing
-about keeps what was written last.
+``Running`` once it placed some or its gang is met (the ``Unschedulable``
+condition stays True while pods beyond those are still waiting). A group
+none of whose pods is left to run (:func:`finished_phase`) is
+``Succeeded``, or ``Failed`` when some failed and fewer than minMember
+succeeded. A group the decisions say nothing about keeps what was written
+last.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.evict import EvictOutcome, EvictResult
 from scheduler.cluster.quantity import format_cpu, format_gpus, format_memory
-from scheduler.engine.model import Decisions, JobStatus, QueueShare, Resources
+from scheduler.engine.model import Decisions, Job, JobStatus, QueueShare, Resources
 
 log = get_logger(__name__)
 
@@ -160,28 +163,65 @@ def quota_not_backed(shares: Sequence[QueueShare]) -> JSON:
 
 
 def explanation(status: JobStatus) -> tuple[str, str]:
-    """(reason, message) of a pending group: the engine's reasons, in its order."""
+    """(reason, message) of a pending group: the engine's reasons, in its order.
+
+    The reason is shown next to the message everywhere (the condition,
+    the Event, ``kubectl describe``, the demo), so a message whose reasons
+    share one code does not repeat it; only a ``MultipleReasons`` message
+    names each part's code, since the reason alone does not say them.
+    """
     codes = list(dict.fromkeys(r.code.value for r in status.reasons))
     reason = codes[0] if len(codes) == 1 else REASON_MULTIPLE if codes else "Pending"
-    message = "; ".join(f"{r.code.value}: {r.message}" for r in status.reasons) or "waiting to be placed"
+    if len(codes) > 1:
+        message = "; ".join(f"{r.code.value}: {r.message}" for r in status.reasons)
+    else:
+        message = "; ".join(r.message for r in status.reasons) or "waiting to be placed"
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     return reason, message
 
 
-def pod_group_status(pending: JobStatus | None, placed_now: bool, blocked: str | None = None) -> JSON:
+# A group's end: its phase (Succeeded or Failed) and what its pods came to.
+Finished = tuple[contract.PodGroupPhase, str]
+
+
+def finished_phase(job: Job) -> Finished | None:
+    """How a group ended, once none of its pods is left to run or to place; None until then.
+
+    Succeeded, unless some member failed and fewer than minMember
+    succeeded: then Failed. A member that failed and was replaced (a Job's
+    retries) does not fail a group whose gang went on to complete; a group
+    whose gang never completed because members failed did fail. A group
+    that has never had a finished member is not finished (its pods are
+    gone, not done), and keeps what was written last.
+    """
+    if job.tasks or not (job.succeeded or job.failed):
+        return None
+    counts = f"{job.succeeded} succeeded" + (f", {job.failed} failed" if job.failed else "")
+    if job.failed and job.succeeded < job.min_member:
+        return contract.PodGroupPhase.FAILED, f"every pod finished: {counts}, fewer than minMember {job.min_member}"
+    return contract.PodGroupPhase.SUCCEEDED, f"every pod finished: {counts}"
+
+
+def pod_group_status(
+    pending: JobStatus | None, placed_now: bool, blocked: str | None = None, finished: Finished | None = None
+) -> JSON:
     """The status of one group, without times; None ``pending`` means nothing of it waits.
 
     ``blocked`` says which of its evictions were refused and why; the
-    ``EvictionBlocked`` condition is there only while one is.
+    ``EvictionBlocked`` condition is there only while one is. ``finished``
+    is how the group ended (:func:`finished_phase`), None while it runs.
     """
     if pending is None:
-        condition = {"type": CONDITION_UNSCHEDULABLE, "status": "False", "reason": REASON_SCHEDULED, "message": ""}
+        said = finished[1] if finished is not None else ""
+        condition = {"type": CONDITION_UNSCHEDULABLE, "status": "False", "reason": REASON_SCHEDULED, "message": said}
     else:
         reason, message = explanation(pending)
         condition = {"type": CONDITION_UNSCHEDULABLE, "status": "True", "reason": reason, "message": message}
     running = pending is None or placed_now
     phase = contract.PodGroupPhase.RUNNING if running else contract.PodGroupPhase.PENDING
+    if finished is not None and pending is None:
+        phase = finished[0]
     conditions = [condition]
     if blocked is not None:
         conditions.append(
@@ -304,6 +344,7 @@ class StatusWriter:
         *,
         queue_problems: Mapping[str, tuple[str, str]] | None = None,
         defer_placed: bool = False,
+        finished: Mapping[str, Finished] | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -316,12 +357,20 @@ class StatusWriter:
         status was never written waits (a later cycle writes it): a busy
         scheduler sends its binds first. ``queue_problems`` maps a Queue that
         cannot take work to the (reason, message) of its Invalid condition.
+        ``finished`` maps a group none of whose pods is left to run to how
+        it ended (:func:`finished_phase`).
         """
         report = StatusReport()
         with self._lock:
             placed = {b.job for b in decisions.binds} | set(gang_met)
             self._write_groups(
-                decisions.pending, placed, blocked or {}, set(shown_blocked), report, defer_placed=defer_placed
+                decisions.pending,
+                placed,
+                blocked or {},
+                set(shown_blocked),
+                report,
+                defer_placed=defer_placed,
+                finished=finished or {},
             )
             self._write_queues(decisions.queue_shares, lost_totals or {}, queue_problems or {}, report)
         log.info(
@@ -355,13 +404,15 @@ class StatusWriter:
         report: StatusReport,
         *,
         defer_placed: bool = False,
+        finished: Mapping[str, Finished] | None = None,
     ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
+        ended = finished or {}
         # A group blocked last time is written again, so the condition goes.
         was_blocked = shown | {g for g, known in self._groups.items() if _blocked_in(known.status)}
         groups: list[str] = []
-        for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked):
+        for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked | set(ended)):
             if (
                 defer_placed
                 and group not in self._groups
@@ -371,7 +422,7 @@ class StatusWriter:
             ):
                 report.deferred += 1
                 continue
-            if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group)):
+            if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group), ended.get(group)):
                 report.unchanged += 1
             else:
                 groups.append(group)
@@ -379,7 +430,7 @@ class StatusWriter:
         def one(group: str) -> StatusReport:
             # A report per group, merged below: the threads share no counters.
             mine = StatusReport()
-            self._write_group(group, by_job.get(group), group in placed_now, blocked.get(group), mine)
+            self._write_group(group, by_job.get(group), group in placed_now, blocked.get(group), mine, ended.get(group))
             return mine
 
         if len(groups) <= 1 or self._workers <= 1:
@@ -394,10 +445,17 @@ class StatusWriter:
             report.missing.extend(part.missing)
             report.errors.extend(part.errors)
 
-    def _unchanged(self, group: str, pending: JobStatus | None, placed_now: bool, blocked: str | None) -> bool:
+    def _unchanged(
+        self,
+        group: str,
+        pending: JobStatus | None,
+        placed_now: bool,
+        blocked: str | None,
+        finished: Finished | None = None,
+    ) -> bool:
         """Nothing to send for this group: its status and both Events' news are the ones last written."""
         known = self._groups.get(group)
-        if known is None or known.status != pod_group_status(pending, placed_now, blocked):
+        if known is None or known.status != pod_group_status(pending, placed_now, blocked, finished):
             return False
         news = explanation(pending) if pending is not None else None
         budget = (REASON_BUDGET, blocked) if blocked is not None else None
@@ -406,11 +464,17 @@ class StatusWriter:
             and known.event(CONDITION_EVICTION_BLOCKED).explanation == budget
         )
 
-    def _write_group(
-        self, group: str, pending: JobStatus | None, placed_now: bool, blocked: str | None, report: StatusReport
+    def _write_group(  # noqa: PLR0917 (one call site, all positional)
+        self,
+        group: str,
+        pending: JobStatus | None,
+        placed_now: bool,
+        blocked: str | None,
+        report: StatusReport,
+        finished: Finished | None = None,
     ) -> None:
         namespace, _, name = group.partition("/")
-        desired = pod_group_status(pending, placed_now, blocked)
+        desired = pod_group_status(pending, placed_now, blocked, finished)
         known = self._groups.get(group)
         if known is not None and known.status == desired:
             report.unchanged += 1

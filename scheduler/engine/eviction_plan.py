@@ -47,7 +47,7 @@ def memo_key(job: JobState) -> tuple[object, ...]:
         job.queue.name if job.queue else "",
         job.spec.priority,
         job.preemptible,
-        job.spec.min_member - job.held,
+        job.gang_short,
         tuple(t.shape for t in pending),
     )
 

@@ -25,7 +25,16 @@ from scheduler.engine.state import JobState, NodeState, PoolState, TaskState
 
 
 def _summary(counts: Counter[str]) -> str:
-    return ", ".join(f"{n} {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return ", ".join(f"{n} {why}" for why, n in _by_count(counts))
+
+
+def _lacking(counts: Counter[str]) -> str:
+    """What nodes lack, counted: "8 nodes with fewer than 8 free GPUs" (a count, then what they lack)."""
+    return ", ".join(f"{n} node{'' if n == 1 else 's'} with {why}" for why, n in _by_count(counts))
+
+
+def _by_count(counts: Counter[str]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def _shortfall(node: NodeState, task: TaskState) -> str:
@@ -44,10 +53,10 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
             return f"fewer than {gpu.whole} free GPUs not in MIG mode"
         return f"fewer than {gpu.whole} free GPUs"
     if node.free_cpu < task.cpu:
-        return "not enough free CPU"
+        return "too little free CPU"
     if node.free_mem < task.mem:
-        return "not enough free memory"
-    return "room taken by other pods placed this cycle"
+        return "too little free memory"
+    return "their room taken by other pods placed this cycle"
 
 
 def _describe_pod(task: TaskState) -> str:
@@ -121,7 +130,7 @@ def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int
     fitting = eligible - sum(short.values())
     text = f"{pod}; {fitting} of {eligible} eligible nodes of pool {pool.name} have room"
     if short:
-        text += f" ({_summary(short)})"
+        text += f" ({_lacking(short)})"
     if fitting == 0 and task.gpu.whole > most_gpus:
         text += f"; the most free GPUs on one eligible node is {most_gpus}"
     if excluded:
@@ -134,6 +143,40 @@ def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int
     return PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, text)
 
 
+def _gpus_in_all(caches: SessionCaches, pool: PoolState) -> int:
+    found = caches.gpus_in_all.get(pool.name)
+    if found is None:
+        found = caches.gpus_in_all[pool.name] = sum(len(node.gpu_mem) for node in pool.nodes)
+    return found
+
+
+def _beyond_pool(
+    caches: SessionCaches, pool: PoolState, job: JobState, task: TaskState, count: int
+) -> PendingReason | None:
+    """The reason of a gang that needs more GPUs than its pool has at all, None if it could fit.
+
+    Such a gang waits for nothing that will ever come: not for idle
+    capacity, not for a reclaim. Saying how far it is from the free GPUs
+    (or that only idle capacity can serve it) would send its owner looking
+    for the wrong cause, so it is told this alone. What the gang's members
+    already hold counts, so the figure is the gang's, not only its
+    pending part's.
+    """
+    whole = task.gpu.whole
+    if not whole:
+        return None
+    held = [t for t in job.tasks if t.node is not None and not t.releasing]
+    need = whole * count + sum(t.gpu.whole for t in held)
+    in_all = _gpus_in_all(caches, pool)
+    if need <= in_all:
+        return None
+    return PendingReason(
+        UnschedulableReason.INSUFFICIENT_RESOURCES,
+        f"the gang needs {need} GPUs for {count + len(held)} pods but pool {pool.name} has {in_all} GPUs "
+        f"in all: it will never fit; lower its minMember or add nodes to the pool",
+    )
+
+
 def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
     if job.error is not None:
         return [job.error]
@@ -144,24 +187,31 @@ def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
     pool = job.pool
     if not pending or pool is None:
         return list(job.reasons)
-    if job.held >= job.spec.min_member and not job.reasons:
+    if job.gang_short == 0 and not job.reasons:
         gang = job.spec.min_member
+        done = job.spec.succeeded
+        whole = (
+            f"gang of {gang} is running"
+            if not done
+            else f"gang of {gang} is met ({job.held} running, {done} succeeded)"
+        )
         first = pending[0]
         # Extras a queue bound keeps out wait for that, not for room.
         bound = limit_problem(job.queue, [first.milli, first.cpu, first.mem], job.preemptible) if job.queue else None
         if bound is not None:
-            return [
-                PendingReason(bound.code, f"gang of {gang} is running; {len(pending)} more pods wait: {bound.message}")
-            ]
+            return [PendingReason(bound.code, f"{whole}; {len(pending)} more pods wait: {bound.message}")]
         return [
             PendingReason(
                 UnschedulableReason.INSUFFICIENT_RESOURCES,
-                f"gang of {gang} is running; {len(pending)} more pods wait for room "
+                f"{whole}; {len(pending)} more pods wait for room "
                 f"({format_vector([t.milli for t in pending[:1]] + [pending[0].cpu, pending[0].mem])} each)",
             )
         ]
     task = job.unplaced or pending[0]
-    count = max(1, job.spec.min_member - job.held)
+    count = max(1, job.gang_short)
+    never = _beyond_pool(caches, pool, job, task, count)
+    if never is not None:
+        return [never]
     cache = caches.reasons
     key = (pool.name, task.shape, count)
     found = cache.get(key)

@@ -49,8 +49,11 @@ def place_job(
     """Place the job's pending tasks: at least enough for its gang, or none.
 
     Tasks beyond ``min_member`` are placed while they fit (when
-    ``beyond_gang``). Returns None on success, else the reason it failed;
-    on failure every placement made here is rolled back.
+    ``beyond_gang``). Members that already succeeded count toward the
+    gang: once they and the held ones make ``min_member``, every pending
+    task is one beyond it (a Job whose last pods are fewer than its
+    parallelism still places them). Returns None on success, else the
+    reason it failed; on failure every placement made here is rolled back.
     """
     if job.error is not None:
         return job.error
@@ -61,11 +64,14 @@ def place_job(
     pending = job.pending_tasks()
     if not pending:
         return None
-    required = max(0, job.spec.min_member - job.held)
+    required = job.gang_short
     if required > len(pending):
+        exist = job.held + len(pending)
+        done = job.spec.succeeded
+        counted = f"{exist + done} exist or succeeded" if done else f"{exist} exist"
         return PendingReason(
             UnschedulableReason.GANG_INCOMPLETE,
-            f"gang needs {job.spec.min_member} pods but only {job.held + len(pending)} exist",
+            f"gang needs {job.spec.min_member} pods but only {counted}",
         )
     gang = pending[:required]
     if gang:

@@ -209,10 +209,19 @@ class Task:
 class Job:
     """A pod group: its tasks are placed together (at least ``min_member``).
 
+    ``tasks`` are the members still to run or running. Members that have
+    finished are only counted: ``succeeded`` ones count toward
+    ``min_member`` (a batch Job whose first pods completed is no smaller a
+    gang for it, and its remaining pods place without waiting for the
+    finished ones to come back), ``failed`` ones count for nothing; neither
+    holds resources. ``failed`` is there for the group's status, which
+    says Failed when nothing is left to run and the gang did not complete.
+
     ``preemptible`` None means "infer from priority". ``below_min_member_since``
     is when the Kubernetes side first saw the running gang below
-    ``min_member`` (None while it is whole); stale-gang eviction compares it
-    with the snapshot time.
+    ``min_member`` after it lost a member (None while it is whole, or has
+    only not grown to it yet); stale-gang eviction compares it with the
+    snapshot time.
     """
 
     name: str
@@ -225,6 +234,8 @@ class Job:
     created: float = 0.0
     tasks: tuple[Task, ...] = ()
     below_min_member_since: float | None = None
+    succeeded: int = 0
+    failed: int = 0
 
     @property
     def key(self) -> str:

@@ -210,12 +210,22 @@ class JobState:
         """Tasks holding resources now (running, or placed this session)."""
         return sum(1 for t in self.tasks if t.node is not None and not t.releasing)
 
+    @property
+    def satisfied(self) -> int:
+        """Members that count toward the gang: those held, and those that finished successfully."""
+        return self.held + self.spec.succeeded
+
+    @property
+    def gang_short(self) -> int:
+        """How many more members must be placed before the gang is whole (0 once it is)."""
+        return max(0, self.spec.min_member - self.satisfied)
+
     def pending_tasks(self) -> list[TaskState]:
         return [t for t in self.tasks if t.is_pending]
 
     def needs_gang(self) -> bool:
-        """True while the job has pending tasks and fewer than min_member held."""
-        return self.held < self.spec.min_member and any(t.is_pending for t in self.tasks)
+        """True while the job has pending tasks and its gang is not whole yet."""
+        return self.gang_short > 0 and any(t.is_pending for t in self.tasks)
 
 
 @dataclass(slots=True, eq=False)

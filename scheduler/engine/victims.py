@@ -268,7 +268,7 @@ def make_room(
         return victim.preemptible and action_candidate(victim)
 
     pending = job.pending_tasks()
-    required = max(0, job.spec.min_member - job.held)
+    required = job.gang_short
     gang = pending[: max(required, 1)]
     if not gang or len(pending) < required:
         return False

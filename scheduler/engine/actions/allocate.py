@@ -102,7 +102,7 @@ def _place_within_share(cluster: Cluster, caches: SessionCaches, queue: QueueSta
         job.reasons = [problem]
         return False
     job.reasons = []
-    if len(job.tasks) <= job.spec.min_member:
+    if len(job.tasks) + job.spec.succeeded <= job.spec.min_member:
         stmt.commit()  # a placed gang of every pod leaves none waiting
         return False
     pending = any(t.is_pending for t in job.tasks)

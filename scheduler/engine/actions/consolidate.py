@@ -23,7 +23,7 @@ from scheduler.engine.statement import Statement
 
 def _fits_in_total(pool: PoolState, job: JobState) -> bool:
     pending = job.pending_tasks()
-    required = pending[: max(1, job.spec.min_member - job.held)]
+    required = pending[: max(1, job.gang_short)]
     need_gpus = sum(t.gpu.whole for t in required)
     if need_gpus > pool.free_whole_total:
         return False

@@ -34,7 +34,7 @@ _NO_FAIR_VICTIMS = (
 
 def _gang_request(job: JobState) -> list[int]:
     pending = job.pending_tasks()
-    required = pending[: max(1, job.spec.min_member - job.held)]
+    required = pending[: max(1, job.gang_short)]
     return [sum(t.milli for t in required), sum(t.cpu for t in required), sum(t.mem for t in required)]
 
 

@@ -77,7 +77,7 @@ def pod_objects(draw: st.DrawFn, key: str) -> Any:
         scheduler=draw(st.sampled_from(["gpuwarden", "gpuwarden", "default-scheduler"])),
         assignment=assignment,
         created=draw(st.sampled_from(["2026-11-29T09:00:00Z", "2026-11-29T08:00:00Z"])),
-        phase=draw(st.sampled_from([None, None, "Succeeded"])),
+        phase=draw(st.sampled_from([None, None, "Succeeded", "Failed"])),
         deleting=draw(st.integers(0, 5)) == 0,
     )
     if draw(st.integers(0, 5)) == 0:

@@ -225,4 +225,4 @@ def test_a_slice_pod_that_skipped_the_webhook_is_refused_with_the_webhooks_words
         assert isinstance(words, str)
         waiting = _conditions(podgroup_status(k8s, namespace, f"slice-{i}"))["Unschedulable"]
         assert waiting["reason"] == "InvalidRequest"
-        assert waiting["message"] == f"InvalidRequest: pod slice-{i}-0: {words}"
+        assert waiting["message"] == f"pod slice-{i}-0: {words}"

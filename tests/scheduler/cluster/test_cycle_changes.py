@@ -79,7 +79,7 @@ def pod_objects(draw: st.DrawFn, name: str) -> JSON:
         group=draw(st.sampled_from([None, *GROUPS, "unknown"])),
         scheduler=draw(st.sampled_from([contract.SCHEDULER_NAME, contract.SCHEDULER_NAME, "default-scheduler"])),
         created=draw(st.sampled_from(["2026-11-29T09:00:00Z", "2026-11-29T08:00:00Z"])),
-        phase=draw(st.sampled_from([None, None, "Succeeded"])),
+        phase=draw(st.sampled_from([None, None, "Succeeded", "Failed"])),
         labels={"step": str(draw(st.integers(0, 3)))},
     )
 

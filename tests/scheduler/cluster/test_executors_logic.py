@@ -17,6 +17,7 @@ from scheduler.cluster.status import (
     StatusWriter,
     event_name,
     explanation,
+    finished_phase,
     pod_group_status,
     queue_status,
 )
@@ -25,10 +26,12 @@ from scheduler.engine.model import (
     Decisions,
     Eviction,
     EvictionAction,
+    Job,
     JobStatus,
     PendingReason,
     QueueShare,
     Resources,
+    Task,
 )
 
 
@@ -145,8 +148,9 @@ def test_a_queue_in_several_pools_shows_the_sums() -> None:
 
 
 def test_the_explanation_keeps_the_engines_order_and_fits_an_event() -> None:
+    # The reason is shown beside the message everywhere: one code is not repeated in it.
     one = JobStatus("ns/j", "q", (PendingReason(UnschedulableReason.OVER_LIMIT, "at limit"),))
-    assert explanation(one) == ("OverLimit", "OverLimit: at limit")
+    assert explanation(one) == ("OverLimit", "at limit")
     two = JobStatus(
         "ns/j",
         "q",
@@ -157,9 +161,50 @@ def test_the_explanation_keeps_the_engines_order_and_fits_an_event() -> None:
     )
     reason, message = explanation(two)
     assert reason == "GangIncomplete"
-    assert message.startswith("GangIncomplete: 1 of 4; GangIncomplete: xxx")
+    assert message.startswith("1 of 4; xxx")
     assert len(message) == MAX_MESSAGE
     assert explanation(JobStatus("ns/j", "q", ())) == ("Pending", "waiting to be placed")
+
+
+def test_only_a_message_of_several_reason_codes_names_each_code() -> None:
+    mixed = JobStatus(
+        "ns/j",
+        "q",
+        (
+            PendingReason(UnschedulableReason.OVER_LIMIT, "at limit"),
+            PendingReason(UnschedulableReason.INSUFFICIENT_RESOURCES, "no room"),
+        ),
+    )
+    assert explanation(mixed) == ("MultipleReasons", "OverLimit: at limit; InsufficientResources: no room")
+
+
+def test_a_group_none_of_whose_pods_is_left_says_how_it_ended() -> None:
+    def ended(*tasks: Task, succeeded: int = 0, failed: int = 0) -> tuple[str, str] | None:
+        found = finished_phase(Job("j", "q", min_member=4, tasks=tasks, succeeded=succeeded, failed=failed))
+        return (found[0].value, found[1]) if found is not None else None
+
+    assert ended(succeeded=6) == ("Succeeded", "every pod finished: 6 succeeded")
+    # A failed pod its controller replaced does not fail a gang that went on to complete.
+    assert ended(succeeded=4, failed=1) == ("Succeeded", "every pod finished: 4 succeeded, 1 failed")
+    assert ended(succeeded=1, failed=3) == (
+        "Failed",
+        "every pod finished: 1 succeeded, 3 failed, fewer than minMember 4",
+    )
+    assert ended(Task("last"), succeeded=5) is None  # one is still to run
+    assert ended() is None  # nothing finished: gone, not done
+
+    done = pod_group_status(None, placed_now=False, finished=finished_phase(Job("j", "q", succeeded=2)))
+    assert done == {
+        "phase": "Succeeded",
+        "conditions": [
+            {
+                "type": "Unschedulable",
+                "status": "False",
+                "reason": "Scheduled",
+                "message": "every pod finished: 2 succeeded",
+            }
+        ],
+    }
 
 
 def test_pod_group_phase_and_condition() -> None:

@@ -79,6 +79,21 @@ def test_finished_gated_deleted_pending_and_ungrouped_pending_pods_are_left_out(
     ]
     snap = build([node_json("n1")], pods, {("team-a", "g"): GroupInfo("team-a")})
     assert [t.name for j in snap.jobs for t in j.tasks] == ["kept"]
+    # Finished pods hold nothing, but their group counts them.
+    (job,) = snap.jobs
+    assert (job.succeeded, job.failed) == (1, 1)
+
+
+def test_a_group_whose_pods_all_finished_is_a_job_without_tasks() -> None:
+    pods = [
+        pod_json("done-0", group="g", node="n1", phase="Succeeded"),
+        pod_json("done-1", group="g", node="n1", phase="Succeeded"),
+        pod_json("done-2", group="g", node="n1", phase="Failed"),
+        pod_json("lost", group="nobody-knows", node="n1", phase="Succeeded"),
+    ]
+    snap = build([node_json("n1")], pods, {("team-a", "g"): GroupInfo("team-a", min_member=2)})
+    (job,) = snap.jobs
+    assert (job.name, job.tasks, job.succeeded, job.failed, job.min_member) == ("g", (), 2, 1, 2)
 
 
 def test_other_schedulers_pods_hold_capacity_in_a_reserved_queue() -> None:

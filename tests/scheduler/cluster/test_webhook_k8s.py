@@ -507,7 +507,7 @@ def assert_refused_and_explained(k8s: client.ApiClient, cycle: SchedulingCycle, 
     assert (event.type, event.reason, event.count) == ("Warning", "SliceNotAdmitted", 1)
     assert event.message.startswith("not scheduled: it would not obey its GPU slice and see whole GPUs")
     message: str = condition["message"]
-    assert message.startswith("SliceNotAdmitted: pod late is not placed: it would not obey its GPU slice")
+    assert message.startswith("pod late is not placed: it would not obey its GPU slice")
     assert "delete the pod and create it again" in message
     return message
 

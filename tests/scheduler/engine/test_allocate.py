@@ -118,7 +118,7 @@ def test_pending_reason_says_how_far_from_fitting() -> None:
     )
     message = next(p for p in run_session(snap).pending if p.job == "default/wide").reasons[0].message
     assert message.startswith("each pod needs 6 GPUs, 1 core, 1 GiB on one node; 0 of 2 eligible nodes")
-    assert "2 fewer than 6 free GPUs" in message
+    assert "(2 nodes with fewer than 6 free GPUs)" in message
     assert "the most free GPUs on one eligible node is 5" in message
 
 
@@ -247,7 +247,7 @@ def test_gpus_in_mig_mode_are_neither_placed_on_nor_counted_nor_evicted_from() -
     assert not d.binds and not d.evictions
     share = next(s for s in d.queue_shares if s.queue == "q")
     assert share.fair_share.gpu == 1000  # only the plain node's GPU
-    assert "1 fewer than 2 free GPUs not in MIG mode" in d.pending[0].reasons[0].message
+    assert "1 node with fewer than 2 free GPUs not in MIG mode" in d.pending[0].reasons[0].message
 
 
 def test_never_on_unhealthy_gpu_cordoned_or_tainted_node() -> None:
