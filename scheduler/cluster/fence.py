@@ -23,6 +23,11 @@ same GPUs. So the fence is checked twice for every write:
   patches carry the resourceVersion they were decided from, so a stale one
   fails with 409 instead.
 
+The second check is not redundant: a monotonic clock does not always see a
+pause. A VM frozen by its hypervisor, or a suspended machine, may wake with
+CLOCK_MONOTONIC where it stopped, so the process believes its last renew is
+fresh; only the API server knows that another replica holds the lease now.
+
 The server-side check guards against gpuwarden's own stale replicas, which
 always say who they are; it is not a security boundary (the scheduler's
 token may read the Lease).
