@@ -64,10 +64,14 @@ class KubeApi:
     def _read(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
         return self._request(operation, fn, args, kwargs, absent_ok=True)
 
-    def _write(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
-        """A request that changes something: the write guard may stop it before it leaves."""
+    def check_write(self, operation: str) -> None:
+        """Ask the write guard about an action outside the API (a webhook call) that acts like a write."""
         if self._guard is not None:
             self._guard(operation)
+
+    def _write(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        """A request that changes something: the write guard may stop it before it leaves."""
+        self.check_write(operation)
         return self._call(operation, fn, *args, **kwargs)
 
     def _merge_patch(self, operation: str, fn: Callable[..., Any], *args: Any) -> JSON:

@@ -27,7 +27,7 @@ eviction passed along is still there; the next cycle decides it again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -113,7 +113,7 @@ class Binder:
         workers: int = DEFAULT_BIND_WORKERS,
         retry: RetryPolicy | None = None,
         prebind: PreBind | None = None,
-        holder: str | None = None,
+        holder: Callable[[], str | None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -172,7 +172,7 @@ class Binder:
             problem = self._prebind.prepare(bind, node)
             if problem is not None:
                 return self._failed(bind, problem, 0)
-        body = binding_body(bind, assignment, self._holder)
+        body = binding_body(bind, assignment, self._holder() if self._holder is not None else None)
         answer, tries = call_with_retries(
             self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)
         )

@@ -124,7 +124,7 @@ class Evictor:
         workers: int = DEFAULT_EVICT_WORKERS,
         retry: RetryPolicy | None = None,
         bucket: TokenBucket | None = None,
-        holder: str | None = None,
+        holder: Callable[[], str | None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -158,7 +158,7 @@ class Evictor:
         return results
 
     def _evict_one(self, ev: Eviction) -> EvictResult:
-        body = eviction_body(ev, self._holder)
+        body = eviction_body(ev, self._holder() if self._holder is not None else None)
         answer, tries = call_with_retries(
             self._retry, lambda: self._api.create_pod_eviction(ev.namespace, ev.pod, body)
         )

@@ -61,6 +61,8 @@ class Leadership(Protocol):
 
     def term(self) -> int | None: ...
 
+    def term_token(self) -> str: ...
+
 
 class LeaseFence:
     """The gate every write of the scheduling loop passes; thread-safe.
@@ -75,26 +77,37 @@ class LeaseFence:
         self._leadership = leadership
         self._lock = threading.Lock()
         self._term: int | None = None
+        self._token: str | None = None
         self._logged: int | None = -1
         # Writes refused so far.
         self.refused = 0
 
-    @property
-    def holder(self) -> str:
-        """The identity written on fenced objects, as the Lease names its holder."""
-        return self._leadership.identity
+    def token(self) -> str | None:
+        """What fenced objects carry: ``<identity>#<leaseTransitions>`` of the armed term (None when disarmed).
 
-    def arm(self) -> int | None:
-        """Begin a cycle: the term it runs in now (None when not leading), which its writes must keep."""
-        term = self._leadership.term()
+        The Lease's transition count names the term, so a write decided in an
+        earlier term of this same replica (lost, then taken again) does not
+        pass the admission policy either.
+        """
+        with self._lock:
+            return self._token
+
+    def current(self) -> int | None:
+        """The term this replica leads in now (None when it does not), without arming anything."""
+        return self._leadership.term()
+
+    def arm(self, term: int | None) -> None:
+        """Begin a cycle in ``term`` (from :meth:`current`): the term its writes must keep."""
+        token = self._leadership.term_token() if term is not None else None
         with self._lock:
             self._term = term
-        return term
+            self._token = token
 
     def disarm(self) -> None:
         """Refuse every write until the next :meth:`arm` (after losing the lease, or on stop)."""
         with self._lock:
             self._term = None
+            self._token = None
 
     def check(self, operation: str) -> None:
         """Raise :class:`LeaseLostError` unless a write of the armed term may leave the process now."""

@@ -204,6 +204,17 @@ class LeaderElector:
         with self._lock:
             return self._leading and self.terms == term and self._clock() - self._last_renew < self.config.fence_s
 
+    def term_token(self) -> str:
+        """``<identity>#<leaseTransitions>``: this term as the Lease names it (the fence's admission policy checks it).
+
+        The transition count changes with every change of holder and never on
+        a renew, so it is the same for the whole term.
+        """
+        with self._lock:
+            spec = self._observed_spec or {}
+        transitions = spec.get("leaseTransitions")
+        return f"{self.identity}#{transitions if isinstance(transitions, int) else 0}"
+
     def term(self) -> int | None:
         """The number of the term this candidate leads in now; None while it does not lead."""
         with self._lock:
@@ -240,6 +251,12 @@ class LeaderElector:
                 deadline = self._last_renew + self.config.renew_deadline_s
             if self._clock() < deadline and self._attempt():
                 continue
+            holder = self.leader
+            if holder and holder != self.identity:
+                # Someone else holds it (the lease was deleted and taken, or
+                # taken over): stop now, not at the renew deadline.
+                log.warning("leader_lost", lease=self.config.name, identity=self.identity, holder=holder)
+                break
             if self._clock() >= deadline:
                 log.warning(
                     "leader_lost",

@@ -275,7 +275,7 @@ class SchedulerRunner:
     def _fresh_state(self) -> None:
         """Everything a term keeps from cycle to cycle, new: the executors, the cycle, remediation."""
         settings = self.settings
-        evictor = Evictor(self.api, evictions_per_s=settings.evictions_per_s, holder=self.fence.holder)
+        evictor = Evictor(self.api, evictions_per_s=settings.evictions_per_s, holder=self.fence.token)
         self.cycle = SchedulingCycle(
             self.api,
             config=settings.config,
@@ -283,8 +283,8 @@ class SchedulerRunner:
             binder=Binder(
                 self.api,
                 workers=settings.bind_workers,
-                prebind=SliceConfigWriter(self.api, settings.slice_compute, holder=self.fence.holder),
-                holder=self.fence.holder,
+                prebind=SliceConfigWriter(self.api, settings.slice_compute, holder=self.fence.token),
+                holder=self.fence.token,
             ),
             evictor=evictor,
             writes_in_background=True,
@@ -375,12 +375,15 @@ class SchedulerRunner:
     def _turn(self, stop: threading.Event) -> None:
         if stop.is_set():
             return
-        term = self.fence.arm()
+        term = self.fence.current()
         if self._term is not None and term != self._term:
             # Lost, or lost and taken again while this loop was not looking
-            # (a pause): nothing kept from the old term may be acted on.
+            # (a pause): nothing kept from the old term may be acted on. The
+            # fence is armed for the new term only after the old term's
+            # queued writes have met it disarmed.
             self._reset("the lease was lost" if term is None else "the lease was lost and taken again")
             return
+        self.fence.arm(term)
         if term is None:
             return
         view = self.cache.view(since=self.views.generation)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,7 +138,8 @@ class SliceConfigWriter:
 
     api: KubeApi
     compute: SliceCompute = SliceCompute.NONE
-    holder: str | None = None
+    # The fence's token of the term writing it (see :mod:`.fence`), read at each write.
+    holder: Callable[[], str | None] | None = None
 
     def prepare(self, bind: Bind, node: Node) -> str | None:
         """None when the pod may be bound (a whole-GPU bind needs nothing); else why not."""
@@ -159,7 +160,7 @@ class SliceConfigWriter:
             env = slice_environment(bind, node, self.compute)
         except ValueError as err:
             return f"GPU slice: {err}"
-        body = config_map_body(bind, env, self.holder)
+        body = config_map_body(bind, env, self.holder() if self.holder is not None else None)
         name = body["metadata"]["name"]
         try:
             self.api.create_config_map(bind.namespace, body)

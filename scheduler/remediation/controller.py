@@ -681,6 +681,8 @@ class RemediationController:
         url = self.settings.webhook_url
         if not url:
             return
+        # Calling people is acting on the pass's decisions: a replica that may have lost the lease does not.
+        self._api.check_write("escalation_webhook")
         try:
             self._post(url, json.dumps(step.payload(), sort_keys=True).encode(), self.settings.webhook_timeout_s)
             log.info("escalation_webhook_called", node=name, need=step.need.value)

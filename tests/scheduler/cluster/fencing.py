@@ -105,7 +105,8 @@ def binders(k8s: client.ApiClient, namespace: str) -> Counter[str]:
     counts: Counter[str] = Counter()
     for pod in client.CoreV1Api(k8s).list_namespaced_pod(namespace).items:
         if pod.spec.node_name:
-            counts[(pod.metadata.annotations or {}).get(contract.ANNOTATION_LEASE_HOLDER, "")] += 1
+            token = (pod.metadata.annotations or {}).get(contract.ANNOTATION_LEASE_HOLDER, "")
+            counts[token.split("#", 1)[0]] += 1  # <identity>#<leaseTransitions>: by replica
     return counts
 
 

@@ -78,7 +78,8 @@ def test_work_armed_in_one_term_is_refused_in_the_next_even_while_leading() -> N
     elector = _elector(LeaderElectionConfig(namespace="ns", identity="a"), clock)
     _renewed(elector, clock.now, new_term=True)
     fence = LeaseFence(elector)
-    assert fence.arm() == 1
+    assert fence.current() == 1
+    fence.arm(1)
     fence.check("create_pod_binding")
     # Lost and taken again while the cycle's writes were queued: term 2 leads,
     # but the writes armed in term 1 must not go out.
@@ -86,7 +87,8 @@ def test_work_armed_in_one_term_is_refused_in_the_next_even_while_leading() -> N
     assert elector.holds(2)
     with pytest.raises(LeaseLostError, match="term 1"):
         fence.check("create_pod_binding")
-    assert fence.arm() == 2
+    assert fence.current() == 2
+    fence.arm(2)
     fence.check("create_pod_binding")
     fence.disarm()
     with pytest.raises(LeaseLostError):
@@ -114,7 +116,7 @@ def test_a_fenced_write_never_reaches_the_network_and_reads_are_not_fenced() -> 
 
     with client.ApiClient(config) as api_client:
         api = KubeApi(api_client, field_manager="test", timeout_s=2.0, write_guard=guard)
-        binder = Binder(api, workers=4, holder="a")
+        binder = Binder(api, workers=4, holder=fence.token)
         node = make_node("n1", gpus=8)
         binds = [Bind(job=f"ns/j{i}", namespace="ns", pod=f"p{i}", uid=f"u{i}", node="n1") for i in range(3)]
         with pytest.raises(LeaseLostError):
@@ -129,6 +131,7 @@ def test_a_fenced_write_never_reaches_the_network_and_reads_are_not_fenced() -> 
             lambda: api.patch_podgroup_status("ns", "g", {}),
             lambda: api.create_event("ns", {}),
             lambda: api.delete_pod("ns", "p", "u"),
+            lambda: api.check_write("escalation_webhook"),
         ):
             with pytest.raises(LeaseLostError):
                 write()
@@ -138,3 +141,21 @@ def test_a_fenced_write_never_reaches_the_network_and_reads_are_not_fenced() -> 
             api.get_pod("ns", "p")
         assert not isinstance(raised.value, LeaseLostError)
         assert asked == []
+
+
+def test_fenced_objects_name_the_replica_and_its_term_as_the_lease_does() -> None:
+    """``<identity>#<leaseTransitions>``: a replica that lost the lease and took it again is another term."""
+    clock = Clock()
+    elector = _elector(LeaderElectionConfig(namespace="ns", identity="a"), clock)
+    fence = LeaseFence(elector)
+    _renewed(elector, clock.now, new_term=True)
+    elector._observed_spec = {"holderIdentity": "a", "leaseTransitions": 0}
+    fence.arm(fence.current())
+    assert fence.token() == "a#0"
+    # b took it over (1), released it, and a took it again (2).
+    _renewed(elector, clock.now, new_term=True)
+    elector._observed_spec = {"holderIdentity": "a", "leaseTransitions": 2}
+    fence.arm(fence.current())
+    assert fence.token() == "a#2"
+    fence.disarm()
+    assert fence.token() is None

@@ -118,6 +118,21 @@ def _wait_for_policies(core: client.CoreV1Api, namespace: str) -> None:
     wait_for(refused, timeout=30, interval=0.5, description="the scheduler's admission policies in force")
 
 
+def _slice_map(owner: client.V1Pod, data: dict[str, str]) -> dict[str, Any]:
+    """A GPU slice ConfigMap as sliceconfig.py writes it, for ``owner``, holding ``data``."""
+    name = owner.metadata.name
+    return {
+        "metadata": {
+            "name": config_map_name(name),
+            "labels": {"app.kubernetes.io/managed-by": contract.SCHEDULER_COMPONENT},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": owner.metadata.uid, "controller": True}
+            ],
+        },
+        "data": data,
+    }
+
+
 def _unscheduled(name: str) -> dict[str, Any]:
     """A pod no scheduler takes: the test binds it itself."""
     return {
@@ -151,6 +166,7 @@ def test_the_scheduler_token_cannot_take_over_the_cluster(
     with contextlib.suppress(client.ApiException):  # the test control plane starts without it
         admin.create_namespace({"metadata": {"name": "kube-system"}})
     system_pod = _running_pod(k8s, "kube-system", node, unique_name("coredns"))
+    victim = admin.create_namespaced_pod(namespace, _unscheduled("victim"))
     for name, ns in (("aws-auth", "kube-system"), ("gpuwarden-agent-test", SA_NAMESPACE)):
         with contextlib.suppress(client.ApiException):
             admin.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": {"k": "v"}})
@@ -202,6 +218,13 @@ def test_the_scheduler_token_cannot_take_over_the_cluster(
         ),
         "create a ConfigMap that is no GPU slice's": lambda: core.create_namespaced_config_map(
             namespace, {"metadata": {"name": "innocent"}, "data": {"k": "v"}}
+        ),
+        "plant LD_PRELOAD in a slice pod's environment": lambda: core.create_namespaced_config_map(
+            namespace, _slice_map(victim, {"LD_PRELOAD": "/tmp/evil.so"})
+        ),
+        "take another pod's slice ConfigMap name": lambda: core.create_namespaced_config_map(
+            namespace,
+            {**_slice_map(victim, {}), "metadata": {**_slice_map(victim, {})["metadata"], "name": "other-gpu-slice"}},
         ),
         "delete a kube-system pod, past its disruption budget": lambda: core.delete_namespaced_pod(
             system_pod.metadata.name, "kube-system"
@@ -302,25 +325,21 @@ def test_every_write_the_scheduler_makes_is_still_allowed(
             "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
         },
     )
-    slice_map = {
-        "metadata": {
-            "name": config_map_name("slice"),
-            "labels": {"app.kubernetes.io/managed-by": contract.SCHEDULER_COMPONENT},
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": "slice", "uid": slice_pod.metadata.uid, "controller": True}
-            ],
-        },
-        "data": {"CUDA_DEVICE_MEMORY_LIMIT": "40960m"},
-    }
+    slice_map = _slice_map(slice_pod, {"CUDA_DEVICE_MEMORY_LIMIT": "40960m", "NVIDIA_VISIBLE_DEVICES": "GPU-1"})
     assert _status(lambda: core.create_namespaced_config_map(namespace, slice_map)) == 200
-    assert (
-        _status(
-            lambda: core.patch_namespaced_config_map(
-                config_map_name("slice"), namespace, {"data": {"CUDA_DEVICE_MEMORY_LIMIT": "20480m"}}
-            )
+    # Rewritten as sliceconfig.py does it: a JSON patch conditional on the owner, setting the fence's
+    # annotations (none here: a replica without a lease; the fence itself is tested in test_fence_k8s.py).
+    rewrite = [
+        {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": slice_pod.metadata.uid},
+        {"op": "replace", "path": "/data", "value": {"CUDA_DEVICE_MEMORY_LIMIT": "20480m"}},
+        {"op": "add", "path": "/metadata/annotations", "value": {}},
+    ]
+    answer = _status(
+        lambda: core.patch_namespaced_config_map(
+            config_map_name("slice"), namespace, rewrite, _content_type="application/json-patch+json"
         )
-        == 200
     )
+    assert answer == 200
     # Why a pod it cannot group waits: the PodScheduled condition of a pending pod.
     waiting = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no PodGroup g"}
     assert (
