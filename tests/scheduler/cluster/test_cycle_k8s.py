@@ -265,6 +265,9 @@ def groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, 
     return {g["metadata"]["ownerReferences"][0]["name"]: g for g in items if g["metadata"].get("ownerReferences")}
 
 
+QUIET_S = 5.0
+
+
 def _deferring_cycle(
     k8s: client.ApiClient, default_queue: str, *, max_defer_s: float, quiet_s: float
 ) -> SchedulingCycle:
@@ -283,7 +286,8 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     nodes = set(cluster(1))
-    cycle = _deferring_cycle(k8s, queue(16), max_defer_s=30.0, quiet_s=0.5)
+    # The quiet time is long enough that the second cycle surely comes within it on a busy machine.
+    cycle = _deferring_cycle(k8s, queue(16), max_defer_s=30.0, quiet_s=QUIET_S)
     pod(k8s, namespace, "solo", gpus=1)
     pod(k8s, namespace, "wide", gpus=7)
     pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
@@ -301,7 +305,7 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     assert cycle.run(view(k8s, nodes)).decisions.binds == ()
     assert sorted(groups_by_pod(k8s, namespace)) == [waiting]
     # ... once nothing was bound for bookkeeping_quiet_s, what waited is written.
-    time.sleep(0.6)
+    time.sleep(QUIET_S + 0.1)
     result = cycle.run(view(k8s, nodes))
     assert result.decisions.binds == ()
     made = groups_by_pod(k8s, namespace)
