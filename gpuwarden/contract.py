@@ -273,6 +273,10 @@ class UnschedulableReason(StrEnum):
     # A GPU slice pod without what the admission webhook injects (its slice
     # ConfigMap's envFrom, the runtime class): bound, it would see whole GPUs.
     SLICE_NOT_ADMITTED = "SliceNotAdmitted"
+    # A placement rule the scheduler cannot judge (a volume claim not bound
+    # yet, a pod affinity namespace selector with labels): bound anyway, the
+    # pod could break it, so it waits saying which.
+    UNSUPPORTED_PLACEMENT = "UnsupportedPlacement"
 
 
 # --------------------------------------------------------------------------

@@ -40,8 +40,10 @@ skips them (:func:`is_external_queue`): there is no Queue object behind
 them. Their names contain ``:``, which no Kubernetes object name may, so
 they can never collide with a user's queue; likewise the synthetic jobs.
 Pods of other schedulers on nodes that take no work (cordoned, not Ready,
-or with a node-wide fatal fault) are left out: those nodes add nothing to
-the capacity being divided, so their pods must not be charged against it.
+or with a node-wide fatal fault) are left out of the jobs: those nodes add
+nothing to the capacity being divided, so their pods must not be charged
+against it. They are the snapshot's ``bystanders`` instead, which pod
+affinity and topology spread count by their labels.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from gpuwarden.contract import (
 )
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.logonce import WarnOnce
+from scheduler.cluster.placement import UnreadableError, node_other, other_requests, read_placement
 from scheduler.cluster.quantity import (
     QuantityError,
     count_ceil,
@@ -435,6 +438,7 @@ def node_from_objects(
     if not isinstance(unschedulable, bool):
         warn.warning("object field malformed", (ident, "unschedulable"), object=ident, field="spec.unschedulable")
         unschedulable = True
+    extended, max_pods = node_other(allocatable)
     return Node(
         name=name,
         pool=labels.get(LABEL_NODE_POOL) or DEFAULT_NODE_POOL,
@@ -446,6 +450,8 @@ def node_from_objects(
         schedulable=ready and not unschedulable,
         conditions=conditions,
         draining=annotations.get(ANNOTATION_DRAINING) == "true",
+        extended=extended,
+        max_pods=max_pods,
     )
 
 
@@ -575,10 +581,22 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
     cpu, mem, gpus = _pod_amounts(spec, ident)
     node = spec.get("nodeName")
     node = node if isinstance(node, str) and node else None
+    labels = _str_map(meta.get("labels"), "metadata.labels", ident)
+    rules = read_placement(spec, labels)
+    try:
+        extended = other_requests(spec)
+        unplaceable = rules.unplaceable
+    except UnreadableError as why:
+        extended, unplaceable = (), str(why)
+    if unplaceable:
+        warn.warning("placement rules unreadable", (ident, "placement"), pod=ident, problem=unplaceable[:200])
+    terminating = bool(meta.get("deletionTimestamp"))
     if external:
         # Another scheduler's pod holds what the kubelet admitted: whole
         # devices. Its GPU annotations (KAI's fractions, say) describe
-        # sharing done by that scheduler and must not be read as ours.
+        # sharing done by that scheduler and must not be read as ours. Its
+        # labels, host ports, other resources and anti-affinity bind the
+        # pods placed near it.
         return Task(
             name=name,
             namespace=namespace,
@@ -588,9 +606,13 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
             memory_mib=mem,
             gpus=gpus,
             node=node,
+            labels=labels,
+            placement=rules.placement,
+            extended=extended,
+            terminating=terminating,
         )
     annotations = _str_map(meta.get("annotations"), "metadata.annotations", ident)
-    if meta.get("deletionTimestamp"):
+    if terminating:
         status = TaskStatus.RELEASING
     elif node is not None:
         status = TaskStatus.RUNNING
@@ -624,6 +646,11 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
         node=node,
         gpu_indices=indices,
         refusal=refusal,
+        labels=labels,
+        placement=rules.placement,
+        extended=extended,
+        terminating=terminating,
+        unplaceable=unplaceable if status is TaskStatus.PENDING else "",
     )
 
 
@@ -700,17 +727,7 @@ def keyed_node(name: str, node: Mapping[str, Any], gpunode: Mapping[str, Any] | 
     if converted.name == name:
         return converted
     warn.warning("node name differs from its key", ("node-key", name), key=name, name=converted.name)
-    return Node(
-        name=name,
-        pool=converted.pool,
-        cpu_milli=converted.cpu_milli,
-        memory_mib=converted.memory_mib,
-        gpus=converted.gpus,
-        labels=converted.labels,
-        taints=converted.taints,
-        schedulable=converted.schedulable,
-        conditions=converted.conditions,
-    )
+    return replace(converted, name=name)
 
 
 def takes_work(node: Node) -> bool:
@@ -758,17 +775,7 @@ def _seat_external(tasks: list[Task], node: Node, held: set[int]) -> list[Task]:
         task = original
         if task.gpus and free:
             take, free = free[: task.gpus], free[task.gpus :]
-            task = Task(
-                name=task.name,
-                namespace=task.namespace,
-                uid=task.uid,
-                status=task.status,
-                cpu_milli=task.cpu_milli,
-                memory_mib=task.memory_mib,
-                gpus=task.gpus,
-                node=task.node,
-                gpu_indices=tuple(take),
-            )
+            task = replace(task, gpu_indices=tuple(take))
         out.append(task)
     return out
 
@@ -888,11 +895,15 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         )
 
     external_pools: set[str] = set()
+    bystanders: list[Task] = []
     for node_name, node_pods in foreign.items():
         engine_node = engine_nodes.get(node_name)
-        if engine_node is None or not takes_work(engine_node):
+        if engine_node is None:
             continue
         tasks = [_task(p, external=True) for p in node_pods]
+        if not takes_work(engine_node):
+            bystanders.extend(t for t in tasks if t.labels or t.placement is not None)
+            continue
         jobs.append(external_job(engine_node, tasks, held.get(node_name, set()), now))
         external_pools.add(engine_node.pool)
     all_queues = with_external_queues(queues, external_pools)
@@ -902,4 +913,5 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         jobs=tuple(jobs),
         now=now,
         config=config,
+        bystanders=tuple(sorted(bystanders, key=task_order)),
     )

@@ -41,6 +41,7 @@ _POD_SPEC = (
     "resources",
     "runtimeClassName",
     "schedulingGates",
+    "topologySpreadConstraints",
 )
 _POD_STATUS = ("phase", "nominatedNodeName", "startTime", "qosClass")
 # Whether the pod was judged unschedulable, or is about to be disrupted; the
@@ -116,6 +117,11 @@ def _container(raw: JSON) -> JSON:
     env = kept_env(raw.get("env"))
     if env:
         container["env"] = env
+    ports = raw.get("ports")
+    if ports:
+        host = [p for p in ports if isinstance(p, dict) and p.get("hostPort")]
+        if host or not isinstance(ports, list):
+            container["ports"] = host if isinstance(ports, list) else ports
     return container
 
 
@@ -123,8 +129,9 @@ def slim_pod(raw: JSON) -> JSON:
     """A pod with its identity, owner, requests, constraints and phase; no container specs or statuses.
 
     Of each container what scheduling reads: its name, requests, restart
-    policy (sidecars), ``envFrom`` and the entries of ``env`` that would
-    override a GPU slice's variables (:func:`~scheduler.cluster.sliceadmission.kept_env`).
+    policy (sidecars), ``envFrom``, the entries of ``env`` that would
+    override a GPU slice's variables (:func:`~scheduler.cluster.sliceadmission.kept_env`)
+    and its host ports (other container ports constrain nothing).
     """
     spec = raw.get("spec") or {}
     slim_spec = _pick(spec, _POD_SPEC)

@@ -179,6 +179,7 @@ def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
         builder.add(key, spec)
     share_out(cluster, tree)
     seat_reservations(cluster, snapshot.reservations)
+    cluster.set_bystanders(snapshot.bystanders)
     cluster.index_all()
     return cluster, builder, tree
 
@@ -298,9 +299,17 @@ class JobBuilder:
             want_gpu += milli
             want_cpu += cpu
             want_mem += mem
+            placement = tspec.placement
+            if placement is not None and placement.anti_affinity:
+                cluster.anti_holders += 1
             if status is PENDING:
                 task.shape = shape_of(task)
                 has_pending = True
+                if tspec.unplaceable and job.error is None:
+                    job.error = PendingReason(
+                        UnschedulableReason.UNSUPPORTED_PLACEMENT,
+                        f"pod {tspec.name} is not placed: {tspec.unplaceable}",
+                    )
                 if tspec.refusal and job.error is None:
                     job.error = PendingReason(
                         UnschedulableReason.SLICE_NOT_ADMITTED, f"pod {tspec.name} is not placed: {tspec.refusal}"
@@ -327,6 +336,8 @@ class JobBuilder:
         """Take a job's pods out of the seen pods (the caller unseats and uncharges them)."""
         for task in job.tasks:
             spec = task.spec
+            if spec.placement is not None and spec.placement.anti_affinity:
+                self.cluster.anti_holders -= 1
             self.seen_pods.discard((spec.namespace, spec.name))
             if spec.uid:
                 self.seen_uids.discard(spec.uid)

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from scheduler.engine.model import PendingReason
+from scheduler.engine.rules import DomainCache
 from scheduler.engine.state import JobState, NodeState, PoolState
 
 # What makes two pods interchangeable for placement (see predicates.shape_of).
@@ -86,6 +87,8 @@ class SessionCaches:
     reasons: dict[tuple[object, ...], PendingReason] = field(default_factory=dict)
     # Per pool, every GPU on its nodes whatever their state (what a gang can never exceed).
     gpus_in_all: dict[str, int] = field(default_factory=dict)
+    # Placement rules: eligible nodes per spread constraint, verdicts per pod.
+    rules: DomainCache = field(default_factory=DomainCache)
 
     def pool(self, pool: PoolState) -> PoolCaches:
         found = self.pools.get(pool.name)

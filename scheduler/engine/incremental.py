@@ -167,6 +167,7 @@ class Engine:
                 queue.jobs.sort(key=_job_key)
             cluster.pending_jobs = [job for job in cluster.jobs if job.has_pending]
         cluster.now = snapshot.now
+        cluster.set_bystanders(snapshot.bystanders)
         share_out(cluster, kept.tree)
         self._canonical(cluster, snapshot.reservations)
         kept.snapshot = snapshot

@@ -81,6 +81,124 @@ class Toleration:
 
 
 @dataclass(frozen=True, slots=True)
+class Requirement:
+    """One requirement of a node selector term or a label selector.
+
+    Operators are Kubernetes': ``In``, ``NotIn``, ``Exists``,
+    ``DoesNotExist``, and for node selectors ``Gt`` and ``Lt`` (an integer
+    compared with the label's value). The converter refuses any other.
+    """
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerm:
+    """A node selector term: every requirement holds (``fields`` name ``metadata.name``).
+
+    A term with no requirement at all matches no node, as in Kubernetes.
+    """
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A label selector over pods; empty matches every pod."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    expressions: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodTerm:
+    """A pod affinity or anti-affinity term.
+
+    ``selector`` None matches no pod (Kubernetes: a null label selector
+    selects nothing). ``namespaces`` empty and not ``all_namespaces`` means
+    the pod's own namespace. ``all_namespaces`` comes from an empty
+    namespace selector, or, for anti-affinity, from a namespace selector
+    with labels (namespaces are not watched, and counting more pods keeps
+    an anti-affinity term safe; see :mod:`scheduler.cluster.convert`).
+    """
+
+    topology_key: str
+    selector: LabelSelector | None
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """A topology spread constraint; ``hard`` is ``whenUnsatisfiable: DoNotSchedule``.
+
+    ``honor_affinity`` and ``honor_taints`` are its node inclusion policies
+    (defaults Honor and Ignore, as Kubernetes'); ``selector`` already holds
+    the pod's own values of ``matchLabelKeys``.
+    """
+
+    max_skew: int
+    topology_key: str
+    hard: bool
+    selector: LabelSelector | None
+    min_domains: int = 1
+    honor_affinity: bool = True
+    honor_taints: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A container's host port; ``ip`` "0.0.0.0" (the default) conflicts with every address."""
+
+    port: int
+    protocol: str = "TCP"
+    ip: str = "0.0.0.0"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Everything a pod says about where it may or would like to go, beyond its requests.
+
+    ``node_terms`` are required node affinity (any term; volume node
+    affinity is added as further terms that must all hold, in
+    ``volume_terms``). Preferred terms carry their weight (1-100).
+    """
+
+    node_terms: tuple[NodeTerm, ...] = ()
+    volume_terms: tuple[tuple[NodeTerm, ...], ...] = ()
+    preferred_nodes: tuple[tuple[int, NodeTerm], ...] = ()
+    affinity: tuple[PodTerm, ...] = ()
+    anti_affinity: tuple[PodTerm, ...] = ()
+    preferred_affinity: tuple[tuple[int, PodTerm], ...] = ()
+    preferred_anti_affinity: tuple[tuple[int, PodTerm], ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    ports: tuple[HostPort, ...] = ()
+
+    @property
+    def static(self) -> tuple[object, ...]:
+        """The part judged once per node (node affinity), for the eligibility cache."""
+        return (self.node_terms, self.volume_terms)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the verdict depends on the pods around (pod affinity, spread, ports)."""
+        return bool(self.affinity or self.anti_affinity or self.spread or self.ports)
+
+    @property
+    def scored(self) -> bool:
+        """Whether candidate nodes are ranked by preference, not the strategy alone."""
+        return bool(
+            self.preferred_nodes
+            or self.preferred_affinity
+            or self.preferred_anti_affinity
+            or any(not c.hard for c in self.spread)
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCondition:
     """One of the agent's NodeConditions, already read off the Node.
 
@@ -125,6 +243,11 @@ class Node:
     schedulable: bool = True
     conditions: tuple[NodeCondition, ...] = ()
     draining: bool = False
+    # Allocatable of every other resource (ephemeral-storage, hugepages,
+    # extended resources), in thousandths of its unit; and how many pods
+    # the kubelet admits (0: not said).
+    extended: Mapping[str, int] = field(default_factory=dict)
+    max_pods: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +311,13 @@ class Task:
     indices they hold. ``refusal``, when set, is why the Kubernetes side
     says the pod must not be placed at all (a GPU slice pod that would not
     obey its slice on the node): its job stays pending with that reason.
+
+    ``labels`` and ``placement`` are what Kubernetes' placement rules read
+    (:mod:`scheduler.engine.rules`): a running pod's labels and its
+    required anti-affinity bind the pods placed near it, as kube-scheduler
+    holds them. ``terminating`` is a pod with a deletion timestamp
+    (topology spread does not count it; other schedulers' pods are all
+    ``RELEASING``, so the status cannot say it).
     """
 
     name: str
@@ -203,6 +333,13 @@ class Task:
     node: str | None = None
     gpu_indices: tuple[int, ...] = ()
     refusal: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    placement: Placement | None = None
+    # Requests of every other resource, in thousandths of its unit.
+    extended: tuple[tuple[str, int], ...] = ()
+    terminating: bool = False
+    # Why the pod's placement rules cannot be judged (UnsupportedPlacement).
+    unplaceable: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +441,11 @@ class Snapshot:
     config: SchedulerConfig = SchedulerConfig()
     reservations: tuple[Reservation, ...] = ()
     invalid_queues: tuple[tuple[str, str], ...] = ()
+    # Pods bound to nodes that take no work of ours (other schedulers'
+    # pods on a cordoned node, a CPU node): they hold nothing the engine
+    # places, but pod affinity and topology spread count them by their
+    # labels, as kube-scheduler does.
+    bystanders: tuple[Task, ...] = ()
 
 
 # --------------------------------------------------------------------------

@@ -2,17 +2,21 @@
 
 Predicates are split the way kube-scheduler's filter plugins are, by cost.
 The *static* ones here depend only on the node and the pod's shape (node
-accepts work at all, node selector, taints, MIG for slices); their verdict
-is computed once per pool and distinct shape (``eligibility``) and reused for
-every pod of that shape. The *dynamic* ones (free CPU, memory, whole GPUs,
-per-GPU memory bins) change with the working state and live with the
-candidate walk in :mod:`scheduler.engine.scoring`.
+accepts work at all, node selector, required node affinity and a bound
+volume's node affinity, taints with effect NoSchedule or NoExecute, MIG
+for slices); their verdict is computed once per pool and distinct shape
+(``eligibility``) and reused for every pod of that shape. The *dynamic*
+ones (free CPU, memory, whole GPUs, per-GPU memory bins, and the rules of
+:mod:`scheduler.engine.rules` that read the pods around a node) change with
+the working state and live with the candidate walk in
+:mod:`scheduler.engine.scoring`.
 """
 
 from __future__ import annotations
 
 from scheduler.engine.caches import Eligibility, PoolCaches, Shape
 from scheduler.engine.model import TaintEffect
+from scheduler.engine.rules import node_affinity_problem
 from scheduler.engine.state import NodeState, PoolState, TaskState
 
 _BLOCKING_EFFECTS = frozenset({TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE})
@@ -28,6 +32,10 @@ def static_exclusion(node: NodeState, task: TaskState) -> str | None:
         for key, value in spec.node_selector.items():
             if labels.get(key) != value:
                 return f"node selector {key}={value} does not match"
+    if spec.placement is not None:
+        problem = node_affinity_problem(spec.placement, node.spec)
+        if problem is not None:
+            return problem
     for taint in node.spec.taints:
         if taint.effect in _BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in spec.tolerations):
             return f"taint {taint.key} not tolerated"
@@ -61,7 +69,7 @@ def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibil
     """Static verdict for ``task``'s shape on every node of the pool, cached per shape in ``cache``."""
     spec = task.spec
     selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
-    key: Shape = (selector, spec.tolerations, task.gpu.is_slice)
+    key: Shape = (selector, spec.tolerations, task.gpu.is_slice, spec.placement.static if spec.placement else None)
     cached = cache.eligibility.get(key)
     if cached is None:
         nodes = pool.nodes
@@ -91,4 +99,6 @@ def shape_of(task: TaskState) -> Shape:
         gpu.fraction,
         gpu.memory_mib,
         gpu.devices,
+        spec.placement,
+        spec.extended,
     )

@@ -7,7 +7,16 @@ does the opposite. Healthy nodes always come before degraded ones. The
 buckets kept by :mod:`scheduler.engine.state` make "the fewest free GPUs that
 fit" a walk over a handful of buckets, not a scan of the pool; the static
 predicates (:mod:`scheduler.engine.predicates`) are consulted per node as a
-precomputed verdict.
+precomputed verdict, and the rules that read the pods around a node
+(:mod:`scheduler.engine.rules`) as one verdict per pod and state.
+
+A pod with preferred terms (node affinity, pod affinity or anti-affinity,
+soft topology spread) is placed on the node those terms rank highest among
+the first ``SCORED_CANDIDATES`` nodes that fit, in the strategy's order
+(ties keep that order): the strategy still decides where to look, so
+bin-packing holds, and the preferences decide among nodes that are close
+to equally good for it. kube-scheduler likewise scores a sample of the
+feasible nodes, not all of them, in a large cluster.
 """
 
 from __future__ import annotations
@@ -17,7 +26,13 @@ from collections.abc import Iterator
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import PlacementStrategy
 from scheduler.engine.predicates import eligibility, shape_of
+from scheduler.engine.rules import Verdict, needs_verdict, preference_scores, verdict_for
 from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskState
+
+# How many fitting nodes a pod with preferences is scored over (module docstring).
+SCORED_CANDIDATES = 32
+
+Place = tuple[NodeState, tuple[int, ...], tuple[int, ...]]
 
 # Fields of a GPU that can take a slice, as _slice_positions ranks them
 # (plain tuples: sorting them is the hot path for slices).
@@ -87,8 +102,8 @@ def _candidates(pool: PoolState, task: TaskState) -> Iterator[NodeState]:
 
 
 def fit_on_node(node: NodeState, task: TaskState) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """GPU positions (and slices) for ``task`` on ``node`` now, or None (dynamic checks only)."""
-    if node.free_cpu < task.cpu or node.free_mem < task.mem:
+    """GPU positions (and slices) for ``task`` on ``node`` now, or None (resources only)."""
+    if node.free_cpu < task.cpu or node.free_mem < task.mem or _pods_full(node):
         return None
     if task.gpu.is_slice:
         return _slice_positions(node, task, node.pool.strategy)
@@ -97,9 +112,44 @@ def fit_on_node(node: NodeState, task: TaskState) -> tuple[tuple[int, ...], tupl
     return _whole_positions(node, task.gpu.whole), ()
 
 
-def find_place(
-    cluster: Cluster, caches: SessionCaches, task: TaskState
-) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
+def _pods_full(node: NodeState) -> bool:
+    """The node's kubelet admits no more pods (its allocatable ``pods``)."""
+    limit = node.spec.max_pods
+    return bool(limit) and len(node.tasks) >= limit
+
+
+def fits(
+    cluster: Cluster, caches: SessionCaches, node: NodeState, task: TaskState
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """:func:`fit_on_node` and the rules that read the pods around ``node``, against the state now.
+
+    For the victim search, which evicts and then asks again: the verdict is
+    worked out afresh whenever a pod moved, so a pod whose affinity a victim
+    satisfied is not placed beside the victim's empty seat.
+    """
+    if needs_verdict(cluster, task) and verdict_for(cluster, caches.rules, task).problem(node) is not None:
+        return None
+    return fit_on_node(node, task)
+
+
+def _fail_key(task: TaskState, verdict: Verdict | None) -> tuple[object, ...] | None:
+    """What a cached "nothing fits" is filed under, or None when it must not be cached.
+
+    A pod whose required pod affinity or topology spread can be satisfied
+    by another pod's placement may fit after a placement, which the cache
+    (trusted until something is released) would miss. Every other rule
+    only gets stricter as pods are placed; the bound pods' anti-affinity
+    depends on the pod's namespace and labels, so those join the key.
+    """
+    if verdict is None:
+        return task.shape
+    placement = task.spec.placement
+    if placement is not None and (placement.affinity or placement.spread):
+        return None
+    return (*task.shape, task.spec.namespace, tuple(sorted(task.spec.labels.items())))
+
+
+def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Place | None:
     """The best node and GPU positions for ``task`` now, or None."""
     pool = task.job.pool
     if pool is None:
@@ -108,44 +158,75 @@ def find_place(
     cache = pool_caches.fail
     if not task.shape:
         task.shape = shape_of(task)
-    if cache.get(task.shape) == cluster.release_version:
+    verdict = verdict_for(cluster, caches.rules, task) if needs_verdict(cluster, task) else None
+    fail_key = _fail_key(task, verdict)
+    if fail_key is not None and cache.get(fail_key) == cluster.release_version:
         return None
     elig = eligibility(pool_caches, pool, task)
+    placement = task.spec.placement
+    scored = placement is not None and placement.scored
     if elig.few is not None:
-        best = _best_of(elig.few, task)
-        if best is None:
-            cache[task.shape] = cluster.release_version
+        best = _best_of(cluster, caches, elig.few, task, verdict)
+        if best is None and fail_key is not None:
+            cache[fail_key] = cluster.release_version
         return best
     ok = elig.ok
     cpu, mem = task.cpu, task.mem
     gpu = task.gpu
     strategy = pool.strategy
+    found: list[Place] = []
     for node in _candidates(pool, task):
-        if not ok[node.pidx] or node.free_cpu < cpu or node.free_mem < mem:
+        if not ok[node.pidx] or node.free_cpu < cpu or node.free_mem < mem or _pods_full(node):
+            continue
+        if verdict is not None and verdict.problem(node) is not None:
             continue
         if gpu.is_slice:
-            found = _slice_positions(node, task, strategy)
-            if found is not None:
-                positions, slices = found
-                return node, positions, slices
+            fit = _slice_positions(node, task, strategy)
+            if fit is None:
+                continue
+            place: Place = (node, *fit)
         else:
-            return node, _whole_positions(node, gpu.whole), ()
-    cache[task.shape] = cluster.release_version
+            place = (node, _whole_positions(node, gpu.whole), ())
+        if not scored:
+            return place
+        if all(p[0] is not node for p in found):
+            found.append(place)
+        if len(found) >= SCORED_CANDIDATES:
+            break
+    if found:
+        return _preferred(cluster, caches, task, found)
+    if fail_key is not None:
+        cache[fail_key] = cluster.release_version
     return None
 
 
-def _best_of(nodes: list[NodeState], task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None:
-    """Score a short list of nodes the way the buckets order a pool."""
+def _preferred(cluster: Cluster, caches: SessionCaches, task: TaskState, found: list[Place]) -> Place:
+    """The candidate the pod's preferred terms rank highest; the earliest of equals."""
+    if len(found) == 1:
+        return found[0]
+    scores = preference_scores(cluster, caches.rules, task, [p[0] for p in found])
+    best = max(range(len(found)), key=lambda i: (scores[i], -i))
+    return found[best]
+
+
+def _best_of(
+    cluster: Cluster, caches: SessionCaches, nodes: list[NodeState], task: TaskState, verdict: Verdict | None
+) -> Place | None:
+    """Score a short list of nodes the way the buckets order a pool (then by preference)."""
     spread = task.job.pool is not None and task.job.pool.strategy is PlacementStrategy.SPREAD
-    best: tuple[NodeState, tuple[int, ...], tuple[int, ...]] | None = None
-    best_score: tuple[int, int, int] | None = None
+    ranked: list[tuple[tuple[int, int, int], Place]] = []
     for node in nodes:
-        found = fit_on_node(node, task)
-        if found is None:
+        if verdict is not None and verdict.problem(node) is not None:
+            continue
+        fit = fit_on_node(node, task)
+        if fit is None:
             continue
         score = (node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
-        if best_score is None or score < best_score:
-            positions, slices = found
-            best_score = score
-            best = (node, positions, slices)
-    return best
+        ranked.append((score, (node, *fit)))
+    if not ranked:
+        return None
+    ranked.sort(key=lambda r: r[0])
+    placement = task.spec.placement
+    if placement is not None and placement.scored:
+        return _preferred(cluster, caches, task, [p for _, p in ranked[:SCORED_CANDIDATES]])
+    return ranked[0][1]

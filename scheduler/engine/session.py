@@ -57,13 +57,19 @@ def act(cluster: Cluster, phases: list[tuple[str, float]], timings: dict[str, fl
     """The actions in their order over a built state, then its decisions."""
     clock = time.perf_counter
     caches = SessionCaches()
-    for name, action in ACTIONS:
+    # The index of bound pods (scheduler.engine.rules) is the session's: a
+    # state kept for the next session is changed outside take and release.
+    cluster.pod_index = None
+    try:
+        for name, action in ACTIONS:
+            start = clock()
+            action(cluster, caches)
+            phases.append((name, clock() - start))
         start = clock()
-        action(cluster, caches)
-        phases.append((name, clock() - start))
-    start = clock()
-    result = decisions(cluster, caches)
-    phases.append(("decisions", clock() - start))
+        result = decisions(cluster, caches)
+        phases.append(("decisions", clock() - start))
+    finally:
+        cluster.pod_index = None
     if timings is not None:
         timings.update(phases)
     return result

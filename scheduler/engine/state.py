@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.fairshare import TreeQueue
 from scheduler.engine.model import Job, Node, PendingReason, PlacementStrategy, Reservation, Task
+from scheduler.engine.podindex import PodIndex
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, GpuRequest
 
 
@@ -262,6 +263,20 @@ class Cluster:
     journal: list[Any] | None = None
     applied: int = 0
     dirty: set[NodeState] | None = None
+    # Placement rules (scheduler.engine.rules): pods of the snapshot with
+    # a required anti-affinity (kept by the job builder as jobs come and
+    # go), which make every pod's placement consult the bound pods; the
+    # bystanders of the snapshot; and the session's index of bound pods,
+    # built on first use and dropped when the session ends.
+    anti_holders: int = 0
+    bystanders: tuple[Task, ...] = ()
+    bystander_anti: bool = False
+    pod_index: PodIndex | None = None
+
+    def set_bystanders(self, tasks: tuple[Task, ...]) -> None:
+        """The snapshot's pods on nodes that take no work of ours (see :class:`Snapshot`)."""
+        self.bystanders = tasks
+        self.bystander_anti = any(t.placement is not None and t.placement.anti_affinity for t in tasks)
 
     # ------------------------------------------------------------------
     # The two primitives
@@ -274,6 +289,8 @@ class Cluster:
         before = node.free_whole
         self.seat(task, node, positions, slices)
         self._charge(task, 1)
+        if self.pod_index is not None and not task.placeholder:
+            self.pod_index.add(id(task), task.spec, node.spec)
         if positions and self.indexed:
             self._reindex(node, before)
 
@@ -344,6 +361,8 @@ class Cluster:
         task.slices = ()
         self._charge(task, -1)
         self.release_version += 1
+        if self.pod_index is not None:
+            self.pod_index.remove(id(task))
         if positions and self.indexed:
             self._reindex(node, before)
 
