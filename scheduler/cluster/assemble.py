@@ -45,6 +45,7 @@ from scheduler.cluster.convert import (
     creation_epoch,
     external_job,
     external_task_from_pod,
+    is_bystander,
     keyed_node,
     takes_work,
     task_from_pod,
@@ -210,6 +211,8 @@ class _State:
     held: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     jobs: dict[tuple[str, str], Job] = field(default_factory=dict)
     externals: dict[str, Job] = field(default_factory=dict)
+    # Per node that takes no work, other schedulers' pods there that placement rules read.
+    bystanders: dict[str, tuple[Task, ...]] = field(default_factory=dict)
     known_groups: set[tuple[str, str]] = field(default_factory=set)
     # Jobs none of whose pods has a creation time: created "now", so rebuilt every time.
     unstamped: set[tuple[str, str]] = field(default_factory=set)
@@ -321,6 +324,7 @@ class SnapshotAssembler:
             jobs=(*state.jobs.values(), *state.externals.values()),
             now=now,
             config=config,
+            bystanders=tuple(sorted((t for ts in state.bystanders.values() for t in ts), key=task_order)),
         )
 
     def _place(  # noqa: PLR0917 (one call site per mode, all positional)
@@ -456,7 +460,13 @@ class SnapshotAssembler:
             engine_node = state.engine_nodes.get(name)
             if not node_pods or engine_node is None or not takes_work(engine_node):
                 externals.pop(name, None)
+                state.bystanders.pop(name, None)
+                if node_pods and engine_node is not None:
+                    found = tuple(t for t in (f.foreign_task() for f in node_pods.values()) if is_bystander(t))
+                    if found:
+                        state.bystanders[name] = found
                 continue
+            state.bystanders.pop(name, None)
             held: set[int] = set()
             for indices in state.held.get(name, {}).values():
                 held.update(indices)

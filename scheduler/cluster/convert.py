@@ -730,6 +730,11 @@ def keyed_node(name: str, node: Mapping[str, Any], gpunode: Mapping[str, Any] | 
     return replace(converted, name=name)
 
 
+def is_bystander(task: Task) -> bool:
+    """Whether another scheduler's pod on a node that takes no work matters to placement rules."""
+    return bool(task.labels) or task.placement is not None
+
+
 def takes_work(node: Node) -> bool:
     """Whether other schedulers' pods on ``node`` are charged (see the module docstring)."""
     return node.schedulable and judge(node).node_fatal is None
@@ -902,7 +907,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
             continue
         tasks = [_task(p, external=True) for p in node_pods]
         if not takes_work(engine_node):
-            bystanders.extend(t for t in tasks if t.labels or t.placement is not None)
+            bystanders.extend(t for t in tasks if is_bystander(t))
             continue
         jobs.append(external_job(engine_node, tasks, held.get(node_name, set()), now))
         external_pools.add(engine_node.pool)
