@@ -6,9 +6,15 @@ Scenarios (targets in brackets):
     pods of 1-8 GPUs, gangs of 8-64 pods, GPU slices), 100 queues in three
     levels  [under 1 s];
 (b) 5,000 nodes x 8 GPUs, 150,000 pods, mostly running (whole GPUs, slices
-    and CPU-only pods), 10 % pending  [under 3 s].
+    and CPU-only pods), 10 % pending  [under 3 s];
+(c) scenario (b) in 10 zones with Kubernetes placement rules: 20 % of pods
+    with required node affinity (a GPU product, or a set of zones), 10 % with
+    required pod anti-affinity (pods of one job apart, by hostname), 5 % with
+    a hard topology spread over zones  [one session under 2 s], then the
+    kept-state (incremental) session once those binds ran and 1,000 more
+    pods arrived  [under 1 s].
 
-For each scenario the script prints the wall and CPU time of ``run_session``
+For (a) and (b) the script prints the wall and CPU time of ``run_session``
 (which includes turning the Snapshot into working state; building the random
 Snapshot is not timed) with its time per phase, the peak memory the session
 allocates (measured in a second, traced run, because tracing slows Python
@@ -19,7 +25,11 @@ the placement data layout alone. The baseline is stopped after a time budget;
 its total is then extrapolated from the share of allocate's jobs it got
 through, or given as a lower bound, as the output says.
 
-Run: ``python benchmarks/scheduler_cycle.py [--scenario a|b|both] [--seed N]``.
+For (c), beside each figure, its baseline is the same session over the same
+snapshot with every placement rule taken out: what the rules cost.
+
+Run: ``python benchmarks/scheduler_cycle.py [--scenario a|b|c|both|all] [--seed N]``
+(``both`` is a and b).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import gc
 import random
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY
@@ -37,15 +47,23 @@ from scheduler.engine import gangs, victims
 from scheduler.engine.actions import allocate, consolidate
 from scheduler.engine.build import build_cluster
 from scheduler.engine.caches import SessionCaches
+from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
     UNLIMITED,
+    Decisions,
     Gpu,
     Job,
+    LabelSelector,
     Node,
+    NodeTerm,
+    Placement,
     PlacementStrategy,
+    PodTerm,
     Queue,
     QueueResource,
+    Requirement,
     Snapshot,
+    SpreadConstraint,
     Task,
     TaskStatus,
 )
@@ -378,15 +396,154 @@ def measure(name: str, snapshot: Snapshot) -> None:
     print(f"  speed-up over baseline: {at_least}{result.extrapolated / best[0]:.1f}x")
 
 
+# --------------------------------------------------------------------------
+# (c): placement rules
+# --------------------------------------------------------------------------
+
+ZONES = 10
+ZONE = "topology.kubernetes.io/zone"
+HOST = "kubernetes.io/hostname"
+PRODUCT = "nvidia.com/gpu.product"
+PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H200")
+
+
+def _zoned(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    return tuple(
+        replace(n, labels={HOST: n.name, ZONE: f"zone-{i % ZONES}", PRODUCT: PRODUCTS[(i // ZONES) % 2]})
+        for i, n in enumerate(nodes)
+    )
+
+
+def _with_rules(rng: random.Random, job: Job) -> Job:
+    """``job`` with an ``app`` label on its pods and, by chance, one kind of rule on all of them.
+
+    20 % required node affinity, 10 % required anti-affinity between the
+    job's own pods by hostname, 5 % a hard spread of its pods over zones.
+    """
+    app = (("app", job.name),)
+    roll = rng.random()
+    placement: Placement | None = None
+    if roll < 0.20:
+        if rng.random() < 0.5:
+            term = NodeTerm(expressions=(Requirement(PRODUCT, "In", (rng.choice(PRODUCTS),)),))
+        else:
+            zones = tuple(f"zone-{z}" for z in rng.sample(range(ZONES), 3))
+            term = NodeTerm(expressions=(Requirement(ZONE, "In", zones),))
+        placement = Placement(node_terms=(term,))
+    elif roll < 0.30:
+        placement = Placement(anti_affinity=(PodTerm(HOST, LabelSelector(match_labels=app)),))
+    elif roll < 0.35:
+        placement = Placement(spread=(SpreadConstraint(1, ZONE, True, LabelSelector(match_labels=app)),))
+    tasks = tuple(replace(t, labels=dict(app), placement=placement) for t in job.tasks)
+    return replace(job, tasks=tasks)
+
+
+def _without_rules(snapshot: Snapshot) -> Snapshot:
+    jobs = tuple(replace(j, tasks=tuple(replace(t, placement=None) for t in j.tasks)) for j in snapshot.jobs)
+    return replace(snapshot, jobs=jobs)
+
+
+def scenario_c(seed: int) -> Snapshot:
+    base = scenario_b(seed)
+    rng = random.Random(seed + 1)
+    return replace(base, nodes=_zoned(base.nodes), jobs=tuple(_with_rules(rng, j) for j in base.jobs))
+
+
+def _after(snapshot: Snapshot, decisions: Decisions, seed: int, arrivals: int) -> Snapshot:
+    """``snapshot`` once ``decisions`` ran (binds running, evicted pods gone) and ``arrivals`` more pods came."""
+    bound = {(b.namespace, b.pod): b for b in decisions.binds}
+    gone = {(e.namespace, e.pod) for e in decisions.evictions}
+    jobs: list[Job] = []
+    for job in snapshot.jobs:
+        tasks: list[Task] = []
+        changed = False
+        for task in job.tasks:
+            ident = (task.namespace, task.name)
+            if ident in gone:
+                changed = True
+                continue
+            bind = bound.get(ident)
+            if bind is not None:
+                tasks.append(replace(task, status=TaskStatus.RUNNING, node=bind.node, gpu_indices=bind.gpu_indices))
+                changed = True
+            else:
+                tasks.append(task)
+        jobs.append(replace(job, tasks=tuple(tasks)) if changed else job)
+    rng = random.Random(seed + 2)
+    queues = [q.name for q in snapshot.queues if not any(o.parent == q.name for o in snapshot.queues)]
+    pods = 0
+    index = 0
+    while pods < arrivals:
+        job = _with_rules(rng, _pending_job(rng, 1_000_000 + index, queues, arrivals - pods))
+        jobs.append(job)
+        pods += len(job.tasks)
+        index += 1
+    return replace(snapshot, jobs=tuple(jobs), now=snapshot.now + 1.0)
+
+
+def _best_session(snapshot: Snapshot, runs: int = 3) -> tuple[float, Decisions]:
+    best = float("inf")
+    decisions: Decisions | None = None
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        decisions = run_session(snapshot)
+        best = min(best, time.perf_counter() - start)
+    assert decisions is not None
+    return best, decisions
+
+
+def _best_incremental(first: Snapshot, second: Snapshot, runs: int = 3) -> float:
+    """Seconds of the kept-state session over ``second`` after one over ``first`` (best of ``runs``)."""
+    best = float("inf")
+    for _ in range(runs):
+        engine = Engine()
+        engine.run(first)
+        gc.collect()
+        start = time.perf_counter()
+        engine.run(second)
+        best = min(best, time.perf_counter() - start)
+        assert engine.updates == 1, "the second session rebuilt its state instead of updating it"
+    return best
+
+
+def measure_rules(seed: int) -> None:
+    snapshot = scenario_c(seed)
+    pods = sum(len(j.tasks) for j in snapshot.jobs)
+    ruled = sum(1 for j in snapshot.jobs for t in j.tasks if t.placement is not None)
+    print(
+        f"scenario c: {len(snapshot.nodes)} nodes in {ZONES} zones, {pods} pods, {ruled} with placement rules "
+        f"({len(snapshot.jobs)} jobs)"
+    )
+    plain = _without_rules(snapshot)
+    seconds, decisions = _best_session(snapshot)
+    plain_seconds, plain_decisions = _best_session(plain)
+    print(
+        f"  session: {seconds:.3f} s with rules -> {len(decisions.binds)} binds; "
+        f"{plain_seconds:.3f} s without -> {len(plain_decisions.binds)} binds (best of 3)"
+    )
+    later = _after(snapshot, decisions, seed, 1000)
+    plain_later = _after(plain, plain_decisions, seed, 1000)
+    plain_later = _without_rules(plain_later)
+    incremental = _best_incremental(snapshot, later)
+    plain_incremental = _best_incremental(plain, plain_later)
+    print(
+        f"  incremental session after 1,000 arrivals: {incremental:.3f} s with rules; "
+        f"{plain_incremental:.3f} s without (best of 3)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=["a", "b", "both"], default="both")
+    parser.add_argument("--scenario", choices=["a", "b", "c", "both", "all"], default="both")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    if args.scenario in ("a", "both"):
+    if args.scenario in ("a", "both", "all"):
         measure("a", scenario_a(args.seed))
-    if args.scenario in ("b", "both"):
+    if args.scenario in ("b", "both", "all"):
         measure("b", scenario_b(args.seed))
+    if args.scenario in ("c", "all"):
+        measure_rules(args.seed)
 
 
 if __name__ == "__main__":

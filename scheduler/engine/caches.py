@@ -46,6 +46,8 @@ class PoolCaches:
     eligibility: dict[Shape, Eligibility] = field(default_factory=dict)
     # (label key, value) -> pidx of the nodes carrying it, built on first use.
     label_index: dict[tuple[str, str], list[int]] | None = None
+    # A pod's required node affinity (and its volumes') -> pidx of the nodes satisfying it.
+    affinity: dict[tuple[object, ...], set[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

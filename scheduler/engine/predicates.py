@@ -15,27 +15,33 @@ the working state and live with the candidate walk in
 from __future__ import annotations
 
 from scheduler.engine.caches import Eligibility, PoolCaches, Shape
-from scheduler.engine.model import TaintEffect
-from scheduler.engine.rules import node_affinity_problem
+from scheduler.engine.model import NodeTerm, Placement, TaintEffect
+from scheduler.engine.rules import node_affinity_problem, node_term_matches
 from scheduler.engine.state import NodeState, PoolState, TaskState
 
 _BLOCKING_EFFECTS = frozenset({TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE})
 
 
-def static_exclusion(node: NodeState, task: TaskState) -> str | None:
-    """Why ``node`` can never take ``task`` this session, or None."""
+def static_exclusion(node: NodeState, task: TaskState, *, labels_checked: bool = False) -> str | None:
+    """Why ``node`` can never take ``task`` this session, or None.
+
+    ``labels_checked``: the caller already knows the node satisfies the
+    pod's node selector and node affinity (it found it through the label
+    index).
+    """
     if not node.accepts:
         return node.excluded
     spec = task.spec
-    if spec.node_selector:
-        labels = node.spec.labels
-        for key, value in spec.node_selector.items():
-            if labels.get(key) != value:
-                return f"node selector {key}={value} does not match"
-    if spec.placement is not None:
-        problem = node_affinity_problem(spec.placement, node.spec)
-        if problem is not None:
-            return problem
+    if not labels_checked:
+        if spec.node_selector:
+            labels = node.spec.labels
+            for key, value in spec.node_selector.items():
+                if labels.get(key) != value:
+                    return f"node selector {key}={value} does not match"
+        if spec.placement is not None:
+            problem = node_affinity_problem(spec.placement, node.spec)
+            if problem is not None:
+                return problem
     for taint in node.spec.taints:
         if taint.effect in _BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in spec.tolerations):
             return f"taint {taint.key} not tolerated"
@@ -49,8 +55,7 @@ def static_exclusion(node: NodeState, task: TaskState) -> str | None:
 FEW_NODES_SHARE = 8
 
 
-def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
-    """Nodes (``pidx``) carrying every label of ``selector``, from a per-pool label index."""
+def _label_index(cache: PoolCaches, pool: PoolState) -> dict[tuple[str, str], list[int]]:
     index = cache.label_index
     if index is None:
         index = {}
@@ -58,6 +63,12 @@ def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str
             for item in node.spec.labels.items():
                 index.setdefault(item, []).append(node.pidx)
         cache.label_index = index
+    return index
+
+
+def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str, str], ...]) -> set[int]:
+    """Nodes (``pidx``) carrying every label of ``selector``, from a per-pool label index."""
+    index = _label_index(cache, pool)
     matches: set[int] | None = None
     for item in selector:
         found = set(index.get(item, ()))
@@ -65,18 +76,55 @@ def _label_matches(cache: PoolCaches, pool: PoolState, selector: tuple[tuple[str
     return matches if matches is not None else set(range(len(pool.nodes)))
 
 
+def _term_matches(cache: PoolCaches, pool: PoolState, term: NodeTerm) -> set[int]:
+    """Nodes matching one node selector term: narrowed by its ``In`` requirements through the label index."""
+    index = _label_index(cache, pool)
+    narrowed: set[int] | None = None
+    for req in term.expressions:
+        if req.operator == "In":
+            found = {pidx for value in req.values for pidx in index.get((req.key, value), ())}
+            narrowed = found if narrowed is None else narrowed & found
+    if narrowed is not None and not term.fields and all(r.operator == "In" for r in term.expressions):
+        return narrowed  # exact: every requirement was an In
+    nodes = pool.nodes
+    candidates = narrowed if narrowed is not None else range(len(nodes))
+    return {pidx for pidx in candidates if node_term_matches(term, nodes[pidx].spec)}
+
+
+def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) -> set[int]:
+    """Nodes satisfying the pod's required node affinity and its volumes', cached per distinct set of terms."""
+    key = placement.static
+    found = cache.affinity.get(key)
+    if found is None:
+        found = set(range(len(pool.nodes)))
+        if placement.node_terms:
+            found = set().union(*(_term_matches(cache, pool, t) for t in placement.node_terms))
+        for terms in placement.volume_terms:
+            found &= set().union(*(_term_matches(cache, pool, t) for t in terms))
+        cache.affinity[key] = found
+    return found
+
+
 def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibility:
     """Static verdict for ``task``'s shape on every node of the pool, cached per shape in ``cache``."""
     spec = task.spec
     selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
-    key: Shape = (selector, spec.tolerations, task.gpu.is_slice, spec.placement.static if spec.placement else None)
+    placement = spec.placement
+    static = placement.static if placement is not None and (placement.node_terms or placement.volume_terms) else None
+    key: Shape = (selector, spec.tolerations, task.gpu.is_slice, static)
     cached = cache.eligibility.get(key)
     if cached is None:
         nodes = pool.nodes
-        if selector:
+        if selector or static is not None:
+            matches = _label_matches(cache, pool, selector) if selector else None
+            if static is not None:
+                assert placement is not None
+                affine = _affinity_matches(cache, pool, placement)
+                matches = affine if matches is None else matches & affine
+            assert matches is not None
             ok = [False] * len(nodes)
-            for pidx in _label_matches(cache, pool, selector):
-                ok[pidx] = static_exclusion(nodes[pidx], task) is None
+            for pidx in matches:
+                ok[pidx] = static_exclusion(nodes[pidx], task, labels_checked=True) is None
         else:
             ok = [static_exclusion(node, task) is None for node in nodes]
         count = sum(ok)

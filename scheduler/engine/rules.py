@@ -182,6 +182,9 @@ class Verdict:
     ports: tuple[HostPort, ...] = ()
     extended: tuple[tuple[str, int], ...] = ()
     version: int = -1
+    # Whether a bound pod's anti-affinity closes a domain to this pod (which
+    # depends on its labels, not only its shape).
+    guarded: bool = False
 
     def problem(self, node: NodeState) -> str | None:
         """Why ``node`` cannot take the pod because of the pods around it, or None."""
@@ -258,8 +261,9 @@ def verdict_for(cluster: Cluster, domains: DomainCache, task: TaskState) -> Verd
     spec = task.spec
     placement = spec.placement or _NO_PLACEMENT
     verdict = Verdict(ports=placement.ports, extended=spec.extended, version=index.version)
-    for key, values in _symmetric(index, domains, spec).items():
+    for key, values in _symmetric(index, spec).items():
         verdict.forbidden.setdefault(key, set()).update(values)
+        verdict.guarded = True
     for term in placement.anti_affinity:
         verdict.forbidden.setdefault(term.topology_key, set()).update(_domains_with(index, term, spec.namespace))
     if placement.affinity:
@@ -295,24 +299,14 @@ def _domains_with(index: PodIndex, term: PodTerm, namespace: str) -> set[str]:
     return found
 
 
-def _symmetric(index: PodIndex, domains: DomainCache, spec: Task) -> dict[str, set[str]]:
-    """Domains that bound pods' required anti-affinity closes to ``spec`` (by namespace and labels)."""
-    if not index.anti:
-        return {}
-    key = (spec.namespace, tuple(sorted(spec.labels.items())))
-    cached = domains.symmetric.get(key)
-    if cached is not None and cached[0] == index.anti_version:
-        return cached[1]
+def _symmetric(index: PodIndex, spec: Task) -> dict[str, set[str]]:
+    """Domains that bound pods' required anti-affinity closes to ``spec`` (by its namespace and labels)."""
     out: dict[str, set[str]] = {}
-    for entry in index.anti.values():
-        placement = entry.spec.placement
-        assert placement is not None
-        for term in placement.anti_affinity:
-            if term_selects(term, entry.spec.namespace, spec):
-                value = entry.node.labels.get(term.topology_key)
-                if value is not None:
-                    out.setdefault(term.topology_key, set()).add(value)
-    domains.symmetric[key] = (index.anti_version, out)
+    for term, entry in index.guards_for(spec.labels):
+        if term_selects(term, entry.spec.namespace, spec):
+            value = entry.node.labels.get(term.topology_key)
+            if value is not None:
+                out.setdefault(term.topology_key, set()).add(value)
     return out
 
 
@@ -340,7 +334,6 @@ class DomainCache:
 
     # (pod's static node rules, constraint's key and policies) -> node name -> domain.
     domains: dict[tuple[object, ...], dict[str, str]] = field(default_factory=dict)
-    symmetric: dict[tuple[object, ...], tuple[int, dict[str, set[str]]]] = field(default_factory=dict)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def eligible(self, cluster: Cluster, spec: Task, constraint: SpreadConstraint) -> dict[str, str]:

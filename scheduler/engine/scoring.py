@@ -138,14 +138,18 @@ def _fail_key(task: TaskState, verdict: Verdict | None) -> tuple[object, ...] | 
     A pod whose required pod affinity or topology spread can be satisfied
     by another pod's placement may fit after a placement, which the cache
     (trusted until something is released) would miss. Every other rule
-    only gets stricter as pods are placed; the bound pods' anti-affinity
-    depends on the pod's namespace and labels, so those join the key.
+    only gets stricter as pods are placed, so a failure stays true; the
+    bound pods' anti-affinity depends on the pod's namespace and labels,
+    so a pod it restricts files its failure under those too (a pod it does
+    not restrict can share the failures of its shape).
     """
     if verdict is None:
         return task.shape
     placement = task.spec.placement
     if placement is not None and (placement.affinity or placement.spread):
         return None
+    if not verdict.guarded:
+        return task.shape
     return (*task.shape, task.spec.namespace, tuple(sorted(task.spec.labels.items())))
 
 
