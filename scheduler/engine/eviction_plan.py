@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches, VictimIndex
-from scheduler.engine.ordering import job_key, queue_key
+from scheduler.engine.ordering import gang_need, job_key, queue_key
 from scheduler.engine.state import Cluster, JobState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import Admissible, Predicate, Step, make_room, victim_index
@@ -76,7 +76,7 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
 
 def _allocate_order(job: JobState) -> tuple[object, ...]:
     assert job.queue is not None and job.pool is not None  # beneficiaries() keeps only such jobs
-    return (queue_key(job.queue, job.pool.capacity), job_key(job))
+    return (queue_key(job.queue, job.pool.capacity, gang_need(job)), job_key(job))
 
 
 @dataclass(slots=True)

@@ -91,13 +91,9 @@ def _no_fair_victims(
             f"cannot reclaim: parent queue {over[-1]} would go over its own fair share, so only its sub-queues' "
             "preemptible work could be taken, and none of it can go without pushing its queue below its fair share"
         )
-    if _within_guarantee(queue, need, contested):
+    if all(queue.alloc[r] + need[r] <= guaranteed(queue, r) for r in contested):
         return _NO_GUARANTEED_VICTIMS
     return _NO_FAIR_VICTIMS
-
-
-def _within_guarantee(queue: QueueState, need: list[int], contested: tuple[int, ...]) -> bool:
-    return all(q.alloc[r] + need[r] <= guaranteed(q, r) for q in queue.path for r in contested)
 
 
 def _above(queue: QueueState, resources: tuple[int, ...], *, guarantee: bool) -> bool:
@@ -167,7 +163,9 @@ def _plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
     contested = _contested(need)
     if not contested:
         return None
-    owed = _within_guarantee(queue, need, contested)
+    # The leaf's own standing picks the rule; ``_Fairness`` checks each
+    # ancestor the victim does not share.
+    owed = all(queue.alloc[r] + need[r] <= guaranteed(queue, r) for r in contested)
     over = next((r for r in contested if queue.alloc[r] + need[r] > queue.share[r]), None)
     if over is not None and not owed:
         job.notes.append(
