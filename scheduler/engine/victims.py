@@ -6,10 +6,11 @@ victim and which evictions are admissible.
 
 What is evicted. A victim is a *unit* of one running job: the whole job
 (all its pods, on every node: half a gang is worth nothing to anyone), or,
-for an elastic job running more pods than its ``minMember``, only pods beyond
-``minMember`` on the node being cleared (a *shrink*). A job's shrink is always
-tried before the whole job, so an elastic job loses its extras first and its
-gang only when that is not enough.
+for an elastic job running more pods than its ``minMember``, some of its pods
+beyond ``minMember`` on the node being cleared (a *shrink*: one pod, two, up
+to all it may lose there, newest first). A job's shrinks are always tried
+before the whole job, so an elastic job loses its extras first, only as many
+as the room needs, and its gang only when that is not enough.
 
 What a plan costs, compared as a tuple, cheapest first::
 
@@ -218,8 +219,10 @@ def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeV
     for order, (job, here) in enumerate(sorted(jobs.values(), key=lambda e: victim_order(e[0]))):
         spare = surplus(job)
         if spare > 0:
+            # Shrinks by one pod more each, newest pods first, before the whole job.
             here.sort(key=lambda t: t.rank)
-            units.append(_unit(job, here[-spare:], node, order, shrink=True))
+            for k in range(1, min(spare, len(here)) + 1):
+                units.append(_unit(job, here[-k:], node, order, shrink=True))
             if spare >= len(here):
                 continue  # the shrink frees all it holds here: the whole job would free nothing more
         units.append(_unit(job, [t for t in job.tasks if evictable(t)], node, order, shrink=False))
