@@ -264,3 +264,33 @@ def test_a_parent_holding_the_reclaimer_and_every_victim_is_not_blamed() -> None
     notes = " ".join(_messages(snap, "want"))
     assert "cannot reclaim" in notes
     assert "parent queue dept" not in notes
+
+
+def test_the_queue_status_says_how_much_of_an_over_subscribed_quota_is_guaranteed() -> None:
+    # Quotas of 6 + 6 on 8 GPUs: each queue is guaranteed 4, and says why.
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 6), queue("b", 6)),
+        jobs=(
+            job("a-all", "a", *(pending(f"a-{i}", 1) for i in range(8)), created=0),
+            job("b-all", "b", *(pending(f"b-{i}", 1) for i in range(8)), created=1),
+        ),
+    )
+    shares = {s.queue: s for s in run_session(snap).queue_shares}
+    assert shares["b"].guaranteed.gpu == 4000
+    assert shares["b"].guarantee_note == (
+        "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to 12 GPUs "
+        "and the pool's healthy capacity is 8 GPUs, so reclaim wins back only 4 GPUs for it"
+    )
+
+
+def test_a_quota_the_pool_backs_is_guaranteed_whole() -> None:
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 3), queue("b", 5)),
+        jobs=(job("b-all", "b", *(pending(f"b-{i}", 1) for i in range(8)), created=1),),
+    )
+    shares = {s.queue: s for s in run_session(snap).queue_shares}
+    assert shares["b"].guaranteed.gpu == 5000 and shares["b"].guarantee_note == ""
+    # a asks for nothing: its quota promises nothing now, and nothing is said.
+    assert shares["a"].guaranteed.gpu == 0 and shares["a"].guarantee_note == ""
