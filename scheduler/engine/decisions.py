@@ -23,7 +23,7 @@ from scheduler.engine.model import (
     Resources,
 )
 from scheduler.engine.reservations import kept
-from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCES, WHOLE_UNIT
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCE_NAMES, RESOURCES, WHOLE_UNIT, format_amount
 from scheduler.engine.state import Cluster, NodeState, PoolState, QueueState, TaskState
 
 
@@ -224,9 +224,49 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
                 backing=Resources.of(b.backing),
                 level_quota=Resources.of(b.level_quota),
                 parent=q.parent.name if q.parent is not None else "",
+                guaranteed=Resources.of(_guaranteed(q)),
+                guarantee_note=_guarantee_note(cluster, q),
             )
         )
     return Decisions(tuple(binds), tuple(evictions), tuple(pending), tuple(shares), kept(cluster, reserve))
+
+
+def _guaranteed(q: QueueState) -> list[int]:
+    """What reclaim wins back for the queue (see ``actions.reclaim``): its quota as far as fair share backs it."""
+    return [q.share[r] if q.quota[r] == UNLIMITED else min(q.quota[r], q.share[r]) for r in RESOURCES]
+
+
+def _guarantee_note(cluster: Cluster, q: QueueState) -> str:
+    """Why part of the queue's quota, at what it asks for now, is not guaranteed; empty when all of it is.
+
+    The quota promises ``min(quota, request)``; the guarantee is that
+    amount as far as the fair share covers it, and the fair share falls
+    short of it only where the quotas of the queue's level add up to more
+    than backs the level (capacity lost to faults, quotas over-subscribed on
+    purpose, or a parent's share too small for its children's quotas).
+    """
+    parts: list[str] = []
+    for r in RESOURCES:
+        quota = q.quota[r]
+        if quota == UNLIMITED:
+            continue
+        short = min(quota, q.request[r]) - q.share[r]
+        if short <= 0:
+            continue
+        if q.parent is not None:
+            level = [cluster.queues[c.name] for c in q.parent.tree.children if c.name in cluster.queues]
+            where = f"parent queue {q.parent.name}'s fair share is {format_amount(r, q.parent.share[r])}"
+        else:
+            level = [s for s in cluster.queues.values() if s.parent is None and s.pool == q.pool]
+            pool = cluster.pools.get(q.pool)
+            where = f"the pool's healthy capacity is {format_amount(r, pool.capacity[r] if pool else 0)}"
+        total = sum(s.quota[r] for s in level if s.quota[r] != UNLIMITED)
+        parts.append(
+            f"{format_amount(r, short)} of the {format_amount(r, quota)} {RESOURCE_NAMES[r]} quota is not "
+            f"guaranteed: the quotas at this queue's level add up to {format_amount(r, total)} and {where}, "
+            f"so reclaim wins back only {format_amount(r, q.share[r])} for it"
+        )
+    return "; ".join(parts)
 
 
 def _room(task: TaskState, node: NodeState, expires: float) -> Reservation:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches, VictimIndex
-from scheduler.engine.ordering import job_key, queue_key
+from scheduler.engine.ordering import gang_need, job_key, queue_key
 from scheduler.engine.state import Cluster, JobState
 from scheduler.engine.statement import Statement
-from scheduler.engine.victims import Predicate, make_room, victim_index
+from scheduler.engine.victims import Admissible, Predicate, Step, make_room, victim_index
 
 MAX_BENEFICIARIES = 32
 
@@ -76,7 +76,7 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
 
 def _allocate_order(job: JobState) -> tuple[object, ...]:
     assert job.queue is not None and job.pool is not None  # beneficiaries() keeps only such jobs
-    return (queue_key(job.queue, job.pool.capacity), job_key(job))
+    return (queue_key(job.queue, job.pool.capacity, gang_need(job)), job_key(job))
 
 
 @dataclass(slots=True)
@@ -84,19 +84,24 @@ class EvictionPlan:
     """What an action will try for one beneficiary (see ``victims.make_room``).
 
     ``victims()`` yields candidate jobs cheapest first, ``is_candidate``
-    filters them and ``admissible`` is asked just before each eviction.
-    ``finish`` is a last step that must succeed, against the state with
-    the room made, before anything is committed (consolidate places the
-    moved pods again). ``failure_note`` is added to the job's notes when the
+    filters them and ``admissible`` is asked just before each eviction
+    (with the pods that would go: a whole job, or an elastic job's pods
+    beyond minMember); it must only get harder to pass as more is evicted,
+    which lets the search drop a victim refused on its own. ``step`` must
+    succeed after each pod placed by evicting, against the state with its
+    room made, or the search tries other victims and nodes (consolidate
+    places the moved pods again there). ``finish`` is a last check of the
+    whole plan before anything is committed. ``failure_note`` is added to the job's notes when the
     plan fails or is known to fail, so its pending reason says what was tried.
     """
 
     victims: Callable[[], Iterable[JobState]]
     is_candidate: Predicate
-    admissible: Predicate
+    admissible: Admissible
     action: EvictionAction
     reason: str
     within_limits: bool = False
+    step: Step | None = None
     finish: Callable[[Cluster, SessionCaches, Statement], bool] | None = None
     failure_note: str | None = None
 
@@ -138,6 +143,7 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             action=plan.action,
             reason=plan.reason,
             within_limits=plan.within_limits,
+            step=plan.step,
         ) and (plan.finish is None or plan.finish(cluster, caches, stmt)):
             stmt.commit()
             job.reasons = []

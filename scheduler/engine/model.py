@@ -527,6 +527,13 @@ class QueueShare:
     quota for a child) and the sum of the quotas at that level. ``parent``
     is empty for a top-level queue. They let a Queue's status say that a
     fault, not another team, is why its work waits.
+
+    ``guaranteed`` is what reclaim will win back for the queue from queues
+    holding more than their own guarantee: ``min(quota, fair share)`` (its
+    fair share where it sets no quota). ``guarantee_note`` is empty unless
+    part of what the queue's quota promises at its current demand is not
+    guaranteed, and then says how much and why (quotas at its level add up
+    to more than backs them).
     """
 
     queue: str
@@ -540,6 +547,8 @@ class QueueShare:
     backing: Resources = Resources()
     level_quota: Resources = Resources()
     parent: str = ""
+    guaranteed: Resources = Resources()
+    guarantee_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,26 +2,68 @@
 
 Used by consolidate, reclaim and preempt through the shared loop in
 :mod:`scheduler.engine.eviction_plan`; they differ only in who may be a
-victim.
+victim and which evictions are admissible.
 
-The plan is built node by node, the way a person would clear space: for
-each task of the beneficiary's gang that does not fit anywhere as things
-stand, find nodes it could use (static predicates pass) where evicting
-candidate victims would free enough, evict them there in the action's victim
-order until the task fits, and place it. A victim job is evicted whole (its
-tasks on other nodes too): half a gang is worth nothing to anyone. If any
-task cannot be placed the whole plan is rolled back.
+What is evicted. A victim is a *unit* of one running job: the whole job
+(all its pods, on every node: half a gang is worth nothing to anyone), or,
+for an elastic job running more pods than its ``minMember``, some of its pods
+beyond ``minMember`` on the node being cleared (a *shrink*: one pod, two, up
+to all it may lose there, newest first). A job's shrinks are always tried
+before the whole job, so an elastic job loses its extras first, only as many
+as the room needs, and its gang only when that is not enough.
 
-Nodes are discovered through the victims, cheapest victim first, so the
-search looks where the cheapest room is and never walks nodes that host no
-candidate. Cost is bounded: per task at most ``MAX_NODES_SCANNED`` nodes are
-examined and ``MAX_NODES_TRIED`` of them tried (the shared loop bounds how
-many jobs an action plans for).
+What a plan costs, compared as a tuple, cheapest first::
+
+    (highest priority among the victims, milli-GPUs evicted, pods evicted)
+
+so a plan never evicts higher-priority work when lower-priority work would
+do, then frees as few GPUs, then disturbs as few pods as it can; among plans
+of equal cost the youngest victims go first (the victim order).
+
+How the search works, per pod of the beneficiary's gang that does not fit
+anywhere as things stand:
+
+1. Nodes it could use (static predicates pass, and evicting every candidate
+   there would free enough) are found through the victims, cheapest victim
+   first: at most ``MAX_NODES_SCANNED`` nodes are looked at and
+   ``MAX_NODES_TRIED`` kept. For each a lower bound on any plan's cost there
+   is computed from the node alone, and nodes are searched in that order;
+   the search stops as soon as the best plan found costs no more than the
+   bound of every node left, which in the common case is right after the
+   first node.
+2. On a node, the first plan is the greedy one (units in victim order until
+   the pod fits, then every unit the later ones made unnecessary spared),
+   worked out on the node's figures without touching the state. If it costs
+   more than the node's bound, cheaper sets are enumerated: subsets of at
+   most ``MAX_VICTIMS_PER_NODE`` units among the ``MAX_UNITS_PER_NODE``
+   cheapest on the node, pruned by cost and by fit (a superset of a set that
+   fits costs more, so none is looked at). The sets that fit on paper are
+   then tried for real in cost order, at most ``MAX_TRIALS_PER_NODE`` of
+   them: each unit's eviction must be ``admissible`` when it happens (units
+   go smallest first, which is the order that lets the most sets through a
+   rule of the kind "the queue must still hold more than X before this
+   eviction"), the pod must fit, and the action's ``step`` (consolidation:
+   every moved pod finds a new place) must succeed. A set that fails any of
+   these is undone and the next one tried; then the next node.
+
+So the search backtracks over victims and nodes, not over pods: once a pod
+of a gang is placed its plan stays, and a later pod that finds no plan rolls
+the whole gang's plan back. Within those bounds it is complete: whenever a
+set of at most ``MAX_VICTIMS_PER_NODE`` units on one of the tried nodes makes
+room admissibly, it finds one no costlier (the greedy plan also covers
+larger sets, without that promise). The bounds exist because a session
+plans for up to ``eviction_plan.MAX_BENEFICIARIES`` jobs per action on
+clusters of thousands of nodes: four victims per node covers every
+whole-GPU node of up to four GPUs (bigger plans are found greedily), and the
+``MAX_UNITS_PER_NODE`` cheapest units keep the enumeration to
+at most 162 paper checks per node (eight units: every whole-GPU victim of an
+eight-GPU node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction, UnschedulableReason
 from scheduler.engine.caches import SessionCaches, VictimIndex
@@ -35,8 +77,17 @@ from scheduler.engine.statement import Statement
 
 MAX_NODES_TRIED = 8
 MAX_NODES_SCANNED = 256
+MAX_VICTIMS_PER_NODE = 4
+MAX_UNITS_PER_NODE = 8
+MAX_TRIALS_PER_NODE = 32
 
 Predicate = Callable[[JobState], bool]
+# May these pods of this job be evicted now? Asked just before the eviction.
+Admissible = Callable[[JobState, Sequence[TaskState]], bool]
+# A last check of one placement, against the state with its room made:
+# given the statement and its mark before the room was made.
+Step = Callable[[Statement, int], bool]
+Cost = tuple[int, int, int]
 
 
 def evictable(task: TaskState) -> bool:
@@ -86,89 +137,287 @@ def evict_job(stmt: Statement, victim: JobState, action: EvictionAction, reason:
             stmt.evict(task, action, reason, beneficiary)
 
 
-def _potential_ok(node: NodeState, task: TaskState, is_candidate: Predicate) -> bool:
-    """Could evicting candidates on ``node`` make room for ``task``?"""
-    cpu = node.free_cpu
-    mem = node.free_mem
-    victim_positions: dict[int, int] = {}
+def held_by(tasks: Iterable[TaskState]) -> list[int]:
+    """GPU (milli), CPU and memory that ``tasks`` hold, in the engine's resource order."""
+    held = [0, 0, 0]
+    for t in tasks:
+        held[GPU] += t.milli
+        held[CPU] += t.cpu
+        held[MEMORY] += t.mem
+    return held
+
+
+def surplus(job: JobState) -> int:
+    """How many running pods ``job`` may lose and still be a whole gang (its pods beyond minMember)."""
+    return max(0, job.satisfied - job.spec.min_member)
+
+
+# --------------------------------------------------------------------------
+# One node, on paper
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Unit:
+    """What evicting one victim takes: a job's pods, and what they hold on the node being cleared."""
+
+    job: JobState
+    tasks: list[TaskState]
+    order: int  # the job's place in victim order on this node
+    shrink: bool
+    cpu: int = 0
+    mem: int = 0
+    whole: dict[int, int] = field(default_factory=dict)  # position -> whole holders freed
+    slices: dict[int, tuple[int, int]] = field(default_factory=dict)  # position -> (holders, MiB) freed
+    gpu: int = 0  # milli-GPUs evicted, on every node
+    pods: int = 0
+
+    @property
+    def priority(self) -> int:
+        return self.job.spec.priority
+
+
+def _unit(job: JobState, tasks: list[TaskState], node: NodeState, order: int, shrink: bool) -> _Unit:
+    unit = _Unit(job, tasks, order, shrink, gpu=sum(t.milli for t in tasks), pods=len(tasks))
+    for t in tasks:
+        if t.node is not node:
+            continue
+        unit.cpu += t.cpu
+        unit.mem += t.mem
+        if t.slices:
+            for p, s in zip(t.gpu_pos, t.slices, strict=True):
+                count, mib = unit.slices.get(p, (0, 0))
+                unit.slices[p] = (count + 1, mib + s)
+        else:
+            for p in t.gpu_pos:
+                unit.whole[p] = unit.whole.get(p, 0) + 1
+    return unit
+
+
+@dataclass(slots=True, eq=False)
+class _NodeView:
+    """A node the pod could use once victims go: its units and a bound on any plan's cost."""
+
+    node: NodeState
+    units: list[_Unit]
+    bound: Cost
+
+
+def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeView | None:
+    """The node's units, if evicting all of them would free enough for ``task``; else None."""
+    jobs: dict[int, tuple[JobState, list[TaskState]]] = {}
     for t in node.tasks:
         if evictable(t) and is_candidate(t.job):
-            cpu += t.cpu
-            mem += t.mem
-            for p in t.gpu_pos:
-                victim_positions[p] = victim_positions.get(p, 0) + 1
+            entry = jobs.get(id(t.job))
+            if entry is None:
+                jobs[id(t.job)] = (t.job, [t])
+            else:
+                entry[1].append(t)
+    if not jobs:
+        return None
+    units: list[_Unit] = []
+    for order, (job, here) in enumerate(sorted(jobs.values(), key=lambda e: victim_order(e[0]))):
+        spare = surplus(job)
+        if spare > 0:
+            # Shrinks by one pod more each, newest pods first, before the whole job.
+            here.sort(key=lambda t: t.rank)
+            for k in range(1, min(spare, len(here)) + 1):
+                units.append(_unit(job, here[-k:], node, order, shrink=True))
+            if spare >= len(here):
+                continue  # the shrink frees all it holds here: the whole job would free nothing more
+        units.append(_unit(job, [t for t in job.tasks if evictable(t)], node, order, shrink=False))
+    # Only units that free something the pod lacks here are worth a look.
+    short_cpu = node.free_cpu < task.cpu
+    short_mem = node.free_mem < task.mem
+    wants_gpu = task.gpu.whole > 0 or task.gpu.is_slice
+    units = [
+        u
+        for u in units
+        if (wants_gpu and (u.whole or u.slices)) or (short_cpu and u.cpu > 0) or (short_mem and u.mem > 0)
+    ]
+    if not units:
+        return None
+    # Everything at once: each job's largest unit (the whole job, listed last).
+    largest: dict[int, _Unit] = {id(u.job): u for u in units}
+    if not _fits(node, task, list(largest.values())):
+        return None
+    return _NodeView(node, units, _bound(node, task, units))
+
+
+def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
+    """Would ``task`` fit on ``node`` with ``units`` gone? The CPU, memory and GPU checks of
+    ``scoring.fit_on_node``, on paper (a necessary condition; the real check follows)."""
+    cpu = node.free_cpu
+    mem = node.free_mem
+    for u in units:
+        cpu += u.cpu
+        mem += u.mem
     if cpu < task.cpu or mem < task.mem:
         return False
     gpu = task.gpu
+    if not gpu.whole and not gpu.is_slice:
+        return True
+    whole = list(node.gpu_whole)
+    sliced = list(node.gpu_slices)
+    free = list(node.gpu_free)
+    for u in units:
+        for p, n in u.whole.items():
+            whole[p] -= n
+        for p, (n, mib) in u.slices.items():
+            sliced[p] -= n
+            free[p] += mib
+    ok = node.gpu_ok
     if gpu.is_slice:
-        return node.free_whole + len(victim_positions) >= gpu.devices
-    # A GPU comes free only if every holder on it is a candidate.
-    freeable = 0
-    for p, count in victim_positions.items():
-        if node.gpu_ok[p] and node.gpu_whole[p] + node.gpu_slices[p] == count:
-            freeable += 1
-    return node.free_whole + freeable >= gpu.whole
+        usable = 0
+        for p in range(len(ok)):
+            if ok[p] and not whole[p] and free[p] >= gpu.slice_on(node.gpu_mem[p]):
+                usable += 1
+        return usable >= gpu.devices
+    empty = 0
+    for p in range(len(ok)):
+        if ok[p] and not whole[p] and not sliced[p]:
+            empty += 1
+    return empty >= gpu.whole
 
 
-def _clear_node(
-    stmt: Statement,
-    *,
-    node: NodeState,
-    task: TaskState,
-    is_candidate: Predicate,
-    rank: Callable[[JobState], tuple[int, float, str]],
-    admissible: Predicate,
-    action: EvictionAction,
-    reason: str,
-) -> bool:
-    """Evict candidates on ``node``, cheapest first, until ``task`` fits; place it.
+def _bound(node: NodeState, task: TaskState, units: list[_Unit]) -> Cost:
+    """A lower bound on the cost of any plan on ``node``: the cheapest victim's priority,
+    the whole GPUs still missing, and how many victims at least free them."""
+    lowest = min(u.priority for u in units)
+    missing = max(0, task.gpu.whole - node.free_whole)
+    if missing == 0 or any(u.slices for u in units):
+        return (lowest, 0, 1)
+    most = max(len(u.whole) for u in units)
+    return (lowest, missing * 1000, -(-missing // max(most, 1)))
 
-    Evicting in order can take a victim that a later, larger one makes
-    unnecessary (a 1-GPU pod, then a 3-GPU pod, for a 3-GPU task); such
-    victims are spared before anything is kept, so no pod is evicted for
-    room nobody uses.
-    """
-    on_node: dict[int, JobState] = {}
-    for t in node.tasks:
-        if evictable(t) and id(t.job) not in on_node and is_candidate(t.job):
-            on_node[id(t.job)] = t.job
-    mark = stmt.mark()
-    chosen: list[JobState] = []
-    for victim in sorted(on_node.values(), key=rank):
-        if not admissible(victim):
-            continue
-        evict_job(stmt, victim, action, reason, task.job.key)
-        chosen.append(victim)
-        if fit_on_node(node, task) is not None:
+
+def _cost(units: Sequence[_Unit]) -> Cost:
+    return (max(u.priority for u in units), sum(u.gpu for u in units), sum(u.pods for u in units))
+
+
+def _greedy(node: NodeState, task: TaskState, units: list[_Unit]) -> list[_Unit] | None:
+    """Units in victim order (a job's shrink before the job) until ``task`` fits, on paper,
+    then those a later one made unnecessary spared (a 1-GPU pod, then a 3-GPU pod, for a
+    3-GPU task: the 1-GPU pod stays)."""
+    chosen: list[_Unit] = []
+    for unit in units:
+        chosen = [u for u in chosen if u.job is not unit.job]
+        chosen.append(unit)
+        if _fits(node, task, chosen):
             break
     else:
-        return False
-    if len(chosen) > 1:
-        stmt.rollback(mark)
-        needed = chosen
-        for spare in chosen[:-1]:
-            trial = [v for v in needed if v is not spare]
-            trial_mark = stmt.mark()
-            for victim in trial:
-                evict_job(stmt, victim, action, reason, task.job.key)
-            fits = fit_on_node(node, task) is not None
-            stmt.rollback(trial_mark)
-            if fits:
-                needed = trial
-        for victim in needed:
-            evict_job(stmt, victim, action, reason, task.job.key)
-    found = fit_on_node(node, task)
-    assert found is not None
-    stmt.allocate(task, node, *found)
-    return True
+        return None
+    for spare in chosen[:-1]:
+        trial = [u for u in chosen if u is not spare]
+        if _fits(node, task, trial):
+            chosen = trial
+    return chosen
 
 
-def _nodes_to_try(
-    task: TaskState, victims: Iterable[JobState], is_candidate: Predicate, elig: list[bool]
-) -> list[NodeState]:
+def _cheaper_sets(node: NodeState, task: TaskState, units: list[_Unit], below: Cost | None) -> list[list[_Unit]]:
+    """Minimal sets of at most ``MAX_VICTIMS_PER_NODE`` units that fit on paper and cost less than ``below``."""
+    pool = sorted(units, key=lambda u: (u.priority, u.gpu, u.order, u.shrink is False))[:MAX_UNITS_PER_NODE]
+    found: list[tuple[Cost, tuple[int, ...], list[_Unit]]] = []
+
+    def walk(start: int, chosen: list[_Unit], cost: Cost) -> None:
+        for i in range(start, len(pool)):
+            unit = pool[i]
+            if any(u.job is unit.job for u in chosen):
+                continue
+            step: Cost = (max(cost[0], unit.priority), cost[1] + unit.gpu, cost[2] + unit.pods)
+            if below is not None and step >= below:
+                continue
+            trial = [*chosen, unit]
+            if _fits(node, task, trial):
+                found.append((step, tuple(u.order for u in trial), trial))
+            elif len(trial) < MAX_VICTIMS_PER_NODE:
+                walk(i + 1, trial, step)
+
+    walk(0, [], (-(2**62), 0, 0))
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [f[2] for f in found]
+
+
+# --------------------------------------------------------------------------
+# Trying a set for real
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Search:
+    """What one pod's search needs to try a set of units against the real state."""
+
+    stmt: Statement
+    task: TaskState
+    admissible: Admissible
+    action: EvictionAction
+    reason: str
+    step: Step | None
+
+    def attempt(self, node: NodeState, units: Sequence[_Unit]) -> bool:
+        """Evict ``units`` (smallest first, each admissible when it goes), place the pod, run the step.
+
+        On failure the state is as it was.
+        """
+        stmt = self.stmt
+        mark = stmt.mark()
+        beneficiary = self.task.job.key
+        for unit in sorted(units, key=lambda u: (u.gpu, u.order)):
+            tasks = [t for t in unit.tasks if evictable(t)]
+            if unit.shrink and len(tasks) > surplus(unit.job):
+                stmt.rollback(mark)
+                return False
+            if not self.admissible(unit.job, tasks):
+                stmt.rollback(mark)
+                return False
+            for t in tasks:
+                stmt.evict(t, self.action, self.reason, beneficiary)
+        found = fit_on_node(node, self.task)
+        if found is None:
+            stmt.rollback(mark)
+            return False
+        stmt.allocate(self.task, node, *found)
+        if self.step is not None and not self.step(stmt, mark):
+            stmt.rollback(mark)
+            return False
+        return True
+
+
+def _search_node(search: _Search, view: _NodeView, below: Cost | None) -> Cost | None:
+    """Place the pod on ``view``'s node by its cheapest plan found costing less than ``below``;
+    its cost, with the plan applied, or None with the state untouched."""
+    node, task = view.node, search.task
+    # Admissibility only gets harder as more is evicted (a rule every action's
+    # ``admissible`` keeps), so a unit refused on its own is refused in any set.
+    units = [u for u in view.units if search.admissible(u.job, u.tasks)]
+    if not units:
+        return None
+    greedy = _greedy(node, task, units)
+    kept: Cost | None = None
+    if greedy is not None:
+        cost = _cost(greedy)
+        if below is None or cost < below:
+            mark = search.stmt.mark()
+            if search.attempt(node, greedy):
+                if cost <= view.bound:
+                    return cost
+                kept = cost
+                search.stmt.rollback(mark)
+    limit = kept if kept is not None else below
+    for tried, chosen in enumerate(_cheaper_sets(node, task, units, limit)):
+        if tried >= MAX_TRIALS_PER_NODE:
+            break
+        if search.attempt(node, chosen):
+            return _cost(chosen)
+    if kept is not None and greedy is not None and search.attempt(node, greedy):
+        return kept
+    return None
+
+
+def _views(task: TaskState, victims: Iterable[JobState], is_candidate: Predicate, elig: list[bool]) -> list[_NodeView]:
     pool = task.job.pool
     seen: set[int] = set()
-    options: list[NodeState] = []
+    options: list[_NodeView] = []
     for victim in victims:
         if not is_candidate(victim):
             continue
@@ -177,13 +426,38 @@ def _nodes_to_try(
             if node is None or node.pool is not pool or not evictable(t) or id(node) in seen:
                 continue
             seen.add(id(node))
-            if elig[node.pidx] and _potential_ok(node, task, is_candidate):
-                options.append(node)
+            if not elig[node.pidx]:
+                continue
+            view = _survey(node, task, is_candidate)
+            if view is not None:
+                options.append(view)
                 if len(options) >= MAX_NODES_TRIED:
                     return options
         if len(seen) >= MAX_NODES_SCANNED:
             break
     return options
+
+
+def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
+    """The cheapest plan over ``views`` (see the module docstring), applied; False if none."""
+    views = sorted(views, key=lambda v: v.bound)  # stable: discovery order among equals
+    best: tuple[Cost, _NodeView] | None = None
+    applied = False
+    stmt = search.stmt
+    mark = stmt.mark()
+    for view in views:
+        if best is not None and best[0] <= view.bound:
+            break  # no plan on this node or any later one can cost less
+        if applied:
+            stmt.rollback(mark)
+            applied = False
+        cost = _search_node(search, view, best[0] if best is not None else None)
+        if cost is not None:
+            best = (cost, view)
+            applied = True
+    if best is not None and not applied:
+        applied = _search_node(search, best[1], None) is not None
+    return applied
 
 
 def _evict_under_limit(
@@ -193,7 +467,7 @@ def _evict_under_limit(
     *,
     victims: Iterable[JobState],
     is_candidate: Predicate,
-    admissible: Predicate,
+    admissible: Admissible,
     action: EvictionAction,
     reason: str,
 ) -> bool:
@@ -207,14 +481,12 @@ def _evict_under_limit(
     usable: list[JobState] = []
     freed = [0, 0, 0]
     for victim in victims:
-        if not is_candidate(victim) or not admissible(victim):
+        if not is_candidate(victim):
             continue
-        held = [0, 0, 0]
-        for t in victim.tasks:
-            if evictable(t):
-                held[GPU] += t.milli
-                held[CPU] += t.cpu
-                held[MEMORY] += t.mem
+        tasks = [t for t in victim.tasks if evictable(t)]
+        if not tasks or not admissible(victim, tasks):
+            continue
+        held = held_by(tasks)
         if held != [0, 0, 0]:
             usable.append(victim)
             freed = [freed[r] + held[r] for r in RESOURCES]
@@ -235,10 +507,11 @@ def make_room(
     *,
     victims: Callable[[], Iterable[JobState]],
     is_candidate: Predicate,
-    admissible: Predicate,
+    admissible: Admissible,
     action: EvictionAction,
     reason: str,
     within_limits: bool = False,
+    step: Step | None = None,
 ) -> bool:
     """Place ``job``'s gang by evicting candidate victims; all or nothing.
 
@@ -249,10 +522,11 @@ def make_room(
 
     ``victims()`` yields candidate jobs cheapest first (it may yield others,
     which ``is_candidate`` filters out; non-preemptible jobs are always
-    filtered out); ``admissible`` is asked just before
-    each eviction, against the state as it then is. On success the
-    evictions and placements stay in ``stmt`` (not committed); on failure
-    ``stmt`` is rolled back to where it was.
+    filtered out); ``admissible`` is asked just before each eviction,
+    against the state as it then is, and ``step`` after each pod is placed
+    by evicting (see the module docstring). On success the evictions and
+    placements stay in ``stmt`` (not committed); on failure ``stmt`` is
+    rolled back to where it was.
     """
     pool = job.pool
     queue = job.queue
@@ -297,23 +571,9 @@ def make_room(
         if found is not None:
             stmt.allocate(task, *found)
             continue
-        placed = False
-        for node in _nodes_to_try(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok):
-            node_mark = stmt.mark()
-            if _clear_node(
-                stmt,
-                node=node,
-                task=task,
-                is_candidate=candidate,
-                rank=victim_order,
-                admissible=admissible,
-                action=action,
-                reason=reason,
-            ):
-                placed = True
-                break
-            stmt.rollback(node_mark)
-        if not placed:
+        views = _views(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok)
+        search = _Search(stmt, task, admissible, action, reason, step)
+        if not views or not _place_by_evicting(search, views):
             stmt.rollback(mark)
             return False
     return True

@@ -1,8 +1,8 @@
 """Allocate: place pending jobs on free resources, neediest queue first.
 
-Per node pool, queues take turns: the queue that should go next (below fair
-share first, then lowest dominant-resource share; see
-:mod:`scheduler.engine.ordering`) acts, and goes back in line with its new
+Per node pool, queues take turns: the queue that should go next (one whose
+next job keeps it within its fair share first, then lowest dominant-resource
+share; see :mod:`scheduler.engine.ordering`) acts, and goes back in line with its new
 standing. This happens in two rounds:
 
 1. Each turn offers the queue's best job (priority, then age). Its gang
@@ -19,9 +19,10 @@ until the next session's reclaim undid it. One pod per turn in the second
 round shares what is left between elastic jobs instead of handing it all to
 the first.
 
-Queue keys only grow while allocate runs (nothing is released), so a heap
-with re-check-on-pop keeps the order exact without re-sorting every queue
-after every turn.
+A queue's key changes only on its own turn (its allocation and its next
+job) or grows with its ancestors' allocation (nothing is released), so a
+heap with re-check-on-pop keeps the order exact without re-sorting every
+queue after every turn.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Callable
 
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.gangs import place_extra, place_job
-from scheduler.engine.ordering import job_key, queue_key
+from scheduler.engine.ordering import gang_need, job_key, queue_key
 from scheduler.engine.state import Cluster, JobState, QueueState
 from scheduler.engine.statement import Statement
 
@@ -78,19 +79,22 @@ def _allocate_pool(cluster: Cluster, caches: SessionCaches, pool_name: str) -> N
 
 def _take_turns(cluster: Cluster, capacity: list[int], lines: dict[str, list[JobState]], turn: _Turn) -> None:
     """Give queues turns in queue order until every line is empty."""
-    heap: list[tuple[_Key, str]] = [(queue_key(cluster.queues[name], capacity), name) for name in lines]
+
+    def key_of(name: str) -> _Key:
+        return queue_key(cluster.queues[name], capacity, gang_need(lines[name][-1]))
+
+    heap: list[tuple[_Key, str]] = [(key_of(name), name) for name in lines]
     heapq.heapify(heap)
     while heap:
         key, name = heapq.heappop(heap)
-        queue = cluster.queues[name]
-        current = queue_key(queue, capacity)
+        current = key_of(name)
         if current != key:
             heapq.heappush(heap, (current, name))
             continue
         jobs = lines[name]
-        turn(queue, jobs)
+        turn(cluster.queues[name], jobs)
         if jobs:
-            heapq.heappush(heap, (queue_key(queue, capacity), name))
+            heapq.heappush(heap, (key_of(name), name))
 
 
 def _place_within_share(cluster: Cluster, caches: SessionCaches, queue: QueueState, job: JobState) -> bool:

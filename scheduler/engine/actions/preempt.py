@@ -10,13 +10,13 @@ it back under the limit for the higher-priority job.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
-from scheduler.engine.state import Cluster, JobState, QueueState
+from scheduler.engine.state import Cluster, JobState, QueueState, TaskState
 from scheduler.engine.victims import evictable
 
 
@@ -37,7 +37,7 @@ class _LowerInQueue:
             yield victim
 
 
-def _always(_victim: JobState) -> bool:
+def _always(_victim: JobState, _tasks: Sequence[TaskState]) -> bool:
     return True
 
 

@@ -172,7 +172,7 @@ def test_consolidate_moves_only_the_preemptible_job_of_a_mixed_node() -> None:
 # --------------------------------------------------------------------------
 
 
-def _reclaim_snapshot(victim_sizes: tuple[int, ...], want: int) -> Snapshot:
+def _reclaim_snapshot(victim_sizes: tuple[int, ...], want: int, owed_quota: int = 4) -> Snapshot:
     gpus = 0
     tasks = []
     for i, size in enumerate(victim_sizes):
@@ -180,7 +180,7 @@ def _reclaim_snapshot(victim_sizes: tuple[int, ...], want: int) -> Snapshot:
         gpus += size
     return Snapshot(
         nodes=(node("n1", 8),),
-        queues=(queue("greedy", 4), queue("owed", 4)),
+        queues=(queue("greedy", 4), queue("owed", owed_quota)),
         jobs=(*tasks, job("mine", "owed", pending("mine-0", want))),
     )
 
@@ -206,10 +206,11 @@ def test_reclaim_places_a_whole_gang_within_the_fair_share() -> None:
     assert greedy.allocated.gpu == greedy.fair_share.gpu == 4000
 
 
-def test_reclaim_never_pushes_victim_below_its_fair_share() -> None:
-    # owed wants 4 (share 4); greedy share 4 but its only job holds 8:
-    # evicting it leaves greedy at 0 < 4, so nothing happens.
-    d = run_session(_reclaim_snapshot((8,), want=4))
+def test_reclaim_beyond_quota_never_pushes_victim_below_its_fair_share() -> None:
+    # owed (quota 2) wants 3: within its fair share of 3 but beyond its
+    # quota, so the fair-share rule applies. greedy's share is 5 and its only
+    # job holds 8: evicting it leaves greedy at 0 < 5, so nothing happens.
+    d = run_session(_reclaim_snapshot((8,), want=3, owed_quota=2))
     assert not d.evictions
     assert pending_codes(d)["mine"] == "InsufficientResources"
     notes = [r.message for r in d.pending[0].reasons[1:]]
