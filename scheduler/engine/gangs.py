@@ -13,7 +13,7 @@ from scheduler.engine.caches import SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.reservations import release_for, reserved_place
-from scheduler.engine.scoring import find_place
+from scheduler.engine.scoring import place_for
 from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -125,7 +125,7 @@ def _place_task(cluster: Cluster, caches: SessionCaches, stmt: Statement, task: 
     problem = limit_problem(job.queue, [task.milli, task.cpu, task.mem], job.preemptible)
     if problem is not None:
         return problem
-    found = reserved_place(task) or find_place(cluster, caches, task)
+    found = place_for(cluster, caches, task, reserved_place(task))
     if found is None:
         job.unplaced = task
         return _no_room()

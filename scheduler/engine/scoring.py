@@ -127,9 +127,26 @@ def fits(
     worked out afresh whenever a pod moved, so a pod whose affinity a victim
     satisfied is not placed beside the victim's empty seat.
     """
-    if needs_verdict(cluster, task) and verdict_for(cluster, caches.rules, task).problem(node) is not None:
+    if not rules_allow(cluster, caches, node, task):
         return None
     return fit_on_node(node, task)
+
+
+def rules_allow(cluster: Cluster, caches: SessionCaches, node: NodeState, task: TaskState) -> bool:
+    """Whether the rules that read the pods around ``node`` let ``task`` go there now."""
+    return not needs_verdict(cluster, task) or verdict_for(cluster, caches.rules, task).problem(node) is None
+
+
+def place_for(cluster: Cluster, caches: SessionCaches, task: TaskState, reserved: Place | None) -> Place | None:
+    """The job's reserved room when the rules still allow it there, else the best place now.
+
+    Room is reserved when an action made it; a pod placed nearby since (or
+    a victim that was what an affinity matched) can have changed what the
+    rules say about that node.
+    """
+    if reserved is not None and rules_allow(cluster, caches, reserved[0], task):
+        return reserved
+    return find_place(cluster, caches, task)
 
 
 def _fail_key(task: TaskState, verdict: Verdict | None) -> tuple[object, ...] | None:

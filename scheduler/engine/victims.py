@@ -71,7 +71,7 @@ from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
 from scheduler.engine.reservations import release_for, reserved_place
 from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
-from scheduler.engine.scoring import find_place, fit_on_node
+from scheduler.engine.scoring import fits, place_for
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -347,6 +347,8 @@ def _cheaper_sets(node: NodeState, task: TaskState, units: list[_Unit], below: C
 class _Search:
     """What one pod's search needs to try a set of units against the real state."""
 
+    cluster: Cluster
+    caches: SessionCaches
     stmt: Statement
     task: TaskState
     admissible: Admissible
@@ -372,7 +374,10 @@ class _Search:
                 return False
             for t in tasks:
                 stmt.evict(t, self.action, self.reason, beneficiary)
-        found = fit_on_node(node, self.task)
+        # Resources and the rules that read the pods around (a victim may
+        # have been what a required affinity matched, or what an
+        # anti-affinity kept out), judged after the evictions.
+        found = fits(self.cluster, self.caches, node, self.task)
         if found is None:
             stmt.rollback(mark)
             return False
@@ -567,12 +572,12 @@ def make_room(
         ):
             stmt.rollback(mark)
             return False
-        found = reserved_place(task) or find_place(cluster, caches, task)
+        found = place_for(cluster, caches, task, reserved_place(task))
         if found is not None:
             stmt.allocate(task, *found)
             continue
         views = _views(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok)
-        search = _Search(stmt, task, admissible, action, reason, step)
+        search = _Search(cluster, caches, stmt, task, admissible, action, reason, step)
         if not views or not _place_by_evicting(search, views):
             stmt.rollback(mark)
             return False

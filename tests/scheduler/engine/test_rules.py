@@ -260,3 +260,14 @@ def test_rules_hold_across_sessions_of_kept_state() -> None:
     decided = engine.run(snap2)
     assert _where(decided) == {}
     assert engine.updates == 1
+
+
+def test_the_victim_search_judges_rules_after_its_evictions() -> None:
+    """Evicting the cheapest victim on n1 frees its GPUs, but a pod there that stays keeps p out."""
+    keep_out = Placement(anti_affinity=(PodTerm(HOST, _app("x")),))
+    guard = job("guard", "q", running("guard", "n1", (), labels={"app": "x"}), preemptible=False)
+    cheap = job("cheap", "q", running("cheap", "n1", tuple(range(8)), gpus=8), priority=0)
+    dear = job("dear", "q", running("dear", "n2", tuple(range(8)), gpus=8), priority=10)
+    urgent = job("urgent", "q", pending("p", 8, placement=keep_out), priority=50)
+    decisions = _run([_node("n1"), _node("n2")], guard, cheap, dear, urgent)
+    assert {e.pod for e in decisions.evictions} == {"dear"}  # type: ignore[attr-defined]
