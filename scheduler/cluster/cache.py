@@ -1,6 +1,7 @@
 """The scheduler's picture of the cluster, kept current by one watch per collection.
 
-Each collection (Nodes, GPUNodes, Pods, Queues, PodGroups, PDBs) has a
+Each collection (Nodes, GPUNodes, Pods, Queues, PodGroups, PDBs, and the
+PersistentVolumeClaims and PersistentVolumes pending pods' volumes use) has a
 :class:`~scheduler.cluster.watch.Reflector` that feeds one store, a dict from
 object key to a pruned entry (:mod:`scheduler.cluster.slim`). An event costs
 one prune and one dict assignment under the lock, whatever the size of the
@@ -44,7 +45,7 @@ from kubernetes import client
 from gpuwarden import contract
 from gpuwarden.kube import JSON, RequestStats
 from gpuwarden.logconfig import get_logger
-from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.slim import slim_claim, slim_node, slim_pod, slim_volume, without_managed_fields
 from scheduler.cluster.watch import EventType, ListFunction, Reflector, ReflectorSettings, WatchEvent
 
 log = get_logger(__name__)
@@ -55,6 +56,8 @@ PODS = "pods"
 QUEUES = "queues"
 PODGROUPS = "podgroups"
 PDBS = "poddisruptionbudgets"
+CLAIMS = "persistentvolumeclaims"
+VOLUMES = "persistentvolumes"
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ def default_resources() -> tuple[WatchedResource, ...]:
             ),
         ),
         WatchedResource(PDBS, lambda api: client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces),
+        WatchedResource(
+            CLAIMS, lambda api: client.CoreV1Api(api).list_persistent_volume_claim_for_all_namespaces, slim_claim
+        ),
+        WatchedResource(VOLUMES, lambda api: client.CoreV1Api(api).list_persistent_volume, slim_volume),
     )
 
 
@@ -151,6 +158,14 @@ class CacheView:
     @property
     def pdbs(self) -> Mapping[str, JSON]:
         return self.store(PDBS)
+
+    @property
+    def claims(self) -> Mapping[str, JSON]:
+        return self.store(CLAIMS)
+
+    @property
+    def volumes(self) -> Mapping[str, JSON]:
+        return self.store(VOLUMES)
 
 
 class ClusterCache:

@@ -651,7 +651,25 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
         extended=extended,
         terminating=terminating,
         unplaceable=unplaceable if status is TaskStatus.PENDING else "",
+        claims=_claims(spec, name) if status is TaskStatus.PENDING else (),
     )
+
+
+def _claims(spec: Mapping[str, Any], pod: str) -> tuple[str, ...]:
+    """The claims a pod's volumes use: a persistentVolumeClaim's, a generic ephemeral volume's ``<pod>-<volume>``."""
+    volumes = spec.get("volumes")
+    if not volumes or not isinstance(volumes, list):
+        return ()
+    found: list[str] = []
+    for volume in volumes:
+        if not isinstance(volume, dict):
+            continue
+        claim = volume.get("persistentVolumeClaim")
+        if isinstance(claim, dict) and isinstance(claim.get("claimName"), str):
+            found.append(claim["claimName"])
+        elif "ephemeral" in volume and isinstance(volume.get("name"), str):
+            found.append(f"{pod}-{volume['name']}")
+    return tuple(found)
 
 
 def task_order(task: Task) -> tuple[str, str, str]:

@@ -59,6 +59,7 @@ from scheduler.cluster.status import StatusWriter, finished_phase, refusals, sho
 from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
+from scheduler.cluster.volumes import VolumeJudge
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
@@ -130,6 +131,9 @@ class ClusterView:
     podgroups: Mapping[tuple[str, str], JSON] = field(default_factory=dict)
     generation: int | None = None
     changed: ViewChanges | None = None
+    # PersistentVolumeClaims by ``namespace/name``, PersistentVolumes by name.
+    claims: Mapping[str, JSON] = field(default_factory=dict)
+    volumes: Mapping[str, JSON] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,7 @@ class SchedulingCycle:
         # Which pod is in which group, kept from view to view (:mod:`.groups`).
         self.grouper = PodGrouper(self._owners, default_queue=default_queue, incremental=incremental)
         self._snapshots = SnapshotAssembler(slice_admission)
+        self._volumes = VolumeJudge()
         # The engine's working state kept from session to session (undone
         # and updated by the jobs and nodes that changed) when incremental.
         self._engine = Engine() if incremental else None
@@ -475,6 +480,7 @@ class SchedulingCycle:
                 admission=self._admission,
             )
             reservations = reservations_from(view.podgroups)
+        snapshot = self._volumes.apply(snapshot, view.claims, view.volumes)
         return replace(
             self._track_short_gangs(snapshot, now),
             reservations=reservations,

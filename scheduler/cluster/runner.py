@@ -153,6 +153,8 @@ class ClusterViews:
             podgroups=dict(self._groups.entries),
             generation=view.generation,
             changed=changes,
+            claims=view.claims,
+            volumes=view.volumes,
         )
 
 
@@ -175,7 +177,13 @@ def cluster_view(view: CacheView) -> ClusterView:
         (str(meta(g).get("namespace") or ""), str(meta(g).get("name") or "")): g for g in view.podgroups.values()
     }
     return ClusterView(
-        nodes=dict(view.nodes), gpunodes=dict(view.gpunodes), pods=pods, queues=dict(view.queues), podgroups=podgroups
+        nodes=dict(view.nodes),
+        gpunodes=dict(view.gpunodes),
+        pods=pods,
+        queues=dict(view.queues),
+        podgroups=podgroups,
+        claims=dict(view.claims),
+        volumes=dict(view.volumes),
     )
 
 

@@ -57,6 +57,11 @@ _NODE_META = ("name", "uid", "resourceVersion", "creationTimestamp", "deletionTi
 _NODE_SPEC = ("unschedulable", "taints", "providerID")
 _NODE_STATUS = ("capacity", "allocatable", "conditions")
 
+_CLAIM_META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+_CLAIM_SPEC = ("volumeName", "storageClassName", "accessModes")
+_VOLUME_META = ("name", "uid", "resourceVersion", "labels")
+_VOLUME_SPEC = ("nodeAffinity", "claimRef")
+
 
 # Fields whose values repeat across many objects; the others (names, uids,
 # timestamps) are unique and interning them would only cost time.
@@ -125,13 +130,28 @@ def _container(raw: JSON) -> JSON:
     return container
 
 
+# Volume sources that name a PersistentVolumeClaim (scheduler.cluster.volumes).
+_CLAIM_SOURCES = frozenset({"persistentVolumeClaim", "ephemeral"})
+
+
+def _claim_volume(raw: JSON) -> JSON:
+    """A volume that uses a claim: its name and claim, without an ephemeral volume's template."""
+    kept: JSON = {"name": raw.get("name")}
+    if "persistentVolumeClaim" in raw:
+        kept["persistentVolumeClaim"] = raw["persistentVolumeClaim"]
+    if "ephemeral" in raw:
+        kept["ephemeral"] = {}
+    return kept
+
+
 def slim_pod(raw: JSON) -> JSON:
     """A pod with its identity, owner, requests, constraints and phase; no container specs or statuses.
 
     Of each container what scheduling reads: its name, requests, restart
     policy (sidecars), ``envFrom``, the entries of ``env`` that would
     override a GPU slice's variables (:func:`~scheduler.cluster.sliceadmission.kept_env`)
-    and its host ports (other container ports constrain nothing).
+    and its host ports (other container ports constrain nothing). Of the
+    volumes only those that use a claim.
     """
     spec = raw.get("spec") or {}
     slim_spec = _pick(spec, _POD_SPEC)
@@ -139,6 +159,11 @@ def slim_pod(raw: JSON) -> JSON:
     init = spec.get("initContainers")
     if init:
         slim_spec["initContainers"] = [_container(c) for c in init]
+    volumes = spec.get("volumes")
+    if volumes:
+        claims = [_claim_volume(v) for v in volumes if isinstance(v, dict) and _CLAIM_SOURCES & v.keys()]
+        if claims:
+            slim_spec["volumes"] = claims
     status = raw.get("status") or {}
     slim_status = _pick(status, _POD_STATUS)
     conditions = [_pick(c, _CONDITION) for c in status.get("conditions") or () if c.get("type") in _POD_CONDITIONS]
@@ -153,6 +178,24 @@ def slim_node(raw: JSON) -> JSON:
         "metadata": _meta(raw, _NODE_META),
         "spec": _pick(raw.get("spec"), _NODE_SPEC),
         "status": _pick(raw.get("status"), _NODE_STATUS),
+    }
+
+
+def slim_claim(raw: JSON) -> JSON:
+    """A PersistentVolumeClaim: whether and to which volume it is bound, and how it may be shared."""
+    return {
+        "metadata": _pick(raw.get("metadata"), _CLAIM_META),
+        "spec": _pick(raw.get("spec"), _CLAIM_SPEC),
+        "status": _pick(raw.get("status"), ("phase",)),
+    }
+
+
+def slim_volume(raw: JSON) -> JSON:
+    """A PersistentVolume: its node affinity and zone labels, which bind where its pods may run."""
+    return {
+        "metadata": _pick(raw.get("metadata"), _VOLUME_META),
+        "spec": _pick(raw.get("spec"), _VOLUME_SPEC),
+        "status": _pick(raw.get("status"), ("phase",)),
     }
 
 

@@ -340,6 +340,10 @@ class Task:
     terminating: bool = False
     # Why the pod's placement rules cannot be judged (UnsupportedPlacement).
     unplaceable: str = ""
+    # A pending pod's volume claims (persistentVolumeClaim and generic
+    # ephemeral volumes), which the Kubernetes side judges before the
+    # engine sees the pod (scheduler.cluster.volumes).
+    claims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
