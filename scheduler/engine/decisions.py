@@ -204,7 +204,7 @@ def decisions(cluster: Cluster, caches: SessionCaches) -> Decisions:
                 JobStatus(
                     job=job.key,
                     queue=job.spec.queue,
-                    reasons=tuple(explain.reasons(caches, job)),
+                    reasons=tuple(explain.reasons(caches, job, cluster)),
                 )
             )
     backing = quota_shortfalls(cluster)

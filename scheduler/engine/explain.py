@@ -4,8 +4,10 @@ Allocate and the limit checks record a specific reason when they refuse a
 job (which queue, which limit, by how much). When the refusal was "no room",
 the reason is worked out here, once, against the final state of the
 session: which nodes of the pool were excluded and why (cordoned, faulty
-hardware, taints, node selector, MIG), and of the rest what each lacked
-(free GPUs, GPU memory for the slice, CPU, memory), plus how far the pool as
+hardware, taints, node selector and affinity, MIG), and of the rest what
+each lacked (free GPUs, GPU memory for the slice, CPU, memory, or a rule
+the pods around it set: anti-affinity, affinity, spread, host ports, other
+resources), plus how far the pool as
 a whole is from holding the gang. The analysis is cached per pod shape, so
 a thousand identical pending pods cost one analysis.
 """
@@ -20,8 +22,9 @@ from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
+from scheduler.engine.rules import needs_verdict, term_selects, verdict_for
 from scheduler.engine.scoring import fit_on_node
-from scheduler.engine.state import JobState, NodeState, PoolState, TaskState
+from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
 
 
 def _summary(counts: Counter[str]) -> str:
@@ -86,6 +89,7 @@ def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGrou
         tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
         spec.tolerations,
         task.gpu.is_slice,
+        spec.placement.static if spec.placement is not None else None,
     )
     cached = caches.node_groups.get(key)
     if cached is not None:
@@ -106,7 +110,9 @@ def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGrou
     return result
 
 
-def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int) -> PendingReason:
+def _analyse(
+    caches: SessionCaches, pool: PoolState, task: TaskState, count: int, cluster: Cluster | None = None
+) -> PendingReason:
     if not pool.nodes:
         return PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"node pool {pool.name} has no nodes")
     view = _groups(caches, pool, task)
@@ -121,6 +127,15 @@ def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int
         most_gpus = max(most_gpus, node.free_whole)
         if fit_on_node(node, task) is None:
             short[_shortfall(node, task)] += alike
+    if cluster is not None and needs_verdict(cluster, task):
+        # The pods around differ between nodes alike in free resources:
+        # of the nodes with room, each is judged on its own.
+        verdict = verdict_for(cluster, caches.rules, task)
+        for node in pool.nodes:
+            if static_exclusion(node, task) is None and fit_on_node(node, task) is not None:
+                problem = verdict.problem(node)
+                if problem is not None:
+                    short[problem] += 1
     pod = f"each pod needs {_describe_pod(task)} on one node"
     if eligible == 0:
         return PendingReason(
@@ -135,6 +150,11 @@ def _analyse(caches: SessionCaches, pool: PoolState, task: TaskState, count: int
         text += f"; the most free GPUs on one eligible node is {most_gpus}"
     if excluded:
         text += f"; {sum(excluded.values())} nodes excluded ({_summary(excluded)})"
+    placement = task.spec.placement
+    if placement is not None and count > 1:
+        for term in placement.anti_affinity:
+            if term_selects(term, task.spec.namespace, task.spec):
+                text += f"; its pods keep apart by {term.topology_key}: the gang needs {count} distinct domains"
     if task.gpu.whole and count > 1:
         need = task.gpu.whole * count
         text += f"; the gang needs {need} GPUs for {count} pods, eligible nodes have {free_gpus} free"
@@ -177,7 +197,8 @@ def _beyond_pool(
     )
 
 
-def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
+def reasons(caches: SessionCaches, job: JobState, cluster: Cluster | None = None) -> list[PendingReason]:
+    """Why ``job`` is still pending; with ``cluster``, nodes the placement rules refuse are counted by rule."""
     if job.error is not None:
         return [job.error]
     specific = [r for r in job.reasons if r.code is not UnschedulableReason.INSUFFICIENT_RESOURCES]
@@ -213,10 +234,13 @@ def reasons(caches: SessionCaches, job: JobState) -> list[PendingReason]:
     if never is not None:
         return [never]
     cache = caches.reasons
-    key = (pool.name, task.shape, count)
+    key: tuple[object, ...] = (pool.name, task.shape, count)
+    if cluster is not None and needs_verdict(cluster, task):
+        # The bound pods' anti-affinity reads the pod's namespace and labels, not only its shape.
+        key = (*key, task.spec.namespace, tuple(sorted(task.spec.labels.items())))
     found = cache.get(key)
     if found is None:
-        found = _analyse(caches, pool, task, count)
+        found = _analyse(caches, pool, task, count, cluster)
         cache[key] = found
     if found.code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
         return [found]

@@ -90,6 +90,23 @@ def test_a_gang_with_anti_affinity_to_itself_lands_on_distinct_nodes_or_not_at_a
     decisions = _run([_node("n1"), _node("n2")], gang(3))
     assert _where(decisions) == {}
     assert pending_codes(decisions)["ring"] == "InsufficientResources"
+    (status,) = decisions.pending  # type: ignore[attr-defined]
+    assert "keep apart by kubernetes.io/hostname: the gang needs 3 distinct domains" in status.reasons[0].message
+
+
+def test_a_pending_reason_counts_the_nodes_each_rule_refuses() -> None:
+    guard = running(
+        "guard", "a1", (0,), labels={"app": "db"}, placement=Placement(anti_affinity=(PodTerm(ZONE, _app("web")),))
+    )
+    nodes = [_node("a1", "a"), _node("a2", "a"), _node("b1", "b")]
+    full = job("full", "q", running("f", "b1", tuple(range(8)), gpus=8), preemptible=False)
+    decisions = _run(
+        nodes, job("db", "q", guard, preemptible=False), full, job("web", "q", pending("web", 1, labels={"app": "web"}))
+    )
+    (status,) = decisions.pending  # type: ignore[attr-defined]
+    message = status.reasons[0].message
+    assert "2 nodes with pod anti-affinity (topology.kubernetes.io/zone=a)" in message
+    assert "1 node with fewer than 1 free GPUs" in message
 
 
 def test_a_bound_pods_anti_affinity_keeps_matching_pods_out_of_its_zone() -> None:
