@@ -7,12 +7,13 @@ Scenarios (targets in brackets):
     levels  [under 1 s];
 (b) 5,000 nodes x 8 GPUs, 150,000 pods, mostly running (whole GPUs, slices
     and CPU-only pods), 10 % pending  [under 3 s];
-(c) scenario (b) in 10 zones with Kubernetes placement rules: 20 % of pods
-    with required node affinity (a GPU product, or a set of zones), 10 % with
-    required pod anti-affinity (pods of one job apart, by hostname), 5 % with
-    a hard topology spread over zones  [one session under 2 s], then the
-    kept-state (incremental) session once those binds ran and 1,000 more
-    pods arrived  [under 1 s].
+(c) 5,000 nodes x 8 GPUs in 10 zones, half of every node's GPUs held by
+    15,000 running pods, 10,000 pods pending of (a)'s shapes, with Kubernetes
+    placement rules on the jobs of both: 20 % with required node affinity (a
+    GPU product, or three zones), 10 % with required pod anti-affinity (a
+    job's pods apart, by hostname), 5 % with a hard topology spread over
+    zones  [one session under 2 s]; then the kept-state (incremental)
+    session once those binds ran and 1,000 more pods arrived  [under 1 s].
 
 For (a) and (b) the script prints the wall and CPU time of ``run_session``
 (which includes turning the Snapshot into working state; building the random
@@ -445,9 +446,33 @@ def _without_rules(snapshot: Snapshot) -> Snapshot:
 
 
 def scenario_c(seed: int) -> Snapshot:
-    base = scenario_b(seed)
-    rng = random.Random(seed + 1)
-    return replace(base, nodes=_zoned(base.nodes), jobs=tuple(_with_rules(rng, j) for j in base.jobs))
+    """5,000 nodes in 10 zones, half of each node's GPUs held (15,000 running pods), 10,000 pods pending."""
+    rng = random.Random(seed)
+    queues, leaves = make_queues(rng)
+    nodes = _zoned(tuple(make_nodes(5000)))
+    jobs: list[Job] = []
+    for n, node in enumerate(nodes):
+        for k, (gpus, held) in enumerate(((2, (0, 1)), (1, (2,)), (1, (3,)))):
+            name = f"r-{n}-{k}"
+            task = Task(
+                name,
+                uid=name,
+                status=TaskStatus.RUNNING,
+                cpu_milli=4000 * gpus,
+                memory_mib=32768 * gpus,
+                gpus=gpus,
+                node=node.name,
+                gpu_indices=held,
+            )
+            owner = leaves[(n + k) % len(leaves)]
+            jobs.append(Job(name, owner, uid=name, priority=50, created=float(n), tasks=(task,)))
+    pods = 0
+    while pods < 10_000:
+        job = _pending_job(rng, len(jobs), leaves, 10_000 - pods)
+        jobs.append(job)
+        pods += len(job.tasks)
+    rules = random.Random(seed + 1)
+    return Snapshot(nodes, tuple(queues), tuple(_with_rules(rules, j) for j in jobs), now=2_000_000.0)
 
 
 def _after(snapshot: Snapshot, decisions: Decisions, seed: int, arrivals: int) -> Snapshot:

@@ -20,9 +20,9 @@ from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.caches import NodeGroups, SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
-from scheduler.engine.predicates import static_exclusion
+from scheduler.engine.predicates import eligibility, static_exclusion
 from scheduler.engine.resources import CPU, GPU, MEMORY, format_amount, format_vector
-from scheduler.engine.rules import needs_verdict, term_selects, verdict_for
+from scheduler.engine.rules import needs_verdict, rules_key, term_selects, verdict_for
 from scheduler.engine.scoring import fit_on_node
 from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
 
@@ -131,8 +131,9 @@ def _analyse(
         # The pods around differ between nodes alike in free resources:
         # of the nodes with room, each is judged on its own.
         verdict = verdict_for(cluster, caches.rules, task)
+        ok = eligibility(caches.pool(pool), pool, task).ok
         for node in pool.nodes:
-            if static_exclusion(node, task) is None and fit_on_node(node, task) is not None:
+            if ok[node.pidx] and fit_on_node(node, task) is not None:
                 problem = verdict.problem(node)
                 if problem is not None:
                     short[problem] += 1
@@ -234,10 +235,13 @@ def reasons(caches: SessionCaches, job: JobState, cluster: Cluster | None = None
     if never is not None:
         return [never]
     cache = caches.reasons
-    key: tuple[object, ...] = (pool.name, task.shape, count)
+    key: tuple[object, ...] = (pool.name, count)
     if cluster is not None and needs_verdict(cluster, task):
-        # The bound pods' anti-affinity reads the pod's namespace and labels, not only its shape.
-        key = (*key, task.spec.namespace, tuple(sorted(task.spec.labels.items())))
+        verdict = verdict_for(cluster, caches.rules, task)
+        found_key = rules_key(task, verdict)
+        key = (*key, *(found_key if found_key is not None else (id(task),)))
+    else:
+        key = (*key, *task.shape)
     found = cache.get(key)
     if found is None:
         found = _analyse(caches, pool, task, count, cluster)

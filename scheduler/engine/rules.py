@@ -286,6 +286,29 @@ def verdict_for(cluster: Cluster, domains: DomainCache, task: TaskState) -> Verd
 _NO_PLACEMENT = Placement()
 
 
+def rules_key(task: TaskState, verdict: Verdict) -> tuple[object, ...] | None:
+    """What makes two pods alike under these rules, for a cache of "nothing fits"; None: never alike.
+
+    A pod whose required pod affinity or topology spread another pod's
+    placement can satisfy may fit after a placement, which a cache trusted
+    until something is released would miss. Every other rule only gets
+    stricter as pods are placed, so a failure stays true for pods of the
+    same shape (which holds the rules themselves), in the same namespace
+    when its own anti-affinity terms count that namespace's pods, with the
+    same labels when a bound pod's anti-affinity selects it.
+    """
+    spec = task.spec
+    placement = spec.placement
+    if placement is not None and (placement.affinity or placement.spread):
+        return None
+    key = task.shape
+    if placement is not None and placement.anti_affinity:
+        key = (*key, spec.namespace)
+    if verdict.guarded:
+        key = (*key, spec.namespace, tuple(sorted(spec.labels.items())))
+    return key
+
+
 def _domains_with(index: PodIndex, term: PodTerm, namespace: str) -> set[str]:
     """The domains of ``term.topology_key`` holding a pod the term selects."""
     found: set[str] = set()

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import PlacementStrategy
 from scheduler.engine.predicates import eligibility, shape_of
-from scheduler.engine.rules import Verdict, needs_verdict, preference_scores, verdict_for
+from scheduler.engine.rules import Verdict, needs_verdict, preference_scores, rules_key, verdict_for
 from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskState
 
 # How many fitting nodes a pod with preferences is scored over (module docstring).
@@ -150,24 +150,10 @@ def place_for(cluster: Cluster, caches: SessionCaches, task: TaskState, reserved
 
 
 def _fail_key(task: TaskState, verdict: Verdict | None) -> tuple[object, ...] | None:
-    """What a cached "nothing fits" is filed under, or None when it must not be cached.
-
-    A pod whose required pod affinity or topology spread can be satisfied
-    by another pod's placement may fit after a placement, which the cache
-    (trusted until something is released) would miss. Every other rule
-    only gets stricter as pods are placed, so a failure stays true; the
-    bound pods' anti-affinity depends on the pod's namespace and labels,
-    so a pod it restricts files its failure under those too (a pod it does
-    not restrict can share the failures of its shape).
-    """
+    """What a cached "nothing fits" is filed under, or None when it must not be cached (see :func:`rules_key`)."""
     if verdict is None:
         return task.shape
-    placement = task.spec.placement
-    if placement is not None and (placement.affinity or placement.spread):
-        return None
-    if not verdict.guarded:
-        return task.shape
-    return (*task.shape, task.spec.namespace, tuple(sorted(task.spec.labels.items())))
+    return rules_key(task, verdict)
 
 
 def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Place | None:
