@@ -34,15 +34,20 @@ def test_scheduler_runs_one_session_on_the_example(capsys: pytest.CaptureFixture
     assert main(["--log-format", "json", "scheduler", "--snapshot", example("snapshot.yaml")]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "Binds (7)"
+    assert lines[0] == "Binds (8)"
+    # nlp reclaims node-b from vision's sweeps for its 2 x 4-GPU gang, which binds once they are gone;
+    # vision's short gang is completed on node-e, within vision's fair share, rather than evicted.
+    train = [line.split() for line in lines if line.startswith("default/nlp-train ")]
+    assert {tuple(b[2:4]) for b in train} == {("node-b", "0,1,2,3"), ("node-b", "4,5,6,7")}
+    assert all(b[-1] == "yes" for b in train)
     bind = next(line.split() for line in lines if line.startswith("default/nlp-big "))
-    assert bind[2:4] == ["node-b", "4,5,6,7"] and bind[-1] == "yes"
+    assert bind[2:4] == ["node-e", "2,3,4,5"] and bind[-1] == "no"
     chat = next(line.split() for line in lines if line.startswith("default/chat-a "))
     assert chat[2:5] == ["inf-1", "0", "40960"]
     evictions = {line.split()[1]: line.split() for line in lines if line.startswith("default/") and "node-" in line}
     assert evictions["nlp-eval-0"][3:5] == ["HealthEviction", "-"]
-    assert evictions["vision-sweep-2-0"][3:5] == ["Reclaim", "default/nlp-big"]
-    assert evictions["vision-dist-0"][3] == "StaleGang"
+    assert evictions["vision-sweep-1-0"][3:5] == ["Reclaim", "default/nlp-train"]
+    assert evictions["vision-sweep-2-0"][3:5] == ["Reclaim", "default/nlp-train"]
     assert "default/nlp-huge (queue nlp): OverLimit: queue nlp has a gpu limit of 16 GPUs" in out
     assert "default/orphan (queue ghost): UnknownQueue" in out
     assert "default/bad-slice (queue serving): InvalidRequest" in out
@@ -56,14 +61,14 @@ def test_scheduler_json_output(capsys: pytest.CaptureFixture[str]) -> None:
         == 0
     )
     data = json.loads(capsys.readouterr().out)
-    assert len(data["binds"]) == 7
-    assert {e["action"] for e in data["evictions"]} == {"HealthEviction", "Reclaim", "StaleGang"}
+    assert len(data["binds"]) == 8
+    assert {e["action"] for e in data["evictions"]} == {"HealthEviction", "Reclaim"}
 
 
 def test_snapshot_flag_has_env_equivalent(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GPUWARDEN_SNAPSHOT", example("snapshot.yaml"))
     assert main(["--log-format", "json", "scheduler"]) == 0
-    assert capsys.readouterr().out.startswith("Binds (7)")
+    assert capsys.readouterr().out.startswith("Binds (8)")
 
 
 def test_bad_files_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
