@@ -303,6 +303,8 @@ QUEUE_RESOURCE_MEMORY: Final = "memory"
 
 # Queue .status: one amount per resource in each of these.
 QUEUE_STATUS_FAIR_SHARE: Final = "fairShare"
+# What reclaim wins back for the queue: its quota as far as its fair share backs it.
+QUEUE_STATUS_GUARANTEED: Final = "guaranteed"
 QUEUE_STATUS_ALLOCATED: Final = "allocated"
 QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: Final = "allocatedNonPreemptible"
 QUEUE_STATUS_REQUESTED: Final = "requested"
@@ -341,6 +343,10 @@ class QueueConditionType(StrEnum):
     # capacity for a top-level queue, the parent's quota otherwise); the
     # message names the resource and the shortfall.
     QUOTA_NOT_BACKED = "QuotaNotBacked"
+    # Part of what the queue's quota promises at its current demand
+    # (min(quota, requested)) is not guaranteed: the quotas of its level add
+    # up to more than backs the level. The message says how much and why.
+    QUOTA_NOT_GUARANTEED = "QuotaNotGuaranteed"
     # The queue cannot take work: its spec does not parse, or its place in
     # the tree is broken (unknown parent, a loop, a parent in another pool).
     INVALID = "Invalid"
@@ -352,6 +358,9 @@ class QueueConditionReason(StrEnum):
     QUOTA_EXCEEDS_CAPACITY = "QuotaExceedsCapacity"
     QUOTA_EXCEEDS_PARENT = "QuotaExceedsParent"
     QUOTA_BACKED = "QuotaBacked"
+    # QuotaNotGuaranteed: True, False.
+    QUOTAS_EXCEED_BACKING = "QuotasExceedBacking"
+    QUOTA_GUARANTEED = "QuotaGuaranteed"
     INVALID_SPEC = "InvalidSpec"
     INVALID_TREE = "InvalidTree"
     VALID = "Valid"

@@ -285,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     queues = sub.add_parser(
         "queues",
         parents=[connected],
-        help="the queue tree: quota, limit, fair share and allocation per resource, GPU-seconds lost to faults",
+        help=(
+            "the queue tree: quota, limit, guaranteed, fair share and allocation per resource, "
+            "GPU-seconds lost to faults"
+        ),
     )
     queues.set_defaults(connected=run_queues)
     why = sub.add_parser(

@@ -75,7 +75,20 @@ def queues_table(views: Sequence[QueueView], out: TextIO) -> None:
     if not views:
         out.write("No queues found.\n")
         return
-    rows = [["QUEUE", "RESOURCE", "QUOTA", "LIMIT", "WEIGHT", "FAIR SHARE", "ALLOCATED", "REQUESTED", "GPU-S LOST"]]
+    rows = [
+        [
+            "QUEUE",
+            "RESOURCE",
+            "QUOTA",
+            "LIMIT",
+            "WEIGHT",
+            "GUARANTEED",
+            "FAIR SHARE",
+            "ALLOCATED",
+            "REQUESTED",
+            "GPU-S LOST",
+        ]
+    ]
     for v in views:
         for i, r in enumerate(v.resources):
             first = i == 0
@@ -86,6 +99,7 @@ def queues_table(views: Sequence[QueueView], out: TextIO) -> None:
                     r.quota if r.quota is not None else "-",
                     r.limit if r.limit is not None else ("none" if r.governed else "-"),
                     r.over_quota_weight or "-",
+                    r.guaranteed or "-",
                     r.fair_share or "-",
                     r.allocated or "-",
                     r.requested or "-",

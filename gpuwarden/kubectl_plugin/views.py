@@ -37,6 +37,7 @@ MAX_EVENTS = 10
 
 _AGENT_CONDITIONS = frozenset(c.value for c in ConditionType)
 _QUEUE_STATUS_AMOUNTS = (
+    contract.QUEUE_STATUS_GUARANTEED,
     contract.QUEUE_STATUS_FAIR_SHARE,
     contract.QUEUE_STATUS_ALLOCATED,
     contract.QUEUE_STATUS_REQUESTED,
@@ -209,6 +210,7 @@ class QueueResource:
     quota: str | None
     limit: str | None
     over_quota_weight: str | None
+    guaranteed: str | None
     fair_share: str | None
     allocated: str | None
     requested: str | None
@@ -253,6 +255,7 @@ def _queue_resources(spec: JSON, status: JSON) -> list[QueueResource]:
                 quota=(_amount(entry.get(contract.QUEUE_RESOURCE_QUOTA)) or "0") if governed else None,
                 limit=_amount(entry.get(contract.QUEUE_RESOURCE_LIMIT)),
                 over_quota_weight=_amount(entry.get(contract.QUEUE_RESOURCE_OVER_QUOTA_WEIGHT)),
+                guaranteed=amounts[contract.QUEUE_STATUS_GUARANTEED],
                 fair_share=amounts[contract.QUEUE_STATUS_FAIR_SHARE],
                 allocated=amounts[contract.QUEUE_STATUS_ALLOCATED],
                 requested=amounts[contract.QUEUE_STATUS_REQUESTED],

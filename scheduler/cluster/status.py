@@ -55,6 +55,9 @@ REASON_VALID = contract.QueueConditionReason.VALID.value
 # Reasons of the QuotaNotBacked condition.
 REASON_HEALTHY_CAPACITY_SHORT = "HealthyCapacityBelowQuotas"
 REASON_QUOTA_BACKED = "QuotaBacked"
+CONDITION_QUOTA_NOT_GUARANTEED = contract.QueueConditionType.QUOTA_NOT_GUARANTEED.value
+REASON_QUOTAS_EXCEED_BACKING = contract.QueueConditionReason.QUOTAS_EXCEED_BACKING.value
+REASON_QUOTA_GUARANTEED = contract.QueueConditionReason.QUOTA_GUARANTEED.value
 MAX_MESSAGE = 1024
 
 
@@ -85,11 +88,12 @@ def queue_status(shares: Sequence[QueueShare]) -> JSON:
         )
 
     return {
-        "fairShare": resource_list(total(lambda s: s.fair_share)),
-        "allocated": resource_list(total(lambda s: s.allocated)),
-        "allocatedNonPreemptible": resource_list(total(lambda s: s.allocated_non_preemptible)),
-        "requested": resource_list(total(lambda s: s.request)),
-        "conditions": [quota_not_backed(shares), valid()],
+        contract.QUEUE_STATUS_FAIR_SHARE: resource_list(total(lambda s: s.fair_share)),
+        contract.QUEUE_STATUS_GUARANTEED: resource_list(total(lambda s: s.guaranteed)),
+        contract.QUEUE_STATUS_ALLOCATED: resource_list(total(lambda s: s.allocated)),
+        contract.QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: resource_list(total(lambda s: s.allocated_non_preemptible)),
+        contract.QUEUE_STATUS_REQUESTED: resource_list(total(lambda s: s.request)),
+        "conditions": [quota_not_backed(shares), quota_not_guaranteed(shares), valid()],
     }
 
 
@@ -106,6 +110,7 @@ def invalid_queue_status(reason: str, message: str) -> JSON:
     """
     return {
         contract.QUEUE_STATUS_FAIR_SHARE: None,
+        contract.QUEUE_STATUS_GUARANTEED: None,
         contract.QUEUE_STATUS_ALLOCATED: None,
         contract.QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE: None,
         contract.QUEUE_STATUS_REQUESTED: None,
@@ -159,6 +164,36 @@ def quota_not_backed(shares: Sequence[QueueShare]) -> JSON:
         "status": "True",
         "reason": REASON_HEALTHY_CAPACITY_SHORT,
         "message": message,
+    }
+
+
+def quota_not_guaranteed(shares: Sequence[QueueShare]) -> JSON:
+    """The QuotaNotGuaranteed condition (without its time): True while part of what the quota promises is not.
+
+    Users read a quota as a promise, so a queue whose quota reclaim will
+    not win back in full (the quotas of its level add up to more than backs
+    them) says so, and the engine's note says how much and why. It follows
+    demand: what the quota promises is ``min(quota, requested)``, so an idle
+    queue on an over-subscribed level is not flagged. A queue with shares in
+    several node pools names the pool of each note.
+    """
+    noted = [s for s in shares if s.guarantee_note]
+    if not noted:
+        return {
+            "type": CONDITION_QUOTA_NOT_GUARANTEED,
+            "status": "False",
+            "reason": REASON_QUOTA_GUARANTEED,
+            "message": "",
+        }
+    if len(shares) == 1:
+        message = noted[0].guarantee_note
+    else:
+        message = "; ".join(f"node pool {s.pool}: {s.guarantee_note}" for s in noted)
+    return {
+        "type": CONDITION_QUOTA_NOT_GUARANTEED,
+        "status": "True",
+        "reason": REASON_QUOTAS_EXCEED_BACKING,
+        "message": _clip(message),
     }
 
 

@@ -119,6 +119,7 @@ def test_the_crds_carry_the_contract_names(control_plane: ControlPlane) -> None:
     qstatus = qv["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert set(qstatus) == {
         contract.QUEUE_STATUS_FAIR_SHARE,
+        contract.QUEUE_STATUS_GUARANTEED,
         contract.QUEUE_STATUS_ALLOCATED,
         contract.QUEUE_STATUS_ALLOCATED_NON_PREEMPTIBLE,
         contract.QUEUE_STATUS_REQUESTED,
@@ -168,6 +169,7 @@ def test_a_valid_queue_is_accepted_and_printed_with_its_share(
         custom.create_cluster_custom_object(GROUP, VERSION, contract.QUEUE_PLURAL, queue_manifest(child, spec))
         status = {
             "fairShare": {"gpu": 4, "cpu": "1500m", "memory": "64Gi"},
+            "guaranteed": {"gpu": 2.5, "cpu": "500m", "memory": "64Gi"},
             "allocated": {"gpu": 3.5, "cpu": "1", "memory": "32Gi"},
             "allocatedNonPreemptible": {"gpu": 1},
             "requested": {"gpu": 6, "cpu": 2, "memory": "128Gi"},
@@ -185,16 +187,17 @@ def test_a_valid_queue_is_accepted_and_printed_with_its_share(
         stored = custom.get_cluster_custom_object(GROUP, VERSION, contract.QUEUE_PLURAL, child)
         assert stored["spec"] == spec
         assert stored["status"]["conditions"][0]["type"] == "QuotaNotBacked"
+        assert stored["status"]["guaranteed"] == status["guaranteed"]  # in the schema: not pruned
         # What the API server stores reads into the engine as written.
         engine = queue_from_object(stored)
         assert isinstance(engine, Queue), engine
         assert (engine.gpu.quota, engine.cpu.quota, engine.memory.limit) == (2500, 500, 1536 * 1024)
 
         rows = _table(control_plane.kubectl("get", "queues", parent, child).stdout)
-        assert rows[0] == ["NAME", "PARENT", "GPU QUOTA", "GPU LIMIT", "FAIR SHARE", "ALLOCATED", "AGE"]
+        assert rows[0] == ["NAME", "PARENT", "GPU QUOTA", "GPU LIMIT", "GUARANTEED", "FAIR SHARE", "ALLOCATED", "AGE"]
         by_name = {r[0]: r for r in rows[1:]}
-        assert by_name[child][1:6] == [parent, "2.5", "8", "4", "3.5"]
-        assert by_name[parent][1:6] == ["", "16", "", "", ""]
+        assert by_name[child][1:7] == [parent, "2.5", "8", "2.5", "4", "3.5"]
+        assert by_name[parent][1:7] == ["", "16", "", "", "", ""]
         wide = _table(control_plane.kubectl("get", "queues", child, "-o", "wide").stdout)
         assert wide[0][-3:] == ["POOL", "PRIORITY", "AGE"]
         assert wide[1][-3:-1] == ["a100", "10"]

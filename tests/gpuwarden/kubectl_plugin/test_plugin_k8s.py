@@ -230,6 +230,7 @@ def test_queues_shows_the_tree_with_quota_limit_fair_share_and_allocation_per_re
         "QUOTA",
         "LIMIT",
         "WEIGHT",
+        "GUARANTEED",
         "FAIR",
         "SHARE",
         "ALLOCATED",
@@ -243,12 +244,16 @@ def test_queues_shows_the_tree_with_quota_limit_fair_share_and_allocation_per_re
     assert at[dept] < at[team_a] < at[team_b]
     assert lines[at[team_a]].startswith(f"  {team_a}") and lines[at[dept]].startswith(dept)
     share, held = status[team_a]["fairShare"], status[team_a]["allocated"]
-    assert lines[at[team_a]].split() == [team_a, "gpu", "6", "8", "2", f"{share['gpu']:g}", "3", "3", "-"]
+    promised = status[team_a]["guaranteed"]
+    assert promised["gpu"] == min(6, share["gpu"])  # the quota as far as the fair share backs it
+    row = [team_a, "gpu", "6", "8", "2", f"{promised['gpu']:g}", f"{share['gpu']:g}", "3", "3", "-"]
+    assert lines[at[team_a]].split() == row
     assert lines[at[team_a] + 1].split() == [
         "cpu",
         "16",
         "none",
         "-",
+        str(promised["cpu"]),
         str(share["cpu"]),
         str(held["cpu"]),
         str(status[team_a]["requested"]["cpu"]),
@@ -266,6 +271,7 @@ def test_queues_shows_the_tree_with_quota_limit_fair_share_and_allocation_per_re
         "quota": "6",
         "limit": "8",
         "over_quota_weight": "2",
+        "guaranteed": f"{promised['gpu']:g}",
         "fair_share": f"{share['gpu']:g}",
         "allocated": "3",
         "requested": "3",

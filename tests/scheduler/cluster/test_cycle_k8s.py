@@ -27,8 +27,8 @@ from scheduler.cluster.cycle import DEFAULT_SLICE_ADMISSION, ClusterView, Schedu
 from scheduler.cluster.retrying import RetryPolicy
 from scheduler.cluster.sliceadmission import SliceAdmission
 from tests.agent.publish.reports import xid_fault
-from tests.harness import complete_pod_deletion, mark_pod_running
-from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup, publish_health, slice_env
+from tests.harness import complete_pod_deletion, mark_pod_running, unique_name
+from tests.scheduler.cluster.kube_objects import delete_queue, node_of, pod, podgroup, publish_health, slice_env
 
 pytestmark = pytest.mark.k8s
 
@@ -328,3 +328,69 @@ def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds
     made = groups_by_pod(k8s, namespace)
     assert sorted(made) == ["first", "second"]
     assert podgroup_status(k8s, namespace, made["first"]["metadata"]["name"])["phase"] == "Running"
+
+
+def _queue_in_tree(k8s: client.ApiClient, name: str, gpu_quota: int, parent: str | None = None) -> None:
+    spec: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota}}}
+    if parent is not None:
+        spec["parentQueue"] = parent
+    client.CustomObjectsApi(k8s).create_cluster_custom_object(
+        contract.SCHEDULING_API_GROUP,
+        contract.SCHEDULING_API_VERSION,
+        contract.QUEUE_PLURAL,
+        {
+            "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+            "kind": contract.QUEUE_KIND,
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+
+
+def _queue_status(k8s: client.ApiClient, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(k8s).get_cluster_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL, name
+    )
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], scheduler_crds: None
+) -> None:
+    # dept's 8 GPUs (one 8-GPU node) hold its two teams' quotas of 6 + 6: each
+    # asks for 8, each is guaranteed 4 and its Queue says so, and why.
+    nodes = set(cluster(1))
+    dept, team_a, team_b = unique_name("dept"), unique_name("team-a"), unique_name("team-b")
+    _queue_in_tree(k8s, dept, 8)
+    _queue_in_tree(k8s, team_a, 6, dept)
+    _queue_in_tree(k8s, team_b, 6, dept)
+    try:
+        for team in (team_a, team_b):
+            for i in range(8):
+                pod(k8s, namespace, f"{team}-{i}", queue=team, gpus=1)
+        cycle = new_cycle(k8s)
+        cycle.run(view(k8s, nodes))
+
+        for team in (team_a, team_b):
+            status = _queue_status(k8s, team)
+            assert status[contract.QUEUE_STATUS_GUARANTEED]["gpu"] == 4
+            [note] = [c for c in status["conditions"] if c["type"] == contract.QueueConditionType.QUOTA_NOT_GUARANTEED]
+            assert (note["status"], note["reason"]) == ("True", contract.QueueConditionReason.QUOTAS_EXCEED_BACKING)
+            assert note["message"] == (
+                "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to "
+                f"12 GPUs and parent queue {dept}'s fair share is 8 GPUs, so reclaim wins back only 4 GPUs for it"
+            )
+            assert note["lastTransitionTime"]
+        # dept's own quota fits the pool: all of it is guaranteed, and nothing is said.
+        top = _queue_status(k8s, dept)
+        assert top[contract.QUEUE_STATUS_GUARANTEED]["gpu"] == 8
+        [quiet] = [c for c in top["conditions"] if c["type"] == contract.QueueConditionType.QUOTA_NOT_GUARANTEED]
+        assert (quiet["status"], quiet["reason"], quiet["message"]) == (
+            "False",
+            contract.QueueConditionReason.QUOTA_GUARANTEED,
+            "",
+        )
+    finally:
+        for name in (team_a, team_b, dept):
+            delete_queue(k8s, name)

@@ -348,6 +348,7 @@ def _share(queue: str, gpu: int) -> QueueShare:
         fair_share=Resources(gpu=gpu, cpu=8000, memory=65536),
         allocated=Resources(gpu=1500, cpu=4000, memory=1536),
         request=Resources(gpu=4000, cpu=16000, memory=131072),
+        guaranteed=Resources(gpu=min(gpu, 2500), cpu=8000, memory=65536),
     )
 
 
@@ -382,12 +383,14 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         queue_now = _status(k8s, contract.QUEUE_PLURAL, queue)
         assert {k: v for k, v in queue_now.items() if k != "conditions"} == {
             "fairShare": {"gpu": 2, "cpu": "8", "memory": "64Gi"},
+            "guaranteed": {"gpu": 2, "cpu": "8", "memory": "64Gi"},
             "allocated": {"gpu": 1.5, "cpu": "4", "memory": "1536Mi"},
             "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
             "requested": {"gpu": 4, "cpu": "16", "memory": "128Gi"},
         }
-        [backed, valid] = queue_now["conditions"]
+        [backed, guaranteed, valid] = queue_now["conditions"]
         assert (backed["type"], backed["status"]) == ("QuotaNotBacked", "False")
+        assert (guaranteed["type"], guaranteed["status"]) == ("QuotaNotGuaranteed", "False")
         assert (valid["type"], valid["status"], valid["reason"]) == ("Invalid", "False", "Valid")
         status = _status(k8s, contract.PODGROUP_PLURAL, "train", namespace)
         assert status["phase"] == "Pending"
@@ -468,7 +471,7 @@ def test_a_queue_short_of_backed_quota_shows_it_and_the_crd_accepts_it(
 
         status = _status(k8s, contract.QUEUE_PLURAL, queue)
         assert status["allocatedNonPreemptible"] == {"gpu": 2, "cpu": "1", "memory": "1Gi"}
-        [condition, _valid] = status["conditions"]
+        [condition, _guaranteed, _valid] = status["conditions"]
         assert (condition["type"], condition["status"], condition["reason"]) == (
             contract.QueueConditionType.QUOTA_NOT_BACKED.value,
             "True",

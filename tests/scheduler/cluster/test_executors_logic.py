@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,8 +32,11 @@ from scheduler.engine.model import (
     PendingReason,
     QueueShare,
     Resources,
+    Snapshot,
     Task,
 )
+from scheduler.engine.session import run_session
+from tests.scheduler.builders import job, node, pending, queue
 
 
 class FakeTime:
@@ -133,18 +137,72 @@ def test_binding_and_eviction_bodies_carry_the_uid_as_a_precondition() -> None:
 
 
 def test_a_queue_in_several_pools_shows_the_sums() -> None:
-    a = QueueShare("q", "a", Resources(1000, 1000, 1024), Resources(500, 0, 0), Resources(2000, 0, 0))
-    b = QueueShare("q", "b", Resources(2000, 0, 1024), Resources(0, 0, 0), Resources(0, 500, 0))
+    a = QueueShare(
+        "q", "a", Resources(1000, 1000, 1024), Resources(500, 0, 0), Resources(2000, 0, 0), guaranteed=Resources(500)
+    )
+    b = QueueShare(
+        "q",
+        "b",
+        Resources(2000, 0, 1024),
+        Resources(0, 0, 0),
+        Resources(0, 500, 0),
+        guaranteed=Resources(2000, 0, 1024),
+    )
     assert queue_status([a, b]) == {
         "fairShare": {"gpu": 3, "cpu": "1", "memory": "2Gi"},
+        "guaranteed": {"gpu": 2.5, "cpu": "0", "memory": "1Gi"},
         "allocated": {"gpu": 0.5, "cpu": "0", "memory": "0Mi"},
         "allocatedNonPreemptible": {"gpu": 0, "cpu": "0", "memory": "0Mi"},
         "requested": {"gpu": 2, "cpu": "500m", "memory": "0Mi"},
         "conditions": [
             {"type": "QuotaNotBacked", "status": "False", "reason": "QuotaBacked", "message": ""},
+            {"type": "QuotaNotGuaranteed", "status": "False", "reason": "QuotaGuaranteed", "message": ""},
             {"type": "Invalid", "status": "False", "reason": "Valid", "message": ""},
         ],
     }
+
+
+def _over_subscribed() -> Snapshot:
+    """Quotas of 6 + 6 GPUs on one 8-GPU node, both queues asking for 8: each is guaranteed 4."""
+    return Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("a", 6), queue("b", 6)),
+        jobs=(
+            job("a-all", "a", *(pending(f"a-{i}", 1) for i in range(8)), created=0),
+            job("b-all", "b", *(pending(f"b-{i}", 1) for i in range(8)), created=1),
+        ),
+    )
+
+
+def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why() -> None:
+    share = next(s for s in run_session(_over_subscribed()).queue_shares if s.queue == "b")
+    status = queue_status([share])
+    # GPUs: the quota as far as the fair share backs it; CPU and memory set no quota: their fair share.
+    assert status["guaranteed"] == {
+        "gpu": 4,
+        "cpu": status["fairShare"]["cpu"],
+        "memory": status["fairShare"]["memory"],
+    }
+    assert status["conditions"][1] == {
+        "type": "QuotaNotGuaranteed",
+        "status": "True",
+        "reason": "QuotasExceedBacking",
+        "message": "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to "
+        "12 GPUs and the pool's healthy capacity is 8 GPUs, so reclaim wins back only 4 GPUs for it",
+    }
+    # Over-subscribed, not short of healthy capacity: the quotas fit the pool one by one.
+    assert status["conditions"][0]["type"] == "QuotaNotBacked"
+
+
+def test_a_queue_in_several_pools_names_the_pool_of_each_note_and_clips_them() -> None:
+    def share(pool: str, note: str) -> QueueShare:
+        return QueueShare("q", pool, Resources(), Resources(), Resources(), guarantee_note=note)
+
+    status = queue_status([share("a100", "1 GPU short"), share("h100", ""), share("l4", "2 GPUs short")])
+    [cond] = [c for c in status["conditions"] if c["type"] == "QuotaNotGuaranteed"]
+    assert (cond["status"], cond["message"]) == ("True", "node pool a100: 1 GPU short; node pool l4: 2 GPUs short")
+    long = queue_status([share("a100", "x" * 5000)])["conditions"][1]["message"]
+    assert len(long) == MAX_MESSAGE and long.endswith("…")
 
 
 def test_the_explanation_keeps_the_engines_order_and_fits_an_event() -> None:
@@ -252,6 +310,7 @@ def test_a_queue_whose_quota_is_not_backed_says_by_how_much_and_why() -> None:
             "message": "2 of 8 GPUs of this queue's quota are not backed: "
             "the pool's healthy capacity (40 GPUs) is below the sum of quotas (48 GPUs)",
         },
+        {"type": "QuotaNotGuaranteed", "status": "False", "reason": "QuotaGuaranteed", "message": ""},
         {"type": "Invalid", "status": "False", "reason": "Valid", "message": ""},
     ]
     child = queue_status([_short_share(1, parent="dept")])["conditions"][0]["message"]
@@ -301,7 +360,7 @@ def test_an_invalid_queue_shows_why_and_its_condition_clears_with_its_own_time()
 
     writer.write(Decisions(), queue_problems={"team": problem})
     (name, body) = api.patches[-1]
-    assert name == "team" and body["status"]["fairShare"] is None
+    assert name == "team" and body["status"]["fairShare"] is None and body["status"]["guaranteed"] is None
     assert body["status"]["conditions"][0]["message"] == problem[1]
     assert conditions() == {"Invalid": "True/InvalidSpec@2025-01-01T00:00:00Z"}
     t[0] += timedelta(minutes=1)
@@ -314,5 +373,33 @@ def test_an_invalid_queue_shows_why_and_its_condition_clears_with_its_own_time()
     writer.write(Decisions(queue_shares=(_short_share(0),)))
     assert conditions() == {
         "QuotaNotBacked": "False/QuotaBacked@2025-01-01T00:02:00Z",
+        "QuotaNotGuaranteed": "False/QuotaGuaranteed@2025-01-01T00:02:00Z",
         "Invalid": "False/Valid@2025-01-01T00:02:00Z",
     }
+
+
+def test_the_writer_sends_the_guarantee_only_when_it_changes_and_keeps_its_condition_time() -> None:
+    api = _Api()
+    t = [datetime(2025, 1, 1, tzinfo=UTC)]
+    writer = StatusWriter(api, clock=lambda: t[0], instance="test")  # type: ignore[arg-type]
+    g = 1000
+
+    def cycle(guaranteed: int, note: str) -> tuple[float, str] | None:
+        share = QueueShare(
+            "team", "default", Resources(4 * g), Resources(), Resources(8 * g), guaranteed=Resources(guaranteed * g)
+        )
+        before = len(api.patches)
+        writer.write(Decisions(queue_shares=(replace(share, guarantee_note=note),)))
+        if len(api.patches) == before:
+            return None
+        body = api.patches[-1][1]["status"]
+        [cond] = [c for c in body["conditions"] if c["type"] == "QuotaNotGuaranteed"]
+        return body["guaranteed"]["gpu"], f"{cond['status']}/{cond['reason']}@{cond['lastTransitionTime']}"
+
+    assert cycle(4, "2 GPUs short") == (4, "True/QuotasExceedBacking@2025-01-01T00:00:00Z")
+    t[0] += timedelta(minutes=1)
+    assert cycle(4, "2 GPUs short") is None  # unchanged: nothing sent
+    # Another amount and note: written, but the condition was True and stays so.
+    assert cycle(3, "3 GPUs short") == (3, "True/QuotasExceedBacking@2025-01-01T00:00:00Z")
+    t[0] += timedelta(minutes=1)
+    assert cycle(6, "") == (6, "False/QuotaGuaranteed@2025-01-01T00:02:00Z")
