@@ -262,9 +262,9 @@ def _guarantee_note(cluster: Cluster, q: QueueState) -> str:
             where = f"the pool's healthy capacity is {format_amount(r, pool.capacity[r] if pool else 0)}"
         total = sum(s.quota[r] for s in level if s.quota[r] != UNLIMITED)
         parts.append(
-            f"{format_amount(r, short)} of the {format_amount(r, quota)} {RESOURCE_NAMES[r]} quota is not "
-            f"guaranteed: the quotas at this queue's level add up to {format_amount(r, total)} and {where}, "
-            f"so reclaim wins back only {format_amount(r, q.share[r])} for it"
+            f"only {format_amount(r, q.share[r])} of its {RESOURCE_NAMES[r]} quota of {format_amount(r, quota)} "
+            f"is guaranteed (reclaim wins back no more): the quotas at this queue's level add up to "
+            f"{format_amount(r, total)} and {where}"
         )
     return "; ".join(parts)
 

@@ -378,8 +378,8 @@ def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why
             [note] = [c for c in status["conditions"] if c["type"] == contract.QueueConditionType.QUOTA_NOT_GUARANTEED]
             assert (note["status"], note["reason"]) == ("True", contract.QueueConditionReason.QUOTAS_EXCEED_BACKING)
             assert note["message"] == (
-                "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to "
-                f"12 GPUs and parent queue {dept}'s fair share is 8 GPUs, so reclaim wins back only 4 GPUs for it"
+                "only 4 GPUs of its gpu quota of 6 GPUs is guaranteed (reclaim wins back no more): the quotas at "
+                f"this queue's level add up to 12 GPUs and parent queue {dept}'s fair share is 8 GPUs"
             )
             assert note["lastTransitionTime"]
         # dept's own quota fits the pool: all of it is guaranteed, and nothing is said.

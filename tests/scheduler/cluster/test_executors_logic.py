@@ -187,8 +187,8 @@ def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why
         "type": "QuotaNotGuaranteed",
         "status": "True",
         "reason": "QuotasExceedBacking",
-        "message": "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to "
-        "12 GPUs and the pool's healthy capacity is 8 GPUs, so reclaim wins back only 4 GPUs for it",
+        "message": "only 4 GPUs of its gpu quota of 6 GPUs is guaranteed (reclaim wins back no more): the quotas "
+        "at this queue's level add up to 12 GPUs and the pool's healthy capacity is 8 GPUs",
     }
     # Over-subscribed, not short of healthy capacity: the quotas fit the pool one by one.
     assert status["conditions"][0]["type"] == "QuotaNotBacked"

@@ -279,8 +279,8 @@ def test_the_queue_status_says_how_much_of_an_over_subscribed_quota_is_guarantee
     shares = {s.queue: s for s in run_session(snap).queue_shares}
     assert shares["b"].guaranteed.gpu == 4000
     assert shares["b"].guarantee_note == (
-        "2 GPUs of the 6 GPUs gpu quota is not guaranteed: the quotas at this queue's level add up to 12 GPUs "
-        "and the pool's healthy capacity is 8 GPUs, so reclaim wins back only 4 GPUs for it"
+        "only 4 GPUs of its gpu quota of 6 GPUs is guaranteed (reclaim wins back no more): the quotas at this "
+        "queue's level add up to 12 GPUs and the pool's healthy capacity is 8 GPUs"
     )
 
 
