@@ -470,10 +470,17 @@ def _domain_counts(index: PodIndex, term: PodTerm, namespace: str) -> dict[str, 
 def _spread_counts(
     cluster: Cluster, index: PodIndex, domains: DomainCache, spec: Task, constraint: SpreadConstraint
 ) -> dict[str, int]:
-    """Matching pods (same namespace, not terminating) per domain of every node that counts for it."""
+    """Matching pods (same namespace, not terminating) per domain of every node that counts for it.
+
+    A selector that is absent or empty counts no pod at all, as
+    kube-scheduler counts (an empty selector would match every pod, but
+    kube-scheduler's filter and score skip it); the pod still counts
+    itself, since an empty selector matches its own labels.
+    """
     eligible = domains.eligible(cluster, spec, constraint)
     counts = dict.fromkeys(eligible.values(), 0)
-    if constraint.selector is None:
+    selector = constraint.selector
+    if selector is None or not (selector.match_labels or selector.expressions):
         return counts
     for entry in index.candidates(constraint.selector):
         other = entry.spec

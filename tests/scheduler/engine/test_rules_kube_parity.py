@@ -1,0 +1,42 @@
+"""Placement rules where gpuwarden disagreed with kube-scheduler, each found by the oracle test.
+
+tests/scheduler/cluster/test_placement_oracle_k8s.py runs gpuwarden's rules
+against the upstream kube-scheduler on random clusters; each case it found
+is kept here as a small hand-written cluster, with kube-scheduler's answer
+(read off its source, pkg/scheduler/framework/plugins) as the expected one.
+"""
+
+from __future__ import annotations
+
+from scheduler.engine.model import LabelSelector, Node, Placement, Snapshot, SpreadConstraint
+from scheduler.engine.session import run_session
+from tests.scheduler.builders import binds_by_job, job, node, pending, queue, running
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def _zones(a_gpus: int = 8, b_gpus: int = 8) -> tuple[Node, ...]:
+    return (
+        node("n-a", a_gpus, labels={ZONE: "a", "kubernetes.io/hostname": "n-a"}),
+        node("n-b", b_gpus, labels={ZONE: "b", "kubernetes.io/hostname": "n-b"}),
+    )
+
+
+def test_a_spread_constraint_with_an_empty_selector_counts_no_pod() -> None:
+    """kube-scheduler's countPodsMatchSelector returns 0 for an empty selector: the skew is always 1.
+
+    Read as "every pod" instead, zone a (three pods) was 3 over zone b and
+    the pod, which only zone a can hold (it needs a GPU), waited forever.
+    """
+    spread = SpreadConstraint(max_skew=1, topology_key=ZONE, hard=True, selector=LabelSelector())
+    snap = Snapshot(
+        nodes=_zones(b_gpus=0),
+        queues=(queue("q", 8),),
+        jobs=(
+            job("old", "q", *(running(f"old-{i}", "n-a", (i,), labels={"app": "web"}) for i in range(3))),
+            job(
+                "new", "q", pending("new-0", 1, labels={"app": "db"}, placement=Placement(spread=(spread,))), created=1
+            ),
+        ),
+    )
+    assert binds_by_job(run_session(snap))["new"] == [("new-0", "n-a", (3,))]
