@@ -168,8 +168,8 @@ class Verdict:
     ``forbidden``: topology key -> domains where a required anti-affinity
     (the pod's own, or a bound pod's that selects it) forbids it.
     ``required``: per required affinity term, its key and the domains that
-    hold a matching pod; None when no pod anywhere matches and the pod
-    matches its own terms (the first of a group with affinity to itself,
+    hold a pod matching every term; None when no pod anywhere matches them
+    all and the pod matches its own terms (the first of a group with affinity to itself,
     which Kubernetes lets go anywhere that has the topology keys).
     ``spread``: per hard spread constraint, its key and the domains a pod
     may join without exceeding the skew.
@@ -263,7 +263,7 @@ def verdict_for(cluster: Cluster, domains: DomainCache, task: TaskState) -> Verd
     for term in placement.anti_affinity:
         verdict.forbidden.setdefault(term.topology_key, set()).update(_domains_with(index, term, spec.namespace))
     if placement.affinity:
-        required = [(t.topology_key, _domains_with(index, t, spec.namespace)) for t in placement.affinity]
+        required = _affinity_domains(index, placement.affinity, spec.namespace)
         if any(values for _, values in required) or not all(
             term_selects(t, spec.namespace, spec) for t in placement.affinity
         ):
@@ -292,6 +292,28 @@ def _domains_with(index: PodIndex, term: PodTerm, namespace: str) -> set[str]:
         value = entry.node.labels.get(key)
         if value is not None and value not in found and term_selects(term, namespace, entry.spec):
             found.add(value)
+    return found
+
+
+def _affinity_domains(index: PodIndex, terms: tuple[PodTerm, ...], namespace: str) -> list[tuple[str, set[str]]]:
+    """Per required affinity term, its key and the domains holding a pod that matches *every* term.
+
+    kube-scheduler's InterPodAffinity counts a bound pod for a pod's
+    required affinity only when it matches all of its terms (and then in
+    each term's domain): "a db pod in my zone and a web pod on my node"
+    needs one pod that is both, not one of each.
+    """
+    found: list[tuple[str, set[str]]] = [(t.topology_key, set()) for t in terms]
+    first = terms[0].selector
+    if first is None or any(t.selector is None for t in terms):
+        return found
+    for entry in index.candidates(first):
+        if all(term_selects(t, namespace, entry.spec) for t in terms):
+            labels = entry.node.labels
+            for key, values in found:
+                value = labels.get(key)
+                if value is not None:
+                    values.add(value)
     return found
 
 
@@ -482,11 +504,11 @@ def _spread_counts(
     selector = constraint.selector
     if selector is None or not (selector.match_labels or selector.expressions):
         return counts
-    for entry in index.candidates(constraint.selector):
+    for entry in index.candidates(selector):
         other = entry.spec
         if other.namespace != spec.namespace or other.terminating:
             continue
         value = eligible.get(entry.node.name)
-        if value is not None and selector_matches(constraint.selector, other.labels):
+        if value is not None and selector_matches(selector, other.labels):
             counts[value] += 1
     return counts

@@ -8,11 +8,12 @@ is kept here as a small hand-written cluster, with kube-scheduler's answer
 
 from __future__ import annotations
 
-from scheduler.engine.model import LabelSelector, Node, Placement, Snapshot, SpreadConstraint
+from scheduler.engine.model import LabelSelector, Node, Placement, PodTerm, Snapshot, SpreadConstraint
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import binds_by_job, job, node, pending, queue, running
 
 ZONE = "topology.kubernetes.io/zone"
+HOST = "kubernetes.io/hostname"
 
 
 def _zones(a_gpus: int = 8, b_gpus: int = 8) -> tuple[Node, ...]:
@@ -40,3 +41,34 @@ def test_a_spread_constraint_with_an_empty_selector_counts_no_pod() -> None:
         ),
     )
     assert binds_by_job(run_session(snap))["new"] == [("new-0", "n-a", (3,))]
+
+
+def _app(*values: str) -> LabelSelector:
+    return LabelSelector(match_labels=tuple(("app", v) for v in values))
+
+
+def test_required_pod_affinity_needs_one_pod_that_matches_every_term() -> None:
+    """kube-scheduler counts only bound pods that match all of a pod's affinity terms.
+
+    "A db pod in my zone" and "a web pod on my node" were each satisfied
+    by a different pod on n-a, so gpuwarden bound there; kube-scheduler
+    finds no pod matching both and refuses every node (the pod does not
+    match its own terms either). Once one pod matches both, n-a is right.
+    """
+    terms = (PodTerm(ZONE, _app("db")), PodTerm(HOST, LabelSelector(match_labels=(("tier", "front"),))))
+    placement = Placement(affinity=terms)
+
+    def session(*bound: dict[str, str]) -> dict[str, list[tuple[str, str, tuple[int, ...]]]]:
+        snap = Snapshot(
+            nodes=_zones(),
+            queues=(queue("q", 16),),
+            jobs=(
+                job("old", "q", *(running(f"old-{i}", "n-a", (i,), labels=b) for i, b in enumerate(bound))),
+                job("new", "q", pending("new-0", 1, labels={"app": "cache"}, placement=placement), created=1),
+            ),
+        )
+        return binds_by_job(run_session(snap))
+
+    assert "new" not in session({"app": "db"}, {"app": "web", "tier": "front"})
+    assert session({"app": "db", "tier": "front"})["new"] == [("new-0", "n-a", (1,))]
+
