@@ -29,7 +29,7 @@ from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
 from scheduler.engine.reservations import release_for, reserved_place
 from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
-from scheduler.engine.scoring import find_place, fit_on_node
+from scheduler.engine.scoring import find_place, fits
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -112,6 +112,7 @@ def _potential_ok(node: NodeState, task: TaskState, is_candidate: Predicate) -> 
 
 def _clear_node(
     stmt: Statement,
+    caches: SessionCaches,
     *,
     node: NodeState,
     task: TaskState,
@@ -123,11 +124,16 @@ def _clear_node(
 ) -> bool:
     """Evict candidates on ``node``, cheapest first, until ``task`` fits; place it.
 
+    "Fits" is room and every placement rule (:func:`scheduler.engine.scoring.fits`):
+    room freed beside a pod the task's anti-affinity keeps it from, or on a
+    host port another pod holds, is no room for it.
+
     Evicting in order can take a victim that a later, larger one makes
     unnecessary (a 1-GPU pod, then a 3-GPU pod, for a 3-GPU task); such
     victims are spared before anything is kept, so no pod is evicted for
     room nobody uses.
     """
+    cluster = stmt.cluster
     on_node: dict[int, JobState] = {}
     for t in node.tasks:
         if evictable(t) and id(t.job) not in on_node and is_candidate(t.job):
@@ -139,7 +145,7 @@ def _clear_node(
             continue
         evict_job(stmt, victim, action, reason, task.job.key)
         chosen.append(victim)
-        if fit_on_node(node, task) is not None:
+        if fits(cluster, caches, node, task) is not None:
             break
     else:
         return False
@@ -151,13 +157,13 @@ def _clear_node(
             trial_mark = stmt.mark()
             for victim in trial:
                 evict_job(stmt, victim, action, reason, task.job.key)
-            fits = fit_on_node(node, task) is not None
+            enough = fits(cluster, caches, node, task) is not None
             stmt.rollback(trial_mark)
-            if fits:
+            if enough:
                 needed = trial
         for victim in needed:
             evict_job(stmt, victim, action, reason, task.job.key)
-    found = fit_on_node(node, task)
+    found = fits(cluster, caches, node, task)
     assert found is not None
     stmt.allocate(task, node, *found)
     return True
@@ -302,6 +308,7 @@ def make_room(
             node_mark = stmt.mark()
             if _clear_node(
                 stmt,
+                caches,
                 node=node,
                 task=task,
                 is_candidate=candidate,

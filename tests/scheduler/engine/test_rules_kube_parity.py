@@ -72,3 +72,25 @@ def test_required_pod_affinity_needs_one_pod_that_matches_every_term() -> None:
     assert "new" not in session({"app": "db"}, {"app": "web", "tier": "front"})
     assert session({"app": "db", "tier": "front"})["new"] == [("new-0", "n-a", (1,))]
 
+
+def test_evicting_for_a_pod_still_honours_its_anti_affinity() -> None:
+    """The victim search (preempt, reclaim, consolidate) checks the pod's placement rules, not only room.
+
+    n-a is full: a db pod nobody may evict and a low-priority filler. The
+    new pod keeps away from db pods on its node, so evicting the filler
+    would make room it may not use; it must stay pending and nothing be
+    evicted for it.
+    """
+    away = Placement(anti_affinity=(PodTerm(HOST, _app("db")),))
+    snap = Snapshot(
+        nodes=_zones()[:1],
+        queues=(queue("q", 8),),
+        jobs=(
+            job("db", "q", running("db-0", "n-a", (0,), labels={"app": "db"}), priority=200, preemptible=False),
+            job("filler", "q", running("filler-0", "n-a", tuple(range(1, 8)), labels={"app": "batch"})),
+            job("new", "q", pending("new-0", 2, labels={"app": "web"}, placement=away), priority=50, created=1),
+        ),
+    )
+    decisions = run_session(snap)
+    assert "new" not in binds_by_job(decisions)
+    assert decisions.evictions == ()
