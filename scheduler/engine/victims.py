@@ -97,7 +97,7 @@ def _potential_ok(node: NodeState, task: TaskState, is_candidate: Predicate) -> 
             mem += t.mem
             for p in t.gpu_pos:
                 victim_positions[p] = victim_positions.get(p, 0) + 1
-    if cpu < task.cpu or mem < task.mem:
+    if (task.cpu > 0 and cpu < task.cpu) or (task.mem > 0 and mem < task.mem):
         return False
     gpu = task.gpu
     if gpu.is_slice:

@@ -94,3 +94,23 @@ def test_evicting_for_a_pod_still_honours_its_anti_affinity() -> None:
     decisions = run_session(snap)
     assert "new" not in binds_by_job(decisions)
     assert decisions.evictions == ()
+
+
+def test_a_resource_the_pod_does_not_request_is_not_checked() -> None:
+    """kube-scheduler's NodeResourcesFit skips a resource the pod requests none of.
+
+    Pods of other schedulers (bound by hand, by nodeName) may over-commit a
+    node's memory; a pod that asks for CPU only still fits there.
+    """
+    snap = Snapshot(
+        nodes=(node("n-a", 0, cpu=8, mem_gib=8),),
+        queues=(queue("q"),),
+        jobs=(
+            job("big", "q", running("big-0", "n-a", (), cpu=1, mem_gib=12)),
+            job("cpu", "q", pending("cpu-0", cpu=1, mem_gib=0), created=1),
+            job("mem", "q", pending("mem-0", cpu=1, mem_gib=1), created=2),
+        ),
+    )
+    decisions = run_session(snap)
+    assert binds_by_job(decisions) == {"cpu": [("cpu-0", "n-a", ())]}
+    assert decisions.evictions == ()
