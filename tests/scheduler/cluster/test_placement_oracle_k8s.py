@@ -236,7 +236,7 @@ def _quantity_cpu(milli: int) -> str:
     return f"{milli}m"
 
 
-def _container(rng: random.Random, name: str, *, heavy: float) -> JSON:
+def _container(rng: random.Random, name: str, *, heavy: float, ports: float = 0.2) -> JSON:
     """A container with random requests (``heavy`` scales how much) and maybe a host port."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -263,7 +263,7 @@ def _container(rng: random.Random, name: str, *, heavy: float) -> JSON:
         resources["limits"] = limits
     if resources:
         container["resources"] = resources
-    if rng.random() < 0.2:
+    if rng.random() < ports:
         port: JSON = {"containerPort": rng.choice(PORTS), "hostPort": rng.choice(PORTS)}
         if rng.random() < 0.3:
             port["protocol"] = "UDP"
@@ -276,10 +276,11 @@ def _container(rng: random.Random, name: str, *, heavy: float) -> JSON:
 def _containers(rng: random.Random, spec: JSON, *, heavy: float) -> None:
     spec["containers"] = [_container(rng, "main", heavy=heavy)]
     init = []
-    if rng.random() < 0.12:
-        init.append(_container(rng, "setup", heavy=heavy * 2))
+    if rng.random() < 0.15:
+        # A one-shot init container: its host port is not held while the pod runs.
+        init.append(_container(rng, "setup", heavy=heavy * 2, ports=0.5))
     if rng.random() < 0.1:
-        sidecar = _container(rng, "sidecar", heavy=heavy / 2)
+        sidecar = _container(rng, "sidecar", heavy=heavy / 2, ports=0.4)
         sidecar["restartPolicy"] = "Always"
         init.append(sidecar)
     if init:
@@ -331,8 +332,8 @@ def _tolerations(rng: random.Random) -> list[JSON]:
 def _spread(rng: random.Random, labels: dict[str, str]) -> list[JSON]:
     out: list[JSON] = []
     seen: set[tuple[str, str]] = set()
-    for _ in range(rng.randint(1, 2)):
-        hard = rng.random() < 0.7
+    for _ in range(rng.choice((1, 2, 2))):
+        hard = rng.random() < 0.75
         when = "DoNotSchedule" if hard else "ScheduleAnyway"
         key = rng.choice((ZONE, LABEL_HOSTNAME, RACK))
         if (key, when) in seen:
@@ -865,17 +866,17 @@ def check_session(api: client.ApiClient, judge: Judge, world: World, tally: Tall
         hosts = [verdict.binds[n].node for n in members]
         if len(members) != len(gangs) or len(set(hosts)) != len(hosts):
             tally.disagreements.append(f"seed {world.seed}: gang bound partly or onto shared nodes: {hosts}")
+    earlier: list[str] = []
     for name in verdict.order:
         pod = by_name[name]
         node = verdict.binds[name].node
         outcome = _pinned(judge, pod, node, keep=True)
         tally.session_binds += 1
         if outcome.node != node:
-            tally.disagreements.append(
-                _report(
-                    world, pod, "in one session gpuwarden bound it where kube-scheduler would not", verdict, outcome
-                )
-            )
+            before = "".join(f"\n  placed before it in the session: {line}" for line in earlier)
+            what = "in one session gpuwarden bound it where kube-scheduler would not"
+            tally.disagreements.append(_report(world, pod, what, verdict, outcome, extra=before))
+        earlier.append(f"{_ident(pod)} on {node}: {_summary(pod)}")
 
 
 def test_placement_rules_agree_with_kube_scheduler(
