@@ -366,12 +366,21 @@ class DomainCache:
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def eligible(self, cluster: Cluster, spec: Task, constraint: SpreadConstraint) -> dict[str, str]:
-        """Nodes that count for ``constraint`` (its inclusion policies), with their domain."""
+        """Nodes that count for ``constraint`` (its inclusion policies), with their domain.
+
+        As in kube-scheduler, a node counts only if it carries the topology
+        key of every constraint of the pod of the same kind (hard, or
+        soft): pods on a node without the rack label are not counted in
+        their zone when the pod also spreads over racks.
+        """
         placement = spec.placement
+        assert placement is not None
+        keys = tuple(sorted({c.topology_key for c in placement.spread if c.hard == constraint.hard}))
         key = (
             constraint.topology_key,
+            keys,
             constraint.honor_affinity and tuple(sorted(spec.node_selector.items())),
-            constraint.honor_affinity and placement is not None and placement.node_terms,
+            constraint.honor_affinity and placement.node_terms,
             constraint.honor_taints and spec.tolerations,
         )
         found = self.domains.get(key)
@@ -380,7 +389,7 @@ class DomainCache:
             for state in cluster.nodes.values():
                 node = state.spec
                 value = node.labels.get(constraint.topology_key)
-                if value is None:
+                if value is None or any(k not in node.labels for k in keys):
                     continue
                 if constraint.honor_affinity and not _selector_and_affinity(spec, node):
                     continue

@@ -114,3 +114,35 @@ def test_a_resource_the_pod_does_not_request_is_not_checked() -> None:
     decisions = run_session(snap)
     assert binds_by_job(decisions) == {"cpu": [("cpu-0", "n-a", ())]}
     assert decisions.evictions == ()
+
+
+def test_spread_counts_only_nodes_with_every_hard_topology_key() -> None:
+    """kube-scheduler's PodTopologySpread counts a node only if it has the keys of all hard constraints.
+
+    The pod spreads over zones (skew 1) and racks. n-2 has no rack label,
+    so its five web pods do not count in zone a: zone a holds 0 and zone b
+    3, and only n-1 keeps the skew. Counting them made zone a 5 and sent
+    the pod to zone b, 4 over zone a in kube-scheduler's count.
+    """
+    rack = "example.com/rack"
+    web = LabelSelector(match_labels=(("app", "web"),))
+    spread = (
+        SpreadConstraint(max_skew=1, topology_key=ZONE, hard=True, selector=web),
+        SpreadConstraint(max_skew=10, topology_key=rack, hard=True, selector=web),
+    )
+    nodes = (
+        node("n-1", labels={ZONE: "a", rack: "r1"}),
+        node("n-2", labels={ZONE: "a"}),
+        node("n-3", labels={ZONE: "b", rack: "r2"}),
+    )
+    on = {"n-2": 5, "n-3": 3}
+    old = [running(f"old-{n}-{i}", n, (), labels={"app": "web"}) for n, count in on.items() for i in range(count)]
+    snap = Snapshot(
+        nodes=nodes,
+        queues=(queue("q"),),
+        jobs=(
+            job("old", "q", *old),
+            job("new", "q", pending("new-0", labels={"app": "web"}, placement=Placement(spread=spread)), created=1),
+        ),
+    )
+    assert binds_by_job(run_session(snap))["new"] == [("new-0", "n-1", ())]
