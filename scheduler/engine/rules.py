@@ -39,6 +39,7 @@ refuse a node kube-scheduler would accept, never the reverse):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -66,11 +67,21 @@ _ANY_IP = "0.0.0.0"
 # --------------------------------------------------------------------------
 
 
+_INT64 = 2**63
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
 def _integer(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
+    """A label value as Kubernetes reads it for Gt and Lt: a base-10 int64 (Go's strconv.ParseInt).
+
+    Python's ``int`` also takes "1_0", spaces and non-ASCII digits, which
+    Kubernetes rejects (the requirement then fails): a node whose label
+    only Python reads as a number must not pass.
+    """
+    if _DECIMAL.fullmatch(text) is None:
         return None
+    value = int(text)
+    return value if -_INT64 <= value < _INT64 else None
 
 
 def requirement_holds(req: Requirement, labels: Mapping[str, str]) -> bool:

@@ -8,7 +8,8 @@ is kept here as a small hand-written cluster, with kube-scheduler's answer
 
 from __future__ import annotations
 
-from scheduler.engine.model import LabelSelector, Node, Placement, PodTerm, Snapshot, SpreadConstraint
+from scheduler.engine.model import LabelSelector, Node, Placement, PodTerm, Requirement, Snapshot, SpreadConstraint
+from scheduler.engine.rules import requirement_holds
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import binds_by_job, job, node, pending, queue, running
 
@@ -146,3 +147,15 @@ def test_spread_counts_only_nodes_with_every_hard_topology_key() -> None:
         ),
     )
     assert binds_by_job(run_session(snap))["new"] == [("new-0", "n-1", ())]
+
+
+def test_gt_and_lt_read_label_values_as_kubernetes_parses_them() -> None:
+    """Kubernetes compares Gt/Lt with strconv.ParseInt (base 10, int64); anything else fails the requirement."""
+    gt = Requirement("gen", "Gt", ("5",))
+    assert requirement_holds(gt, {"gen": "10"})
+    assert requirement_holds(gt, {"gen": "+06"})
+    assert not requirement_holds(gt, {"gen": "1_0"})
+    assert not requirement_holds(gt, {"gen": "\u0661\u0660"})  # Arabic-Indic "10"
+    assert not requirement_holds(gt, {"gen": str(2**63)})
+    assert requirement_holds(Requirement("gen", "Lt", ("-3",)), {"gen": str(-(2**63))})
+    assert not requirement_holds(Requirement("gen", "Lt", ("1_0",)), {"gen": "3"})
