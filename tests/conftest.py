@@ -25,8 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--placement-seeds",
         type=int,
-        default=4,
-        help="how many random clusters the kube-scheduler oracle of the placement rules tries (default 4)",
+        default=6,
+        help="how many random clusters the kube-scheduler oracle of the placement rules tries (default 6)",
     )
     parser.addoption(
         "--placement-first-seed",

@@ -35,6 +35,13 @@ default-scheduler``), one pod at a time, so that both see the same cluster:
   namespace; the copy is judged with the selector widened to every
   namespace, which is what gpuwarden enforces).
 
+The first pods of each seed are also compared node by node: gpuwarden's
+static predicates and ``fits`` (room and the rules that read the pods
+around) against a copy nominated to each node in turn, which lands there
+exactly when kube-scheduler's filters pass it. Every node is a verdict, not
+only the one a session picked, so a rule that only decides between nodes
+is tested too.
+
 A multi-pod round per seed then checks "pods placed earlier in the same
 session": several pods, gangs among them (2-3 members with anti-affinity to
 each other on the hostname), in one engine session; for each bind, in the
@@ -67,7 +74,11 @@ from gpuwarden.contract import RESOURCE_NVIDIA_GPU, SCHEDULER_NAME
 from gpuwarden.localcluster import LABEL_HOSTNAME, ManagedProcess, create_gpu_node, find_binaries
 from scheduler.cluster.convert import GroupInfo, snapshot_from
 from scheduler.engine.build import build_cluster
+from scheduler.engine.caches import SessionCaches
 from scheduler.engine.model import Bind, Decisions, Queue, SchedulerConfig, Snapshot, Task, TaskStatus
+from scheduler.engine.predicates import static_exclusion
+from scheduler.engine.rules import needs_verdict, verdict_for
+from scheduler.engine.scoring import fits
 from scheduler.engine.session import act
 from tests.harness import ControlPlane, unique_name
 from tests.waiting import wait_for
@@ -97,7 +108,7 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 APPS = ("web", "db", "cache", "batch")
 TEAMS = ("red", "blue")
 PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S")
-PORTS = (8080, 9000, 9100)
+PORTS = (8080, 9000)
 TAINTS = (
     ("example.com/dedicated", ("ml", "batch")),
     ("example.com/maintenance", ("",)),
@@ -108,6 +119,8 @@ EFFECTS = ("NoSchedule", "NoExecute", "PreferNoSchedule")
 # How long kube-scheduler may take to judge one copy (the first waits for it to start).
 VERDICT_TIMEOUT_S = 60.0
 RETRIES = 3
+# Per seed, how many of the pods checked one at a time are also compared node by node.
+EACH_NODE_PODS = 2
 _NODE_COUNT = re.compile(r"^0/(\d+) nodes are available")
 
 JSON = dict[str, Any]
@@ -424,7 +437,7 @@ def _make_node(api: client.ApiClient, world: World, index: int) -> None:
     labels = {ORACLE_SEED_LABEL: str(world.seed)}
     if rng.random() < 0.95:
         labels[ZONE] = rng.choice(world.zones)
-    if rng.random() < 0.85:
+    if rng.random() < 0.7:
         labels[RACK] = f"rack-{rng.randint(1, 3)}"
     if gpus:
         labels[PRODUCT] = rng.choice(PRODUCTS)
@@ -724,6 +737,7 @@ class Tally:
     bound_agreed: int = 0
     pending_agreed: int = 0
     session_binds: int = 0
+    node_verdicts: int = 0
     stricter: dict[str, int] = field(default_factory=dict)
     disagreements: list[str] = field(default_factory=list)
 
@@ -782,7 +796,67 @@ def _why_not(judge: Judge, pod: JSON, node: str) -> str:
     return f"\n  kube-scheduler with nodeSelector {LABEL_HOSTNAME}={node}: {outcome.node or outcome.message}"
 
 
-def check_one(api: client.ApiClient, judge: Judge, world: World, pod: JSON, tally: Tally) -> None:
+def gpuwarden_feasible(snapshot: Snapshot, pod: JSON) -> dict[str, str | None]:
+    """Per node, why gpuwarden's rules refuse ``pod`` there (None: they accept it), from the engine's own checks.
+
+    The static predicates and :func:`scheduler.engine.scoring.fits` (room
+    and the rules that read the pods around), each node on its own: what a
+    session consults before it picks among the nodes that pass.
+    """
+    cluster = build_cluster(snapshot)
+    cluster.pod_index = None
+    caches = SessionCaches()
+    meta = pod["metadata"]
+    task = next(
+        t
+        for job in cluster.jobs
+        for t in job.tasks
+        if t.spec.name == meta["name"] and t.spec.namespace == meta["namespace"]
+    )
+    out: dict[str, str | None] = {}
+    for name, state in cluster.nodes.items():
+        why = static_exclusion(state, task)
+        if why is None and fits(cluster, caches, state, task) is None:
+            rules = verdict_for(cluster, caches.rules, task) if needs_verdict(cluster, task) else None
+            why = (rules.problem(state) if rules is not None else None) or "no room"
+        out[name] = why
+    return out
+
+
+def check_each_node(judge: Judge, world: World, pod: JSON, verdict: Verdict, tally: Tally) -> None:
+    """gpuwarden's verdict on every node against kube-scheduler's (a copy nominated to each node in turn).
+
+    Much stronger than the pod's one decision: every node the pod's rules
+    refuse or accept is compared, not only the one the session picked.
+    """
+    name = pod["metadata"]["name"]
+    task = verdict.tasks.get(name)
+    if task is None or task.unplaceable:
+        return
+    ours = gpuwarden_feasible(verdict.snapshot, pod)
+    refused = {n.name for n in verdict.snapshot.nodes if not n.schedulable}
+    widen = has_labelled_anti_namespace_selector(pod)
+    for node, why in sorted(ours.items()):
+        outcome, _ = judge.run(pod, nominate=node, widen=widen)
+        if (outcome.node == node) == (why is None):
+            tally.node_verdicts += 1
+            continue
+        if why is not None and node in refused:
+            tally.node_verdicts += 1
+            tally.strict("cordoned or not-Ready node")
+            continue
+        retried, _ = judge.run(pod, nominate=node, widen=widen)
+        if (retried.node == node) == (why is None):
+            tally.node_verdicts += 1
+            continue
+        theirs = "yes" if retried.node == node else "no"
+        what = f"on node {node} gpuwarden's rules say {why or 'yes'}, kube-scheduler's {theirs}"
+        tally.disagreements.append(_report(world, pod, what, verdict, retried))
+
+
+def check_one(
+    api: client.ApiClient, judge: Judge, world: World, pod: JSON, tally: Tally, *, each_node: bool = False
+) -> None:
     """Create one pending pod, ask gpuwarden, then kube-scheduler; delete the pod afterwards."""
     core = client.CoreV1Api(api)
     name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
@@ -790,6 +864,8 @@ def check_one(api: client.ApiClient, judge: Judge, world: World, pod: JSON, tall
     try:
         verdict = gpuwarden_decides(api, [pod], {})
         tally.pods += 1
+        if each_node:
+            check_each_node(judge, world, pod, verdict, tally)
         nodes = len(verdict.snapshot.nodes)
         bind = verdict.binds.get(name)
         if bind is not None:
@@ -891,14 +967,16 @@ def test_placement_rules_agree_with_kube_scheduler(
         with seed_namespaces(k8s, seed) as namespaces:
             world = build_world(k8s, seed, namespaces)
             for i in range(world.rng.randint(5, 8)):
-                check_one(k8s, judge, world, pending_pod(world, f"single-{i}"), tally)
+                pod = pending_pod(world, f"single-{i}")
+                check_one(k8s, judge, world, pod, tally, each_node=i < EACH_NODE_PODS)
             check_session(k8s, judge, world, tally)
         tally.seeds += 1
         assert kube_scheduler.running(), kube_scheduler.log_tail()
     print(
         f"placement oracle: {tally.seeds} seeds, {tally.pods} pods one at a time "
         f"({tally.bound_agreed} bound and confirmed, {tally.pending_agreed} pending and confirmed), "
-        f"{tally.session_binds} binds in multi-pod sessions, documented stricter cases {tally.stricter}, "
+        f"{tally.session_binds} binds in multi-pod sessions, {tally.node_verdicts} node verdicts, "
+        f"documented stricter cases {tally.stricter}, "
         f"{len(tally.disagreements)} disagreements, {time.monotonic() - began:.1f}s"
     )
     assert not tally.disagreements, "\n\n".join(tally.disagreements)
