@@ -22,6 +22,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=3,
         help="how many pause points the SIGSTOP test of the scheduler's lease fence tries (default 3)",
     )
+    parser.addoption(
+        "--placement-seeds",
+        type=int,
+        default=6,
+        help="how many random clusters the kube-scheduler oracle of the placement rules tries (default 6)",
+    )
+    parser.addoption(
+        "--placement-first-seed",
+        type=int,
+        default=0,
+        help="the first seed of the placement oracle (to rerun one seed a failure names)",
+    )
 
 
 @pytest.fixture(scope="session")

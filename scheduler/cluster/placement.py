@@ -232,11 +232,19 @@ def _spread(raw: object, labels: Mapping[str, str]) -> tuple[SpreadConstraint, .
 
 
 def _ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
-    """Host ports of the containers and init containers (sidecars hold theirs while the pod runs)."""
+    """Host ports of the containers and of the sidecars (init containers with ``restartPolicy: Always``).
+
+    A one-shot init container's port is held only before the pod's
+    containers start; kube-scheduler's NodePorts ignores it, on the
+    incoming pod and on the pods already bound, and so does gpuwarden.
+    """
     out: set[HostPort] = set()
     for kind in ("initContainers", "containers"):
         for container in _seq(spec.get(kind), f"spec.{kind}"):
-            for item in _seq(_map(container, f"spec.{kind}").get("ports"), f"spec.{kind}.ports"):
+            entry = _map(container, f"spec.{kind}")
+            if kind == "initContainers" and entry.get("restartPolicy") != "Always":
+                continue
+            for item in _seq(entry.get("ports"), f"spec.{kind}.ports"):
                 port = _map(item, f"spec.{kind}.ports")
                 host = port.get("hostPort")
                 if host is None or host == 0:

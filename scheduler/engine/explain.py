@@ -55,9 +55,9 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         if node.mig:
             return f"fewer than {gpu.whole} free GPUs not in MIG mode"
         return f"fewer than {gpu.whole} free GPUs"
-    if node.free_cpu < task.cpu:
+    if task.cpu > 0 and node.free_cpu < task.cpu:
         return "too little free CPU"
-    if node.free_mem < task.mem:
+    if task.mem > 0 and node.free_mem < task.mem:
         return "too little free memory"
     return "their room taken by other pods placed this cycle"
 

@@ -33,7 +33,7 @@ from gpuwarden.logconfig import get_logger
 from scheduler.engine.model import Reservation, Task, TaskStatus
 from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.resources import MILLI, GpuRequest
-from scheduler.engine.scoring import fit_on_node
+from scheduler.engine.scoring import fit_on_node, short_of_room
 from scheduler.engine.state import Cluster, HeldRoom, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -229,7 +229,7 @@ def reserved_place(task: TaskState) -> tuple[NodeState, tuple[int, ...], tuple[i
 
 def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """``task`` on the reserved GPUs themselves, if they hold it now."""
-    if node.free_cpu < task.cpu or node.free_mem < task.mem:
+    if short_of_room(node, task.cpu, task.mem):
         return None
     positions = _positions(node, res)
     if isinstance(positions, str):

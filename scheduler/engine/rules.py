@@ -39,6 +39,7 @@ refuse a node kube-scheduler would accept, never the reverse):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -66,11 +67,21 @@ _ANY_IP = "0.0.0.0"
 # --------------------------------------------------------------------------
 
 
+_INT64 = 2**63
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
 def _integer(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
+    """A label value as Kubernetes reads it for Gt and Lt: a base-10 int64 (Go's strconv.ParseInt).
+
+    Python's ``int`` also takes "1_0", spaces and non-ASCII digits, which
+    Kubernetes rejects (the requirement then fails): a node whose label
+    only Python reads as a number must not pass.
+    """
+    if _DECIMAL.fullmatch(text) is None:
         return None
+    value = int(text)
+    return value if -_INT64 <= value < _INT64 else None
 
 
 def requirement_holds(req: Requirement, labels: Mapping[str, str]) -> bool:
@@ -168,8 +179,8 @@ class Verdict:
     ``forbidden``: topology key -> domains where a required anti-affinity
     (the pod's own, or a bound pod's that selects it) forbids it.
     ``required``: per required affinity term, its key and the domains that
-    hold a matching pod; None when no pod anywhere matches and the pod
-    matches its own terms (the first of a group with affinity to itself,
+    hold a pod matching every term; None when no pod anywhere matches them
+    all and the pod matches its own terms (the first of a group with affinity to itself,
     which Kubernetes lets go anywhere that has the topology keys).
     ``spread``: per hard spread constraint, its key and the domains a pod
     may join without exceeding the skew.
@@ -267,7 +278,7 @@ def verdict_for(cluster: Cluster, domains: DomainCache, task: TaskState) -> Verd
     for term in placement.anti_affinity:
         verdict.forbidden.setdefault(term.topology_key, set()).update(_domains_with(index, term, spec.namespace))
     if placement.affinity:
-        required = [(t.topology_key, _domains_with(index, t, spec.namespace)) for t in placement.affinity]
+        required = _affinity_domains(index, placement.affinity, spec.namespace)
         if any(values for _, values in required) or not all(
             term_selects(t, spec.namespace, spec) for t in placement.affinity
         ):
@@ -322,6 +333,28 @@ def _domains_with(index: PodIndex, term: PodTerm, namespace: str) -> set[str]:
     return found
 
 
+def _affinity_domains(index: PodIndex, terms: tuple[PodTerm, ...], namespace: str) -> list[tuple[str, set[str]]]:
+    """Per required affinity term, its key and the domains holding a pod that matches *every* term.
+
+    kube-scheduler's InterPodAffinity counts a bound pod for a pod's
+    required affinity only when it matches all of its terms (and then in
+    each term's domain): "a db pod in my zone and a web pod on my node"
+    needs one pod that is both, not one of each.
+    """
+    found: list[tuple[str, set[str]]] = [(t.topology_key, set()) for t in terms]
+    first = terms[0].selector
+    if first is None or any(t.selector is None for t in terms):
+        return found
+    for entry in index.candidates(first):
+        if all(term_selects(t, namespace, entry.spec) for t in terms):
+            labels = entry.node.labels
+            for key, values in found:
+                value = labels.get(key)
+                if value is not None:
+                    values.add(value)
+    return found
+
+
 def _symmetric(index: PodIndex, spec: Task) -> dict[str, set[str]]:
     """Domains that bound pods' required anti-affinity closes to ``spec`` (by its namespace and labels)."""
     out: dict[str, set[str]] = {}
@@ -360,12 +393,21 @@ class DomainCache:
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def eligible(self, cluster: Cluster, spec: Task, constraint: SpreadConstraint) -> dict[str, str]:
-        """Nodes that count for ``constraint`` (its inclusion policies), with their domain."""
+        """Nodes that count for ``constraint`` (its inclusion policies), with their domain.
+
+        As in kube-scheduler, a node counts only if it carries the topology
+        key of every constraint of the pod of the same kind (hard, or
+        soft): pods on a node without the rack label are not counted in
+        their zone when the pod also spreads over racks.
+        """
         placement = spec.placement
+        assert placement is not None
+        keys = tuple(sorted({c.topology_key for c in placement.spread if c.hard == constraint.hard}))
         key = (
             constraint.topology_key,
+            keys,
             constraint.honor_affinity and tuple(sorted(spec.node_selector.items())),
-            constraint.honor_affinity and placement is not None and placement.node_terms,
+            constraint.honor_affinity and placement.node_terms,
             constraint.honor_taints and spec.tolerations,
         )
         found = self.domains.get(key)
@@ -374,7 +416,7 @@ class DomainCache:
             for state in cluster.nodes.values():
                 node = state.spec
                 value = node.labels.get(constraint.topology_key)
-                if value is None:
+                if value is None or any(k not in node.labels for k in keys):
                     continue
                 if constraint.honor_affinity and not _selector_and_affinity(spec, node):
                     continue
@@ -486,16 +528,23 @@ def _domain_counts(index: PodIndex, term: PodTerm, namespace: str) -> dict[str, 
 def _spread_counts(
     cluster: Cluster, index: PodIndex, domains: DomainCache, spec: Task, constraint: SpreadConstraint
 ) -> dict[str, int]:
-    """Matching pods (same namespace, not terminating) per domain of every node that counts for it."""
+    """Matching pods (same namespace, not terminating) per domain of every node that counts for it.
+
+    A selector that is absent or empty counts no pod at all, as
+    kube-scheduler counts (an empty selector would match every pod, but
+    kube-scheduler's filter and score skip it); the pod still counts
+    itself, since an empty selector matches its own labels.
+    """
     eligible = domains.eligible(cluster, spec, constraint)
     counts = dict.fromkeys(eligible.values(), 0)
-    if constraint.selector is None:
+    selector = constraint.selector
+    if selector is None or not (selector.match_labels or selector.expressions):
         return counts
-    for entry in index.candidates(constraint.selector):
+    for entry in index.candidates(selector):
         other = entry.spec
         if other.namespace != spec.namespace or other.terminating:
             continue
         value = eligible.get(entry.node.name)
-        if value is not None and selector_matches(constraint.selector, other.labels):
+        if value is not None and selector_matches(selector, other.labels):
             counts[value] += 1
     return counts

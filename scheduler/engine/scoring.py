@@ -102,14 +102,24 @@ def _candidates(pool: PoolState, task: TaskState) -> Iterator[NodeState]:
 
 
 def fit_on_node(node: NodeState, task: TaskState) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """GPU positions (and slices) for ``task`` on ``node`` now, or None (resources only)."""
-    if node.free_cpu < task.cpu or node.free_mem < task.mem or _pods_full(node):
+    """GPU positions (and slices) for ``task`` on ``node`` now, or None (resources only).
+
+    A resource the pod does not request is not checked, as kube-scheduler's
+    NodeResourcesFit does not: a pod without a memory request fits a node
+    whose memory other schedulers' pods have over-committed.
+    """
+    if short_of_room(node, task.cpu, task.mem) or _pods_full(node):
         return None
     if task.gpu.is_slice:
         return _slice_positions(node, task, node.pool.strategy)
     if node.free_whole < task.gpu.whole:
         return None
     return _whole_positions(node, task.gpu.whole), ()
+
+
+def short_of_room(node: NodeState, cpu: int, mem: int) -> bool:
+    """Too little free CPU or memory for a request (a zero request always fits, see :func:`fit_on_node`)."""
+    return (cpu > 0 and node.free_cpu < cpu) or (mem > 0 and node.free_mem < mem)
 
 
 def _pods_full(node: NodeState) -> bool:
@@ -183,7 +193,7 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
     strategy = pool.strategy
     found: list[Place] = []
     for node in _candidates(pool, task):
-        if not ok[node.pidx] or node.free_cpu < cpu or node.free_mem < mem or _pods_full(node):
+        if not ok[node.pidx] or short_of_room(node, cpu, mem) or _pods_full(node):
             continue
         if verdict is not None and verdict.problem(node) is not None:
             continue
