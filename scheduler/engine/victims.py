@@ -28,13 +28,14 @@ anywhere as things stand:
    first: at most ``MAX_NODES_SCANNED`` nodes are looked at and
    ``MAX_NODES_TRIED`` kept. For each a lower bound on any plan's cost there
    is computed from the node alone, and nodes are searched in that order;
-   the search stops as soon as the best plan found costs no more than the
-   bound of every node left, which in the common case is right after the
-   first node.
+   the search stops as soon as the best plan found costs no more than a
+   lower bound of every node left (the node's *floor*: the fewest victims
+   whose GPUs there add up to the missing ones), which in the common case is
+   right after the first node.
 2. On a node, the first plan is the greedy one (units in victim order until
    the pod fits, then every unit the later ones made unnecessary spared),
    worked out on the node's figures without touching the state. If it costs
-   more than the node's bound, cheaper sets are enumerated: subsets of at
+   more than the node's floor, cheaper sets are enumerated: subsets of at
    most ``MAX_VICTIMS_PER_NODE`` units among the ``MAX_UNITS_PER_NODE``
    cheapest on the node, pruned by cost and by fit (a superset of a set that
    fits costs more, so none is looked at). The sets that fit on paper are
@@ -196,11 +197,18 @@ def _unit(job: JobState, tasks: list[TaskState], node: NodeState, order: int, sh
 
 @dataclass(slots=True, eq=False)
 class _NodeView:
-    """A node the pod could use once victims go: its units and a bound on any plan's cost."""
+    """A node the pod could use once victims go: its units and two bounds on any plan's cost.
+
+    ``bound`` orders the nodes (it is the search order the module docstring
+    describes); ``floor``, never below it, is the tighter bound that says
+    when a plan already found cannot be beaten here, so the search stops as
+    soon as it can without changing which plan it finds.
+    """
 
     node: NodeState
     units: list[_Unit]
     bound: Cost
+    floor: Cost
 
 
 def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeView | None:
@@ -214,6 +222,13 @@ def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeV
             else:
                 entry[1].append(t)
     if not jobs:
+        return None
+    # Everything at once first, on the pods themselves: most nodes looked at
+    # fail here (their other holders stay), and building units costs more.
+    # Every job's largest unit frees exactly its candidate pods here, and a
+    # unit the filter below drops frees nothing the pod lacks, so this is
+    # the check on those units, made before they exist.
+    if not _fits_without(node, task, jobs.values()):
         return None
     units: list[_Unit] = []
     for order, (job, here) in enumerate(sorted(jobs.values(), key=lambda e: victim_order(e[0]))):
@@ -237,11 +252,41 @@ def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeV
     ]
     if not units:
         return None
-    # Everything at once: each job's largest unit (the whole job, listed last).
-    largest: dict[int, _Unit] = {id(u.job): u for u in units}
-    if not _fits(node, task, list(largest.values())):
-        return None
-    return _NodeView(node, units, _bound(node, task, units))
+    bound, floor = _bounds(node, task, units)
+    return _NodeView(node, units, bound, floor)
+
+
+def _fits_without(node: NodeState, task: TaskState, jobs: Iterable[tuple[JobState, list[TaskState]]]) -> bool:
+    """Would ``task`` fit on ``node``, on paper, with every listed pod on it gone (see :func:`_fits`)?"""
+    cpu = node.free_cpu
+    mem = node.free_mem
+    gpu = task.gpu
+    wants_gpu = gpu.whole > 0 or gpu.is_slice
+    whole: list[int] | None = None
+    sliced: list[int] | None = None
+    free: list[int] | None = None
+    if wants_gpu:
+        whole = list(node.gpu_whole)
+        sliced = list(node.gpu_slices)
+        free = list(node.gpu_free)
+    for _, here in jobs:
+        for t in here:
+            cpu += t.cpu
+            mem += t.mem
+            if whole is None or sliced is None or free is None:
+                continue
+            if t.slices:
+                for p, s in zip(t.gpu_pos, t.slices, strict=True):
+                    sliced[p] -= 1
+                    free[p] += s
+            else:
+                for p in t.gpu_pos:
+                    whole[p] -= 1
+    if cpu < task.cpu or mem < task.mem:
+        return False
+    if whole is None or sliced is None or free is None:
+        return True
+    return _gpu_room(node, task, whole, sliced, free)
 
 
 def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
@@ -266,6 +311,12 @@ def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
         for p, (n, mib) in u.slices.items():
             sliced[p] -= n
             free[p] += mib
+    return _gpu_room(node, task, whole, sliced, free)
+
+
+def _gpu_room(node: NodeState, task: TaskState, whole: list[int], sliced: list[int], free: list[int]) -> bool:
+    """Whether ``task``'s GPUs fit ``node`` with these holders and free MiB per position."""
+    gpu = task.gpu
     ok = node.gpu_ok
     if gpu.is_slice:
         usable = 0
@@ -280,15 +331,39 @@ def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
     return empty >= gpu.whole
 
 
-def _bound(node: NodeState, task: TaskState, units: list[_Unit]) -> Cost:
-    """A lower bound on the cost of any plan on ``node``: the cheapest victim's priority,
-    the whole GPUs still missing, and how many victims at least free them."""
+def _bounds(node: NodeState, task: TaskState, units: list[_Unit]) -> tuple[Cost, Cost]:
+    """Two lower bounds on the cost of any plan on ``node``: ``(bound, floor)`` of :class:`_NodeView`.
+
+    Both say the cheapest victim's priority and the whole GPUs still
+    missing (each freed GPU had a whole holder among the victims, who give
+    up at least that much). For how many pods go, ``bound`` divides the
+    missing GPUs by the most one unit frees; ``floor`` counts the fewest
+    victims (one unit per job, each at least one pod) whose GPUs here add up
+    to the missing ones, so where victims hold one or two GPUs each it is
+    the cost the greedy plan reaches, and the search stops at the first node.
+    """
     lowest = min(u.priority for u in units)
     missing = max(0, task.gpu.whole - node.free_whole)
-    if missing == 0 or any(u.slices for u in units):
-        return (lowest, 0, 1)
+    if missing == 0:
+        return (lowest, 0, 1), (lowest, 0, 1)
+    # A GPU comes free only where some victim holds it.
+    reach: dict[int, int] = {}
+    for u in units:
+        held = len(u.whole.keys() | u.slices.keys()) if u.slices else len(u.whole)
+        if held > reach.get(id(u.job), 0):
+            reach[id(u.job)] = held
+    fewest = 0
+    covered = 0
+    for held in sorted(reach.values(), reverse=True):
+        if covered >= missing:
+            break
+        covered += held
+        fewest += 1
+    fewest = max(fewest, 1)
+    if any(u.slices for u in units):
+        return (lowest, 0, 1), (lowest, 0, fewest)
     most = max(len(u.whole) for u in units)
-    return (lowest, missing * 1000, -(-missing // max(most, 1)))
+    return (lowest, missing * 1000, -(-missing // max(most, 1))), (lowest, missing * 1000, fewest)
 
 
 def _cost(units: Sequence[_Unit]) -> Cost:
@@ -404,7 +479,7 @@ def _search_node(search: _Search, view: _NodeView, below: Cost | None) -> Cost |
         if below is None or cost < below:
             mark = search.stmt.mark()
             if search.attempt(node, greedy):
-                if cost <= view.bound:
+                if cost <= view.floor:
                     return cost
                 kept = cost
                 search.stmt.rollback(mark)
@@ -446,12 +521,18 @@ def _views(task: TaskState, victims: Iterable[JobState], is_candidate: Predicate
 def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
     """The cheapest plan over ``views`` (see the module docstring), applied; False if none."""
     views = sorted(views, key=lambda v: v.bound)  # stable: discovery order among equals
+    # The lowest floor from each node on: once the best plan costs no more,
+    # no node left has a cheaper one (and the search only replaces a plan
+    # by a strictly cheaper one).
+    floors: list[Cost] = [v.floor for v in views]
+    for i in range(len(floors) - 2, -1, -1):
+        floors[i] = min(floors[i], floors[i + 1])
     best: tuple[Cost, _NodeView] | None = None
     applied = False
     stmt = search.stmt
     mark = stmt.mark()
-    for view in views:
-        if best is not None and best[0] <= view.bound:
+    for i, view in enumerate(views):
+        if best is not None and best[0] <= floors[i]:
             break  # no plan on this node or any later one can cost less
         if applied:
             stmt.rollback(mark)
