@@ -197,41 +197,84 @@ def _unit(job: JobState, tasks: list[TaskState], node: NodeState, order: int, sh
 
 @dataclass(slots=True, eq=False)
 class _NodeView:
-    """A node the pod could use once victims go: its units and two bounds on any plan's cost.
+    """A node the pod could use once victims go: its candidate jobs and two bounds on any plan's cost.
 
     ``bound`` orders the nodes (it is the search order the module docstring
     describes); ``floor``, never below it, is the tighter bound that says
     when a plan already found cannot be beaten here, so the search stops as
-    soon as it can without changing which plan it finds.
+    soon as it can without changing which plan it finds. Both come from the
+    candidate pods alone; the units are built only for a node the search
+    reaches (most are not: the first node's plan usually meets every floor).
     """
 
     node: NodeState
-    units: list[_Unit]
+    task: TaskState
+    jobs: list[tuple[JobState, list[TaskState]]]  # candidate jobs in victim order, with their pods here
     bound: Cost
     floor: Cost
+    built: list[_Unit] | None = None
+
+    @property
+    def units(self) -> list[_Unit]:
+        """The node's units for the pod (built on first use: the state is then as it was surveyed,
+        since the search rolls every other node's trial back before it looks at another)."""
+        if self.built is None:
+            self.built = _units(self.node, self.task, self.jobs)
+        return self.built
 
 
 def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeView | None:
-    """The node's units, if evicting all of them would free enough for ``task``; else None."""
-    jobs: dict[int, tuple[JobState, list[TaskState]]] = {}
+    """The node's candidate jobs, if evicting all of them would free enough for ``task``; else None."""
+    found: dict[int, tuple[JobState, list[TaskState]]] = {}
     for t in node.tasks:
         if evictable(t) and is_candidate(t.job):
-            entry = jobs.get(id(t.job))
+            entry = found.get(id(t.job))
             if entry is None:
-                jobs[id(t.job)] = (t.job, [t])
+                found[id(t.job)] = (t.job, [t])
             else:
                 entry[1].append(t)
-    if not jobs:
+    if not found:
         return None
-    # Everything at once first, on the pods themselves: most nodes looked at
-    # fail here (their other holders stay), and building units costs more.
-    # Every job's largest unit frees exactly its candidate pods here, and a
-    # unit the filter below drops frees nothing the pod lacks, so this is
-    # the check on those units, made before they exist.
-    if not _fits_without(node, task, jobs.values()):
+    # Everything at once first: every job's largest unit frees exactly its
+    # candidate pods here, and a unit that frees nothing the pod lacks
+    # (which :func:`_units` drops) changes nothing in the check.
+    if not _fits_without(node, task, found.values()):
         return None
+    jobs = sorted(found.values(), key=lambda e: victim_order(e[0]))
+    # What the bounds read of the units, from each job's largest one: it
+    # holds all its candidate pods here, and frees all any smaller one does.
+    short_cpu = node.free_cpu < task.cpu
+    short_mem = node.free_mem < task.mem
+    wants_gpu = task.gpu.whole > 0 or task.gpu.is_slice
+    lowest: int | None = None
+    reach: list[int] = []  # per useful job, the GPUs here it holds
+    most = 0  # the most GPUs here one job holds whole
+    sliced = False
+    for job, here in jobs:
+        cpu = mem = 0
+        whole: set[int] = set()
+        shared: set[int] = set()
+        for t in here:
+            cpu += t.cpu
+            mem += t.mem
+            (shared if t.slices else whole).update(t.gpu_pos)
+        if not ((wants_gpu and (whole or shared)) or (short_cpu and cpu > 0) or (short_mem and mem > 0)):
+            continue
+        priority = job.spec.priority
+        lowest = priority if lowest is None else min(lowest, priority)
+        reach.append(len(whole | shared))
+        most = max(most, len(whole))
+        sliced = sliced or bool(shared)
+    if lowest is None:
+        return None
+    bound, floor = _bounds(node, task, lowest=lowest, reach=reach, most=most, sliced=sliced)
+    return _NodeView(node, task, jobs, bound, floor)
+
+
+def _units(node: NodeState, task: TaskState, jobs: list[tuple[JobState, list[TaskState]]]) -> list[_Unit]:
+    """The units on ``node`` of these candidate jobs (in victim order) that free something ``task`` lacks."""
     units: list[_Unit] = []
-    for order, (job, here) in enumerate(sorted(jobs.values(), key=lambda e: victim_order(e[0]))):
+    for order, (job, here) in enumerate(jobs):
         spare = surplus(job)
         if spare > 0:
             # Shrinks by one pod more each, newest pods first, before the whole job.
@@ -245,15 +288,11 @@ def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeV
     short_cpu = node.free_cpu < task.cpu
     short_mem = node.free_mem < task.mem
     wants_gpu = task.gpu.whole > 0 or task.gpu.is_slice
-    units = [
+    return [
         u
         for u in units
         if (wants_gpu and (u.whole or u.slices)) or (short_cpu and u.cpu > 0) or (short_mem and u.mem > 0)
     ]
-    if not units:
-        return None
-    bound, floor = _bounds(node, task, units)
-    return _NodeView(node, units, bound, floor)
 
 
 def _fits_without(node: NodeState, task: TaskState, jobs: Iterable[tuple[JobState, list[TaskState]]]) -> bool:
@@ -331,38 +370,37 @@ def _gpu_room(node: NodeState, task: TaskState, whole: list[int], sliced: list[i
     return empty >= gpu.whole
 
 
-def _bounds(node: NodeState, task: TaskState, units: list[_Unit]) -> tuple[Cost, Cost]:
+def _bounds(
+    node: NodeState, task: TaskState, *, lowest: int, reach: list[int], most: int, sliced: bool
+) -> tuple[Cost, Cost]:
     """Two lower bounds on the cost of any plan on ``node``: ``(bound, floor)`` of :class:`_NodeView`.
 
-    Both say the cheapest victim's priority and the whole GPUs still
-    missing (each freed GPU had a whole holder among the victims, who give
-    up at least that much). For how many pods go, ``bound`` divides the
-    missing GPUs by the most one unit frees; ``floor`` counts the fewest
-    victims (one unit per job, each at least one pod) whose GPUs here add up
-    to the missing ones, so where victims hold one or two GPUs each it is
-    the cost the greedy plan reaches, and the search stops at the first node.
+    From the useful victims there: ``lowest`` their lowest priority,
+    ``reach`` per victim the GPUs it holds there, ``most`` the most one
+    holds whole, ``sliced`` whether any holds a slice. Both bounds say the
+    cheapest victim's priority and the whole GPUs still missing (each freed
+    GPU had a whole holder among the victims, who give up at least that
+    much; a slice holder gives up less, so then only the priority counts).
+    For how many pods go, ``bound`` divides the missing GPUs by the most one
+    victim frees; ``floor`` counts the fewest victims (one unit per job,
+    each at least one pod) whose GPUs there add up to the missing ones, so
+    where victims hold one or two GPUs each it is the cost the greedy plan
+    reaches, and the search stops at the first node.
     """
-    lowest = min(u.priority for u in units)
     missing = max(0, task.gpu.whole - node.free_whole)
     if missing == 0:
         return (lowest, 0, 1), (lowest, 0, 1)
     # A GPU comes free only where some victim holds it.
-    reach: dict[int, int] = {}
-    for u in units:
-        held = len(u.whole.keys() | u.slices.keys()) if u.slices else len(u.whole)
-        if held > reach.get(id(u.job), 0):
-            reach[id(u.job)] = held
     fewest = 0
     covered = 0
-    for held in sorted(reach.values(), reverse=True):
+    for held in sorted(reach, reverse=True):
         if covered >= missing:
             break
         covered += held
         fewest += 1
     fewest = max(fewest, 1)
-    if any(u.slices for u in units):
+    if sliced:
         return (lowest, 0, 1), (lowest, 0, fewest)
-    most = max(len(u.whole) for u in units)
     return (lowest, missing * 1000, -(-missing // max(most, 1))), (lowest, missing * 1000, fewest)
 
 
