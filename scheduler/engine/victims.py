@@ -28,13 +28,14 @@ anywhere as things stand:
    first: at most ``MAX_NODES_SCANNED`` nodes are looked at and
    ``MAX_NODES_TRIED`` kept. For each a lower bound on any plan's cost there
    is computed from the node alone, and nodes are searched in that order;
-   the search stops as soon as the best plan found costs no more than the
-   bound of every node left, which in the common case is right after the
-   first node.
+   the search stops as soon as the best plan found costs no more than a
+   lower bound of every node left (the node's *floor*: the fewest victims
+   whose GPUs there add up to the missing ones), which in the common case is
+   right after the first node.
 2. On a node, the first plan is the greedy one (units in victim order until
    the pod fits, then every unit the later ones made unnecessary spared),
    worked out on the node's figures without touching the state. If it costs
-   more than the node's bound, cheaper sets are enumerated: subsets of at
+   more than the node's floor, cheaper sets are enumerated: subsets of at
    most ``MAX_VICTIMS_PER_NODE`` units among the ``MAX_UNITS_PER_NODE``
    cheapest on the node, pruned by cost and by fit (a superset of a set that
    fits costs more, so none is looked at). The sets that fit on paper are
@@ -196,27 +197,84 @@ def _unit(job: JobState, tasks: list[TaskState], node: NodeState, order: int, sh
 
 @dataclass(slots=True, eq=False)
 class _NodeView:
-    """A node the pod could use once victims go: its units and a bound on any plan's cost."""
+    """A node the pod could use once victims go: its candidate jobs and two bounds on any plan's cost.
+
+    ``bound`` orders the nodes (it is the search order the module docstring
+    describes); ``floor``, never below it, is the tighter bound that says
+    when a plan already found cannot be beaten here, so the search stops as
+    soon as it can without changing which plan it finds. Both come from the
+    candidate pods alone; the units are built only for a node the search
+    reaches (most are not: the first node's plan usually meets every floor).
+    """
 
     node: NodeState
-    units: list[_Unit]
+    task: TaskState
+    jobs: list[tuple[JobState, list[TaskState]]]  # candidate jobs in victim order, with their pods here
     bound: Cost
+    floor: Cost
+    built: list[_Unit] | None = None
+
+    @property
+    def units(self) -> list[_Unit]:
+        """The node's units for the pod (built on first use: the state is then as it was surveyed,
+        since the search rolls every other node's trial back before it looks at another)."""
+        if self.built is None:
+            self.built = _units(self.node, self.task, self.jobs)
+        return self.built
 
 
 def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeView | None:
-    """The node's units, if evicting all of them would free enough for ``task``; else None."""
-    jobs: dict[int, tuple[JobState, list[TaskState]]] = {}
+    """The node's candidate jobs, if evicting all of them would free enough for ``task``; else None."""
+    found: dict[int, tuple[JobState, list[TaskState]]] = {}
     for t in node.tasks:
         if evictable(t) and is_candidate(t.job):
-            entry = jobs.get(id(t.job))
+            entry = found.get(id(t.job))
             if entry is None:
-                jobs[id(t.job)] = (t.job, [t])
+                found[id(t.job)] = (t.job, [t])
             else:
                 entry[1].append(t)
-    if not jobs:
+    if not found:
         return None
+    # Everything at once first: every job's largest unit frees exactly its
+    # candidate pods here, and a unit that frees nothing the pod lacks
+    # (which :func:`_units` drops) changes nothing in the check.
+    if not _fits_without(node, task, found.values()):
+        return None
+    jobs = sorted(found.values(), key=lambda e: victim_order(e[0]))
+    # What the bounds read of the units, from each job's largest one: it
+    # holds all its candidate pods here, and frees all any smaller one does.
+    short_cpu = node.free_cpu < task.cpu
+    short_mem = node.free_mem < task.mem
+    wants_gpu = task.gpu.whole > 0 or task.gpu.is_slice
+    lowest: int | None = None
+    reach: list[int] = []  # per useful job, the GPUs here it holds
+    most = 0  # the most GPUs here one job holds whole
+    sliced = False
+    for job, here in jobs:
+        cpu = mem = 0
+        whole: set[int] = set()
+        shared: set[int] = set()
+        for t in here:
+            cpu += t.cpu
+            mem += t.mem
+            (shared if t.slices else whole).update(t.gpu_pos)
+        if not ((wants_gpu and (whole or shared)) or (short_cpu and cpu > 0) or (short_mem and mem > 0)):
+            continue
+        priority = job.spec.priority
+        lowest = priority if lowest is None else min(lowest, priority)
+        reach.append(len(whole | shared))
+        most = max(most, len(whole))
+        sliced = sliced or bool(shared)
+    if lowest is None:
+        return None
+    bound, floor = _bounds(node, task, lowest=lowest, reach=reach, most=most, sliced=sliced)
+    return _NodeView(node, task, jobs, bound, floor)
+
+
+def _units(node: NodeState, task: TaskState, jobs: list[tuple[JobState, list[TaskState]]]) -> list[_Unit]:
+    """The units on ``node`` of these candidate jobs (in victim order) that free something ``task`` lacks."""
     units: list[_Unit] = []
-    for order, (job, here) in enumerate(sorted(jobs.values(), key=lambda e: victim_order(e[0]))):
+    for order, (job, here) in enumerate(jobs):
         spare = surplus(job)
         if spare > 0:
             # Shrinks by one pod more each, newest pods first, before the whole job.
@@ -230,18 +288,44 @@ def _survey(node: NodeState, task: TaskState, is_candidate: Predicate) -> _NodeV
     short_cpu = node.free_cpu < task.cpu
     short_mem = node.free_mem < task.mem
     wants_gpu = task.gpu.whole > 0 or task.gpu.is_slice
-    units = [
+    return [
         u
         for u in units
         if (wants_gpu and (u.whole or u.slices)) or (short_cpu and u.cpu > 0) or (short_mem and u.mem > 0)
     ]
-    if not units:
-        return None
-    # Everything at once: each job's largest unit (the whole job, listed last).
-    largest: dict[int, _Unit] = {id(u.job): u for u in units}
-    if not _fits(node, task, list(largest.values())):
-        return None
-    return _NodeView(node, units, _bound(node, task, units))
+
+
+def _fits_without(node: NodeState, task: TaskState, jobs: Iterable[tuple[JobState, list[TaskState]]]) -> bool:
+    """Would ``task`` fit on ``node``, on paper, with every listed pod on it gone (see :func:`_fits`)?"""
+    cpu = node.free_cpu
+    mem = node.free_mem
+    gpu = task.gpu
+    wants_gpu = gpu.whole > 0 or gpu.is_slice
+    whole: list[int] | None = None
+    sliced: list[int] | None = None
+    free: list[int] | None = None
+    if wants_gpu:
+        whole = list(node.gpu_whole)
+        sliced = list(node.gpu_slices)
+        free = list(node.gpu_free)
+    for _, here in jobs:
+        for t in here:
+            cpu += t.cpu
+            mem += t.mem
+            if whole is None or sliced is None or free is None:
+                continue
+            if t.slices:
+                for p, s in zip(t.gpu_pos, t.slices, strict=True):
+                    sliced[p] -= 1
+                    free[p] += s
+            else:
+                for p in t.gpu_pos:
+                    whole[p] -= 1
+    if cpu < task.cpu or mem < task.mem:
+        return False
+    if whole is None or sliced is None or free is None:
+        return True
+    return _gpu_room(node, task, whole, sliced, free)
 
 
 def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
@@ -266,6 +350,12 @@ def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
         for p, (n, mib) in u.slices.items():
             sliced[p] -= n
             free[p] += mib
+    return _gpu_room(node, task, whole, sliced, free)
+
+
+def _gpu_room(node: NodeState, task: TaskState, whole: list[int], sliced: list[int], free: list[int]) -> bool:
+    """Whether ``task``'s GPUs fit ``node`` with these holders and free MiB per position."""
+    gpu = task.gpu
     ok = node.gpu_ok
     if gpu.is_slice:
         usable = 0
@@ -280,15 +370,38 @@ def _fits(node: NodeState, task: TaskState, units: Sequence[_Unit]) -> bool:
     return empty >= gpu.whole
 
 
-def _bound(node: NodeState, task: TaskState, units: list[_Unit]) -> Cost:
-    """A lower bound on the cost of any plan on ``node``: the cheapest victim's priority,
-    the whole GPUs still missing, and how many victims at least free them."""
-    lowest = min(u.priority for u in units)
+def _bounds(
+    node: NodeState, task: TaskState, *, lowest: int, reach: list[int], most: int, sliced: bool
+) -> tuple[Cost, Cost]:
+    """Two lower bounds on the cost of any plan on ``node``: ``(bound, floor)`` of :class:`_NodeView`.
+
+    From the useful victims there: ``lowest`` their lowest priority,
+    ``reach`` per victim the GPUs it holds there, ``most`` the most one
+    holds whole, ``sliced`` whether any holds a slice. Both bounds say the
+    cheapest victim's priority and the whole GPUs still missing (each freed
+    GPU had a whole holder among the victims, who give up at least that
+    much; a slice holder gives up less, so then only the priority counts).
+    For how many pods go, ``bound`` divides the missing GPUs by the most one
+    victim frees; ``floor`` counts the fewest victims (one unit per job,
+    each at least one pod) whose GPUs there add up to the missing ones, so
+    where victims hold one or two GPUs each it is the cost the greedy plan
+    reaches, and the search stops at the first node.
+    """
     missing = max(0, task.gpu.whole - node.free_whole)
-    if missing == 0 or any(u.slices for u in units):
-        return (lowest, 0, 1)
-    most = max(len(u.whole) for u in units)
-    return (lowest, missing * 1000, -(-missing // max(most, 1)))
+    if missing == 0:
+        return (lowest, 0, 1), (lowest, 0, 1)
+    # A GPU comes free only where some victim holds it.
+    fewest = 0
+    covered = 0
+    for held in sorted(reach, reverse=True):
+        if covered >= missing:
+            break
+        covered += held
+        fewest += 1
+    fewest = max(fewest, 1)
+    if sliced:
+        return (lowest, 0, 1), (lowest, 0, fewest)
+    return (lowest, missing * 1000, -(-missing // max(most, 1))), (lowest, missing * 1000, fewest)
 
 
 def _cost(units: Sequence[_Unit]) -> Cost:
@@ -404,7 +517,7 @@ def _search_node(search: _Search, view: _NodeView, below: Cost | None) -> Cost |
         if below is None or cost < below:
             mark = search.stmt.mark()
             if search.attempt(node, greedy):
-                if cost <= view.bound:
+                if cost <= view.floor:
                     return cost
                 kept = cost
                 search.stmt.rollback(mark)
@@ -446,12 +559,18 @@ def _views(task: TaskState, victims: Iterable[JobState], is_candidate: Predicate
 def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
     """The cheapest plan over ``views`` (see the module docstring), applied; False if none."""
     views = sorted(views, key=lambda v: v.bound)  # stable: discovery order among equals
+    # The lowest floor from each node on: once the best plan costs no more,
+    # no node left has a cheaper one (and the search only replaces a plan
+    # by a strictly cheaper one).
+    floors: list[Cost] = [v.floor for v in views]
+    for i in range(len(floors) - 2, -1, -1):
+        floors[i] = min(floors[i], floors[i + 1])
     best: tuple[Cost, _NodeView] | None = None
     applied = False
     stmt = search.stmt
     mark = stmt.mark()
-    for view in views:
-        if best is not None and best[0] <= view.bound:
+    for i, view in enumerate(views):
+        if best is not None and best[0] <= floors[i]:
             break  # no plan on this node or any later one can cost less
         if applied:
             stmt.rollback(mark)

@@ -22,16 +22,25 @@ from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.eviction_plan import EvictionPlan, run_evictions
 from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI
 from scheduler.engine.scoring import find_place
-from scheduler.engine.state import Cluster, JobState, PoolState, TaskState
+from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
 from scheduler.engine.statement import Statement
+from scheduler.engine.victims import evictable
 
 
 @dataclass(slots=True)
 class _PoolRoom:
-    """Free room per pool, summed once per committed state (plans that fail leave the state as it was)."""
+    """Free room per pool, summed once per committed state (plans that fail leave the state as it was).
+
+    Only nodes with a shared GPU that has room left offer any free part of
+    one, and the placement index already lists them (the shared buckets),
+    so the GPU sum walks those, not every GPU of the pool; MIG nodes are
+    not in that index and are walked too.
+    """
 
     cluster: Cluster
     seen: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+    # Per pool, its nodes that take work, and those of them the shared buckets leave out.
+    accepting: dict[str, tuple[list[NodeState], list[NodeState]]] = field(default_factory=dict)
 
     def free(self, pool: PoolState) -> list[int]:
         """Free milli-GPUs (whole free GPUs and the free part of shared ones), CPU and memory."""
@@ -39,17 +48,63 @@ class _PoolRoom:
         cached = self.seen.get(pool.name)
         if cached is not None and cached[0] == version:
             return cached[1]
-        total = [pool.free_whole_total * MILLI, 0, 0]
-        for n in pool.nodes:
-            if not n.accepts:
-                continue
-            total[CPU] += n.free_cpu
-            total[MEMORY] += n.free_mem
-            for p, ok in enumerate(n.gpu_ok):
-                if ok and n.gpu_slices[p] and not n.gpu_whole[p] and n.gpu_mem[p] > 0:
-                    total[GPU] += n.gpu_free[p] * MILLI // n.gpu_mem[p]
+        nodes = self.accepting.get(pool.name)
+        if nodes is None:
+            taking = [n for n in pool.nodes if n.accepts]
+            nodes = self.accepting[pool.name] = (taking, [n for n in taking if n.mig])
+        taking, unindexed = nodes
+        cpu = 0
+        mem = 0
+        for n in taking:
+            cpu += n.free_cpu
+            mem += n.free_mem
+        if self.cluster.indexed:
+            shared = [n for tier in pool.shared_buckets for bucket in tier.values() for n in bucket.values()]
+            shared += unindexed
+        else:
+            shared = taking
+        total = [pool.free_whole_total * MILLI + sum(_shared_free(n) for n in shared), cpu, mem]
         self.seen[pool.name] = (version, total)
         return total
+
+
+def _shared_free(node: NodeState) -> int:
+    """The free part of ``node``'s shared GPUs, in milli-GPUs of each GPU's own size."""
+    total = 0
+    for p, ok in enumerate(node.gpu_ok):
+        if ok and node.gpu_slices[p] and not node.gpu_whole[p] and node.gpu_mem[p] > 0:
+            total += node.gpu_free[p] * MILLI // node.gpu_mem[p]
+    return total
+
+
+@dataclass(slots=True)
+class _LiveVictims:
+    """A pool's victims in victim order, less the jobs committed evictions left with nothing to evict.
+
+    The session's victim index keeps such jobs listed, and every pod's
+    search would walk past them again: after a few gangs are consolidated
+    they are most of what it reads. A committed eviction is never undone
+    within the session, so a job dropped here could never be a victim
+    again; the committed evictions are read off ``cluster.touched``. Asked
+    only between plans, when no statement is open.
+    """
+
+    cluster: Cluster
+    ranked: list[JobState]
+    read: int = 0  # how much of cluster.touched has been looked at
+
+    def jobs(self) -> list[JobState]:
+        touched = self.cluster.touched
+        if len(touched) > self.read:
+            gone = {
+                t.job
+                for t in touched[self.read :]
+                if t.eviction is not None and not any(evictable(other) for other in t.job.tasks)
+            }
+            self.read = len(touched)
+            if gone:
+                self.ranked = [j for j in self.ranked if j not in gone]
+        return self.ranked
 
 
 def _fits_in_total(room: _PoolRoom, pool: PoolState, job: JobState) -> bool:
@@ -83,6 +138,7 @@ class _Movable:
 def run(cluster: Cluster, caches: SessionCaches) -> None:
     movable = _Movable()
     room = _PoolRoom(cluster)
+    live: dict[str, _LiveVictims] = {}
 
     def admissible(victim: JobState, _tasks: Sequence[TaskState]) -> bool:
         return movable(victim)
@@ -97,8 +153,11 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
         assert pool is not None
         if not _fits_in_total(room, pool, job):
             return None
+        victims = live.get(pool.name)
+        if victims is None:
+            victims = live[pool.name] = _LiveVictims(cluster, index.by_pool.get(pool.name, []))
         return EvictionPlan(
-            victims=index.by_pool.get(pool.name, []).__iter__,
+            victims=victims.jobs().__iter__,
             is_candidate=movable,
             admissible=admissible,
             action=EvictionAction.CONSOLIDATE,
