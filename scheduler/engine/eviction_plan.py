@@ -23,7 +23,7 @@ from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.ordering import gang_need, job_key, queue_key
 from scheduler.engine.state import Cluster, JobState
 from scheduler.engine.statement import Statement
-from scheduler.engine.victims import Admissible, Predicate, Step, make_room, victim_index
+from scheduler.engine.victims import Admissible, Predicate, Screen, Step, make_room, victim_index
 
 MAX_BENEFICIARIES = 32
 
@@ -90,7 +90,9 @@ class EvictionPlan:
     which lets the search drop a victim refused on its own. ``step`` must
     succeed after each pod placed by evicting, against the state with its
     room made, or the search tries other victims and nodes (consolidate
-    places the moved pods again there). ``finish`` is a last check of the
+    places the moved pods again there); ``screen``, when given, refuses a
+    set of evictions on paper when ``step`` could not succeed after it,
+    so the search does not make and undo them. ``finish`` is a last check of the
     whole plan before anything is committed. ``failure_note`` is added to the job's notes when the
     plan fails or is known to fail, so its pending reason says what was tried.
     """
@@ -102,6 +104,7 @@ class EvictionPlan:
     reason: str
     within_limits: bool = False
     step: Step | None = None
+    screen: Screen | None = None
     finish: Callable[[Cluster, SessionCaches, Statement], bool] | None = None
     failure_note: str | None = None
 
@@ -144,6 +147,7 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             reason=plan.reason,
             within_limits=plan.within_limits,
             step=plan.step,
+            screen=plan.screen,
         ) and (plan.finish is None or plan.finish(cluster, caches, stmt)):
             stmt.commit()
             job.reasons = []

@@ -44,7 +44,9 @@ anywhere as things stand:
    go smallest first, which is the order that lets the most sets through a
    rule of the kind "the queue must still hold more than X before this
    eviction"), the pod must fit, and the action's ``step`` (consolidation:
-   every moved pod finds a new place) must succeed. A set that fails any of
+   every moved pod finds a new place) must succeed; an action's ``screen``
+   may refuse a set on paper first, when its step could not succeed after
+   it (consolidation: the moved pods' whole GPUs cannot fit anywhere). A set that fails any of
    these is undone and the next one tried; then the next node.
 
 So the search backtracks over victims and nodes, not over pods: once a pod
@@ -71,7 +73,7 @@ from scheduler.engine.caches import SessionCaches, VictimIndex
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
 from scheduler.engine.reservations import release_for, reserved_place
-from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES
+from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES, GpuRequest
 from scheduler.engine.scoring import fits, place_for
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
@@ -88,6 +90,10 @@ Admissible = Callable[[JobState, Sequence[TaskState]], bool]
 # A last check of one placement, against the state with its room made:
 # given the statement and its mark before the room was made.
 Step = Callable[[Statement, int], bool]
+# A check of one set of evictions on paper, before any is made: given the node
+# being cleared, the pod to place there and every pod the set would evict,
+# False when the step could not succeed after them (so the trial is skipped).
+Screen = Callable[[NodeState, TaskState, Sequence[TaskState]], bool]
 Cost = tuple[int, int, int]
 
 
@@ -468,12 +474,17 @@ class _Search:
     action: EvictionAction
     reason: str
     step: Step | None
+    screen: Screen | None = None
 
     def attempt(self, node: NodeState, units: Sequence[_Unit]) -> bool:
         """Evict ``units`` (smallest first, each admissible when it goes), place the pod, run the step.
 
         On failure the state is as it was.
         """
+        if self.screen is not None:
+            going = {id(t): t for unit in units for t in unit.tasks if evictable(t)}
+            if not self.screen(node, self.task, list(going.values())):
+                return False
         stmt = self.stmt
         mark = stmt.mark()
         beneficiary = self.task.job.key
@@ -532,7 +543,18 @@ def _search_node(search: _Search, view: _NodeView, below: Cost | None) -> Cost |
     return None
 
 
-def _views(task: TaskState, victims: Iterable[JobState], is_candidate: Predicate, elig: list[bool]) -> list[_NodeView]:
+def _views(
+    task: TaskState, victims: Iterable[JobState], is_candidate: Predicate, elig: list[bool], hopeless: set[int]
+) -> list[_NodeView]:
+    """Nodes where evicting candidates could make room for ``task`` (see the module docstring, step 1).
+
+    ``hopeless`` lists nodes already found to have too little even with
+    every candidate gone, for a pod of this size; it grows with the nodes
+    found so here. Within one gang's plan such a node stays hopeless: the
+    plan's evictions free what the candidates held (free plus candidates
+    stays the same) and its placements only take room, so the gang's later
+    pods of the same size skip it without a second look.
+    """
     pool = task.job.pool
     seen: set[int] = set()
     options: list[_NodeView] = []
@@ -544,10 +566,12 @@ def _views(task: TaskState, victims: Iterable[JobState], is_candidate: Predicate
             if node is None or node.pool is not pool or not evictable(t) or id(node) in seen:
                 continue
             seen.add(id(node))
-            if not elig[node.pidx]:
+            if not elig[node.pidx] or id(node) in hopeless:
                 continue
             view = _survey(node, task, is_candidate)
-            if view is not None:
+            if view is None:
+                hopeless.add(id(node))
+            else:
                 options.append(view)
                 if len(options) >= MAX_NODES_TRIED:
                     return options
@@ -636,6 +660,7 @@ def make_room(
     reason: str,
     within_limits: bool = False,
     step: Step | None = None,
+    screen: Screen | None = None,
 ) -> bool:
     """Place ``job``'s gang by evicting candidate victims; all or nothing.
 
@@ -647,8 +672,9 @@ def make_room(
     ``victims()`` yields candidate jobs cheapest first (it may yield others,
     which ``is_candidate`` filters out; non-preemptible jobs are always
     filtered out); ``admissible`` is asked just before each eviction,
-    against the state as it then is, and ``step`` after each pod is placed
-    by evicting (see the module docstring). On success the evictions and
+    against the state as it then is, ``screen`` before each set of
+    evictions is tried and ``step`` after each pod is placed by evicting
+    (see the module docstring). On success the evictions and
     placements stay in ``stmt`` (not committed); on failure ``stmt`` is
     rolled back to where it was.
     """
@@ -672,6 +698,7 @@ def make_room(
         return False
     mark = stmt.mark()
     release_for(stmt, job)
+    hopeless: dict[tuple[int, int, GpuRequest], set[int]] = {}  # per pod size, see _views
     for task in gang:
         request = [task.milli, task.cpu, task.mem]
         problem = limit_problem(queue, request, job.preemptible)
@@ -695,8 +722,14 @@ def make_room(
         if found is not None:
             stmt.allocate(task, *found)
             continue
-        views = _views(task, victims(), candidate, eligibility(caches.pool(pool), pool, task).ok)
-        search = _Search(cluster, caches, stmt, task, admissible, action, reason, step)
+        views = _views(
+            task,
+            victims(),
+            candidate,
+            eligibility(caches.pool(pool), pool, task).ok,
+            hopeless.setdefault((task.cpu, task.mem, task.gpu), set()),
+        )
+        search = _Search(cluster, caches, stmt, task, admissible, action, reason, step, screen)
         if not views or not _place_by_evicting(search, views):
             stmt.rollback(mark)
             return False

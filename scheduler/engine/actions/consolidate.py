@@ -146,6 +146,9 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
     def relocate(stmt: Statement, mark: int) -> bool:
         return _relocate(cluster, caches, stmt, mark)
 
+    def screen(node: NodeState, task: TaskState, evicted: Sequence[TaskState]) -> bool:
+        return _whole_gpus_can_land(cluster, node, task, evicted)
+
     def plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:
         if job.reasons and job.reasons[0].code is not UnschedulableReason.INSUFFICIENT_RESOURCES:
             return None
@@ -163,6 +166,7 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
             action=EvictionAction.CONSOLIDATE,
             reason=f"moved to make room for {job.key}",
             step=relocate,
+            screen=screen,
             failure_note=(
                 f"cannot consolidate: pool {pool.name} has the room in total, but no preemptible pods could be "
                 "moved to put it on one node with every moved pod placed again elsewhere"
@@ -170,6 +174,52 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
         )
 
     run_evictions(cluster, caches, plan)
+
+
+def _whole_gpus_can_land(cluster: Cluster, node: NodeState, task: TaskState, evicted: Sequence[TaskState]) -> bool:
+    """Could the whole-GPU pods that ``evicted`` moves find places once ``task`` takes ``node``?
+
+    A necessary condition, checked before the evictions are made and undone:
+    moving a gang of fifty 8-GPU pods to make room for one pod needs fifty
+    nodes with eight free GPUs afterwards, and without this check the search
+    learns that it has forty-nine only after placing forty-nine of them.
+    For each size ``k`` among the moved pods, the pods of ``k`` GPUs or more
+    must not outnumber what the pool's nodes could hold of such pods, each
+    node ``free // k`` of them, where ``free`` counts, on the nodes the
+    evictions touch, every GPU they could free (an upper bound: a shared GPU
+    is free only once all its slices go) and, on ``node``, less the GPUs
+    ``task`` takes there. It ignores every other constraint, so it never
+    refuses a set whose pods could land.
+    """
+    sizes = sorted((t.gpu.whole for t in evicted if t.gpu.whole > 0), reverse=True)
+    if not sizes:
+        return True
+    pool = node.pool
+    positions: dict[int, tuple[NodeState, set[int]]] = {id(node): (node, set())}
+    for t in evicted:
+        if t.node is not None and t.node.accepts and t.gpu_pos:
+            positions.setdefault(id(t.node), (t.node, set()))[1].update(t.gpu_pos)
+    touched: list[tuple[int, int]] = []  # (free whole GPUs now, at most after the evictions)
+    for n, freed in positions.values():
+        now = n.free_whole if n.accepts else 0
+        after = min(sum(n.gpu_ok), n.free_whole + len(freed))
+        if n is node:
+            after -= task.gpu.whole
+        touched.append((now, max(0, after)))
+    if cluster.indexed:
+        counts = [(c, len(nodes)) for tier in pool.whole_buckets for c, nodes in tier.items() if nodes]
+    else:
+        counts = [(n.free_whole, 1) for n in pool.nodes if n.accepts]
+    need = 0
+    for i, k in enumerate(sizes):
+        need += 1
+        if i + 1 < len(sizes) and sizes[i + 1] == k:
+            continue  # count every pod of this size before comparing
+        room = sum((c // k) * count for c, count in counts)
+        room += sum(after // k - now // k for now, after in touched)
+        if need > room:
+            return False
+    return True
 
 
 def _relocate(cluster: Cluster, caches: SessionCaches, stmt: Statement, mark: int) -> bool:
