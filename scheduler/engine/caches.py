@@ -48,6 +48,11 @@ class PoolCaches:
     label_index: dict[tuple[str, str], list[int]] | None = None
     # A pod's required node affinity (and its volumes') -> pidx of the nodes satisfying it.
     affinity: dict[tuple[object, ...], set[int]] = field(default_factory=dict)
+    # Per pidx, whether the node takes work and has nothing a pod's shape
+    # could fail on (no blocking taint, no MIG), and the accepting nodes
+    # that do; built on first use by ``predicates.eligibility``.
+    open_nodes: list[bool] | None = None
+    irregular: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

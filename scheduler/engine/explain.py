@@ -15,6 +15,7 @@ a thousand identical pending pods cost one analysis.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from gpuwarden.contract import UnschedulableReason
 from scheduler.engine.caches import NodeGroups, SessionCaches
@@ -110,6 +111,14 @@ def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGrou
     return result
 
 
+def _with_whole_gpus(cluster: Cluster, pool: PoolState, whole: int) -> Iterable[NodeState]:
+    """The pool's nodes that could have room for a pod of ``whole`` GPUs: through the placement
+    index those with that many free (most of a busy pool has fewer), else every node."""
+    if whole <= 0 or not cluster.indexed:
+        return pool.nodes
+    return [n for tier in pool.whole_buckets for c, nodes in tier.items() if c >= whole for n in nodes.values()]
+
+
 def _analyse(
     caches: SessionCaches, pool: PoolState, task: TaskState, count: int, cluster: Cluster | None = None
 ) -> PendingReason:
@@ -132,7 +141,7 @@ def _analyse(
         # of the nodes with room, each is judged on its own.
         verdict = verdict_for(cluster, caches.rules, task)
         ok = eligibility(caches.pool(pool), pool, task).ok
-        for node in pool.nodes:
+        for node in _with_whole_gpus(cluster, pool, task.gpu.whole):
             if ok[node.pidx] and fit_on_node(node, task) is not None:
                 problem = verdict.problem(node)
                 if problem is not None:

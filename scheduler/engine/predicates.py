@@ -105,6 +105,25 @@ def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) 
     return found
 
 
+def _open_nodes(cache: PoolCaches, pool: PoolState) -> list[bool]:
+    """Which nodes every pod without a node selector or node affinity may use (see ``PoolCaches``).
+
+    A session sees dozens of shapes that differ only in their tolerations or
+    request; judging the taint-free, MIG-free accepting nodes once leaves
+    each shape only the few nodes whose taints or MIG it could fail on.
+    """
+    found = cache.open_nodes
+    if found is None:
+        found = []
+        for node in pool.nodes:
+            plain = not node.mig and not any(t.effect in _BLOCKING_EFFECTS for t in node.spec.taints)
+            found.append(node.accepts and plain)
+            if node.accepts and not plain:
+                cache.irregular.append(node.pidx)
+        cache.open_nodes = found
+    return found
+
+
 def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibility:
     """Static verdict for ``task``'s shape on every node of the pool, cached per shape in ``cache``."""
     spec = task.spec
@@ -122,11 +141,16 @@ def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibil
                 affine = _affinity_matches(cache, pool, placement)
                 matches = affine if matches is None else matches & affine
             assert matches is not None
+            open_nodes = _open_nodes(cache, pool)
             ok = [False] * len(nodes)
             for pidx in matches:
-                ok[pidx] = static_exclusion(nodes[pidx], task, labels_checked=True) is None
+                ok[pidx] = open_nodes[pidx] or (
+                    nodes[pidx].accepts and static_exclusion(nodes[pidx], task, labels_checked=True) is None
+                )
         else:
-            ok = [static_exclusion(node, task) is None for node in nodes]
+            ok = list(_open_nodes(cache, pool))
+            for pidx in cache.irregular:
+                ok[pidx] = static_exclusion(nodes[pidx], task) is None
         count = sum(ok)
         few = [n for n in nodes if ok[n.pidx]] if count * FEW_NODES_SHARE <= len(nodes) else None
         cached = Eligibility(ok, few)

@@ -80,8 +80,12 @@ def _allocate_pool(cluster: Cluster, caches: SessionCaches, pool_name: str) -> N
 def _take_turns(cluster: Cluster, capacity: list[int], lines: dict[str, list[JobState]], turn: _Turn) -> None:
     """Give queues turns in queue order until every line is empty."""
 
+    # What each queue's next job asks for changes only on that queue's own
+    # turn, so it is worked out then, not each time the queue's key is read.
+    needs = {name: gang_need(jobs[-1]) for name, jobs in lines.items()}
+
     def key_of(name: str) -> _Key:
-        return queue_key(cluster.queues[name], capacity, gang_need(lines[name][-1]))
+        return queue_key(cluster.queues[name], capacity, needs[name])
 
     heap: list[tuple[_Key, str]] = [(key_of(name), name) for name in lines]
     heapq.heapify(heap)
@@ -94,6 +98,7 @@ def _take_turns(cluster: Cluster, capacity: list[int], lines: dict[str, list[Job
         jobs = lines[name]
         turn(cluster.queues[name], jobs)
         if jobs:
+            needs[name] = gang_need(jobs[-1])
             heapq.heappush(heap, (key_of(name), name))
 
 
