@@ -53,7 +53,7 @@ import json
 import math
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -72,7 +72,15 @@ from scheduler.cluster.logonce import WarnOnce
 from scheduler.engine.model import Eviction
 from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
 from scheduler.remediation.machine import Transition, advance
-from scheduler.remediation.model import NodeRecord, ResetResult, State, ValidationResult, decode_record, encode_record
+from scheduler.remediation.model import (
+    DecodedRecord,
+    NodeRecord,
+    ResetResult,
+    State,
+    ValidationResult,
+    decode_record,
+    encode_record,
+)
 from scheduler.remediation.observations import DrainProgress, GpuIdentity, Observations, faults_from_conditions
 from scheduler.remediation.policy import ControllerSettings, PodDrainAction
 from scheduler.remediation.steps import (
@@ -217,7 +225,7 @@ def _holds_node(pod: Mapping[str, Any]) -> bool:
     return _map(pod, "status").get("phase") not in _TERMINAL
 
 
-def pods_on(pods: Sequence[Mapping[str, Any]], node: str, gpus: tuple[int, ...]) -> list[Mapping[str, Any]]:
+def pods_on(pods: Collection[Mapping[str, Any]], node: str, gpus: tuple[int, ...]) -> list[Mapping[str, Any]]:
     """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave."""
     out = []
     for pod in pods:
@@ -237,7 +245,7 @@ def _pod_key(pod: Mapping[str, Any]) -> str:
 def observe(
     node_obj: Mapping[str, Any],
     gpunode: Mapping[str, Any] | None,
-    pods: Sequence[Mapping[str, Any]],
+    pods: Collection[Mapping[str, Any]],
     record: NodeRecord,
     *,
     blocked: Mapping[str, str],
@@ -297,6 +305,29 @@ class RemediationReport:
     errors: list[str] = field(default_factory=list)
     evicted: int = 0
     finished_at: float = 0.0
+    # The nodes this pass observed (converted and advanced); every other
+    # node was quiet and unchanged, and its last transition stands.
+    observed: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A node as the controller last read it, kept until its Node or GPUNode changes.
+
+    ``versions`` are the two objects' resourceVersions; ``pool``, ``out``
+    and ``draining`` its part in the breaker's pool counts. ``quiet`` is set
+    when the last pass found nothing to do and nothing to remember (no
+    record, no fault, no step, no patch): with the same objects the next
+    pass would find the same, so the node is not observed again until one
+    of them changes.
+    """
+
+    versions: tuple[object, object]
+    record: DecodedRecord
+    pool: str
+    out: bool
+    draining: bool
+    quiet: Transition | None = None
 
 
 Poster = Callable[[str, bytes, float], None]
@@ -333,6 +364,10 @@ class RemediationController:
         # The Node each of this controller's patches returned, until the
         # watched view catches up with it (see the module docstring).
         self._written: dict[str, Mapping[str, Any]] = {}
+        # Every node as last read (see _Seen), and the breaker's pool counts
+        # kept from them: per pool, its members, those out and those draining.
+        self._seen: dict[str, _Seen] = {}
+        self._members: dict[str, tuple[set[str], set[str], set[str]]] = {}
 
     def note_refusals(self, refused: Mapping[str, str]) -> None:
         """Evictions the scheduling cycle saw refused this cycle (pod key -> why)."""
@@ -342,22 +377,38 @@ class RemediationController:
         self,
         nodes: Mapping[str, Mapping[str, Any]],
         gpunodes: Mapping[str, Mapping[str, Any]],
-        pods: Sequence[Mapping[str, Any]],
+        pods: Collection[Mapping[str, Any]],
     ) -> RemediationReport:
-        """One pass over every node; never raises for one node's trouble."""
+        """One pass over every node that changed or has work in hand; never raises for one node's trouble.
+
+        A healthy cluster is almost all quiet nodes, and a pass runs after
+        every scheduling cycle: converting and advancing each of them again
+        would cost the scheduling loop more than scheduling does. A quiet
+        node is observed again when its Node or GPUNode changes (a new
+        condition, a person's cordon, the agent's report); every other node,
+        one with a record, a fault or steps, is observed on every pass, so
+        its timers run as before.
+        """
         now = self._clock()
         report = RemediationReport()
         blocked, self._blocked = self._blocked, {}
         nodes = self._caught_up(nodes)
-        records = {
-            name: decode_record(_map(_meta(obj), "annotations").get(contract.ANNOTATION_REMEDIATION_STATE))
-            for name, obj in nodes.items()
+        self._refresh(nodes, gpunodes)
+        pools = {
+            pool: PoolStatus(pool, frozenset(members), frozenset(out), frozenset(draining))
+            for pool, (members, out, draining) in self._members.items()
         }
-        pools = self._pools(nodes, records)
         patches: list[tuple[str, JSON]] = []
         for name in sorted(nodes):
+            seen = self._seen[name]
+            if seen.quiet is not None:
+                report.before[name] = seen.record.record
+                report.pools[name] = seen.pool
+                report.transitions[name] = seen.quiet
+                continue
             node_obj = nodes[name]
-            decoded = records[name]
+            decoded = seen.record
+            report.observed.append(name)
             if decoded.error is not None:
                 warn.warning(
                     "remediation_record_unreadable", ("record", name, decoded.error), node=name, error=decoded.error
@@ -383,6 +434,13 @@ class RemediationController:
                 )
                 if patch:
                     patches.append((name, patch))
+                elif (
+                    decoded.error is None
+                    and not obs.faults
+                    and not transition.steps
+                    and transition.record == decoded.record == NodeRecord()
+                ):
+                    self._seen[name] = replace(seen, quiet=transition)
                 pools[obs.pool] = _after(status, name, transition.record)
                 report.transitions[name] = transition
             except LeaseLostError:
@@ -413,27 +471,48 @@ class RemediationController:
                 del self._written[name]
         return out
 
-    # -- the breaker's view ---------------------------------------------------
+    # -- what changed, and the breaker's view ---------------------------------
 
-    def _pools(self, nodes: Mapping[str, Mapping[str, Any]], records: Mapping[str, Any]) -> dict[str, PoolStatus]:
-        members: dict[str, set[str]] = {}
-        out: dict[str, set[str]] = {}
-        draining: dict[str, set[str]] = {}
+    def _refresh(self, nodes: Mapping[str, Mapping[str, Any]], gpunodes: Mapping[str, Mapping[str, Any]]) -> None:
+        """Read again each node whose Node or GPUNode changed since the last pass; forget deleted ones."""
+        for name in [n for n in self._seen if n not in nodes]:
+            self._leave(name, self._seen.pop(name))
         for name, obj in nodes.items():
+            versions = (_meta(obj).get("resourceVersion"), _meta(gpunodes.get(name) or {}).get("resourceVersion"))
+            seen = self._seen.get(name)
+            if seen is not None and seen.versions == versions and versions[0]:
+                continue
+            if seen is not None:
+                self._leave(name, seen)
+            decoded = decode_record(_map(_meta(obj), "annotations").get(contract.ANNOTATION_REMEDIATION_STATE))
             engine_node = node_from_objects(obj, None)
-            pool = engine_node.pool
-            members.setdefault(pool, set()).add(name)
-            record: NodeRecord = records[name].record
+            record = decoded.record
             unschedulable = _map(obj, "spec").get("unschedulable") is True
             ready = engine_node.schedulable or unschedulable
-            if is_out(unschedulable=unschedulable, ready=ready, remediating=bool(record.scopes)):
-                out.setdefault(pool, set()).add(name)
-            if any(s.state is State.DRAINING and not s.dry_run for s in record.scopes):
-                draining.setdefault(pool, set()).add(name)
-        return {
-            pool: PoolStatus(pool, frozenset(names), frozenset(out.get(pool, ())), frozenset(draining.get(pool, ())))
-            for pool, names in members.items()
-        }
+            seen = _Seen(
+                versions=versions,
+                record=decoded,
+                pool=engine_node.pool,
+                out=is_out(unschedulable=unschedulable, ready=ready, remediating=bool(record.scopes)),
+                draining=any(s.state is State.DRAINING and not s.dry_run for s in record.scopes),
+            )
+            self._seen[name] = seen
+            members, out, draining = self._members.setdefault(seen.pool, (set(), set(), set()))
+            members.add(name)
+            if seen.out:
+                out.add(name)
+            if seen.draining:
+                draining.add(name)
+
+    def _leave(self, name: str, seen: _Seen) -> None:
+        """Take a node's old reading out of the pool counts."""
+        sets = self._members.get(seen.pool)
+        if sets is None:
+            return
+        for names in sets:
+            names.discard(name)
+        if not sets[0]:
+            del self._members[seen.pool]
 
     # -- carrying out ---------------------------------------------------------
 
@@ -443,7 +522,7 @@ class RemediationController:
         *,
         node_obj: Mapping[str, Any],
         gpunode: Mapping[str, Any] | None,
-        pods: Sequence[Mapping[str, Any]],
+        pods: Collection[Mapping[str, Any]],
         transition: Transition,
         now: float,
         report: RemediationReport,
@@ -597,7 +676,7 @@ class RemediationController:
         # in the process; the agent never resets a GPU that runs work.
         self._api.patch_gpunode(name, {"spec": {contract.GPUNODE_REMEDIATION: wanted}})
 
-    def _drain(self, name: str, pods: Sequence[Mapping[str, Any]], step: Drain, now: float) -> int:
+    def _drain(self, name: str, pods: Collection[Mapping[str, Any]], step: Drain, now: float) -> int:
         """Evict what no gpuwarden action evicts from a drained node, by namespace policy."""
         policies = self.settings.machine.drain
         evictions: list[Eviction] = []
