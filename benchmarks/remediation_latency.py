@@ -52,9 +52,9 @@ from agent.sim.scenario import load_scenario  # noqa: E402
 from gpuwarden import contract  # noqa: E402
 from gpuwarden.logconfig import configure_logging  # noqa: E402
 from scheduler.cluster.leader import LeaderElectionConfig  # noqa: E402
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner  # noqa: E402
 from scheduler.remediation.breaker import BreakerSettings  # noqa: E402
 from scheduler.remediation.policy import ControllerSettings, Settings  # noqa: E402
+from scheduler.runner import RunnerSettings, SchedulerRunner  # noqa: E402
 from tests.harness import (  # noqa: E402
     complete_pod_deletion,
     create_gpu_node,

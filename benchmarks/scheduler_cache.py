@@ -33,7 +33,7 @@ Measured, each over 3 runs (min and median):
   whole session.
 
 The collector runs with the scheduler process's thresholds
-(``scheduler.cluster.runner.GC_THRESHOLDS``); with Python's default
+(``scheduler.runner.GC_THRESHOLDS``); with Python's default
 (``--gc-threshold0 700``) about two thirds of the sync is spent collecting
 the young containers of each decoded page.
 """
@@ -58,10 +58,10 @@ from gpuwarden.kube import KubeApi
 from scheduler.cluster.assemble import canonical
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
 from scheduler.cluster.cycle import SchedulingCycle
-from scheduler.cluster.runner import GC_THRESHOLDS, ClusterViews, cluster_view
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import Reflector, ReflectorSettings
 from scheduler.engine.model import Decisions, Snapshot
+from scheduler.runner import GC_THRESHOLDS, ClusterViews, cluster_view
 
 PAGE = 500
 RUNS = 3

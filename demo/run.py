@@ -6,7 +6,7 @@ policies, config; not the DaemonSet, Deployment or Services), the admission
 webhook for GPU slices (served in this process), the queue tree, the
 simulated nodes with their agents, the scheduler with remediation (watch
 cache, leader election, cycle, remediation controller: the
-:class:`~scheduler.cluster.runner.SchedulerRunner` the Deployment runs), the
+:class:`~scheduler.runner.SchedulerRunner` the Deployment runs), the
 stand-in kubelet and training operator, the workload, the fault schedule and
 the people. Then the live view until ``--duration`` or Ctrl-C, the summary,
 and everything stopped in reverse order: threads joined, the servers
@@ -54,9 +54,9 @@ from gpuwarden.localcluster.processes import SOURCE_ROOT
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
 from scheduler.remediation.breaker import BreakerSettings
 from scheduler.remediation.policy import ControllerSettings, Settings
+from scheduler.runner import RunnerSettings, SchedulerRunner
 
 log = get_logger(__name__)
 

@@ -4,7 +4,7 @@ One small threaded server from the standard library: Prometheus and the
 kubelet's probes are its only clients, a scrape is a few kilobytes, and no
 web framework is worth its weight here. Liveness and readiness are callables
 so each process decides what they mean (see :mod:`agent.daemon` and
-:mod:`scheduler.cluster.runner`); this module only answers 200 or 503 with
+:mod:`scheduler.runner`); this module only answers 200 or 503 with
 the reason as text. It lives in the core so both processes answer probes
 and scrapes the same way.
 

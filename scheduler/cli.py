@@ -308,8 +308,8 @@ def run_connected(args: argparse.Namespace) -> int:
     from gpuwarden.kube import load_api_client  # noqa: PLC0415
     from gpuwarden.servingcert import ServingCertificateError  # noqa: PLC0415
     from scheduler.cluster.leader import LeaderElectionConfig  # noqa: PLC0415
-    from scheduler.cluster.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
     from scheduler.cluster.sliceconfig import SliceCompute  # noqa: PLC0415
+    from scheduler.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
 
     duration = args.lease_duration
     security = serving.security_from_args(args)  # a usage error before anything connects

@@ -128,6 +128,30 @@ def test_no_import_cycle_between_modules() -> None:
     assert _cycles(graph) == []
 
 
+def test_the_scheduler_packages_depend_only_downward() -> None:
+    """engine <- cluster <- remediation <- the process wiring (runner, CLI): never back up.
+
+    Modules directly in ``scheduler`` (the runner, the CLI) may use every
+    subpackage; a subpackage may use only those below it.
+    """
+    order = ["scheduler.engine", "scheduler.cluster", "scheduler.remediation"]
+
+    def level(module: str) -> int:
+        for i, package in enumerate(order):
+            if module == package or module.startswith(package + "."):
+                return i
+        return len(order) if module.startswith("scheduler.") else -1
+
+    upward = sorted(
+        f"{src} -> {dst}"
+        for src, dsts in _graph().items()
+        if _top(src) == "scheduler"
+        for dst in dsts
+        if _top(dst) == "scheduler" and level(dst) > level(src) and src != "scheduler"
+    )
+    assert upward == []
+
+
 # The remediation modules that must stay pure (its controller, which talks to
 # the cluster, is the one module of the package not listed).
 PURE_REMEDIATION = ("__init__", "model", "observations", "policy", "breaker", "steps", "machine")

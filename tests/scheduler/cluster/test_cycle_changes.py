@@ -23,9 +23,9 @@ from scheduler.cluster.assemble import canonical
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.grouping import derive_group
-from scheduler.cluster.runner import ClusterViews, cluster_view
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import EventType, WatchEvent, object_key
+from scheduler.runner import ClusterViews, cluster_view
 from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report, xid_fault
 
 NOW = 1_800_000_000.0

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
+from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.harness import ControlPlane
 from tests.scheduler.cluster.fencing import (
     LEASE_NAME,

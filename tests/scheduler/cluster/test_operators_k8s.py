@@ -26,8 +26,8 @@ from gpuwarden import contract
 from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.evict import EvictResult
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
 from scheduler.engine.model import SchedulerConfig
+from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.harness import ControlPlane
 from tests.scheduler.cluster.fencing import LEASE_NAME, LEASE_NAMESPACE, forget_lease
 from tests.scheduler.cluster.owner_crds import (

@@ -6,7 +6,7 @@ import time
 
 from kubernetes import client
 
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
+from scheduler.runner import RunnerSettings, SchedulerRunner
 
 
 def _runner() -> SchedulerRunner:

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
+from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.harness import ControlPlane, unique_name
 from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup
 from tests.waiting import wait_for

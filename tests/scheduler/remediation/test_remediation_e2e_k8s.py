@@ -23,9 +23,9 @@ from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.cluster.runner import RunnerSettings, SchedulerRunner
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.policy import ControllerSettings
+from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.agent.publish.conftest import SimAgent
 from tests.harness import (
     ControlPlane,
