@@ -53,6 +53,7 @@ from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import RemediationController
 from scheduler.remediation.metrics import RemediationMetrics
 from scheduler.remediation.policy import ControllerSettings
+from scheduler.remediation.worker import RemediationWorker
 
 log = get_logger(__name__)
 
@@ -311,6 +312,8 @@ class SchedulerRunner:
         )
         if self.remediation is not None:
             self.remediation.on_report = self.remediation_metrics.observe
+        # Its passes run beside the cycles, never before a bind (see the worker's module).
+        self.remediation_worker = RemediationWorker(self.remediation) if self.remediation is not None else None
         # Binds made that the watch has not shown yet (see :mod:`.assumed`).
         self.assumed = AssumedBinds()
         self.views = ClusterViews()
@@ -326,6 +329,8 @@ class SchedulerRunner:
         log.warning("dropping_kept_state", why=why, term=self._term, identity=self.elector.identity)
         self.resets += 1
         self.cycle.close()
+        if self.remediation_worker is not None:
+            self.remediation_worker.stop()  # its pass in flight meets the disarmed fence
         self.cache.stop()
         self.cache = ClusterCache(self._api_client, stats=self.api.stats)
         self.cache.start()
@@ -380,6 +385,8 @@ class SchedulerRunner:
                 self._last_turn = time.monotonic()
         finally:
             self.cycle.close()  # the writes still queued go out while this replica may still lead
+            if self.remediation_worker is not None:
+                self.remediation_worker.stop()
             self.fence.disarm()
             self.elector.stop()
             self.cache.stop()
@@ -422,14 +429,11 @@ class SchedulerRunner:
             # A bug in one cycle must not end scheduling: log, and try the next.
             log.exception("cycle_failed")
             self.metrics.cycle_failed()
-        try:
-            if self.remediation is not None:
-                if self.last is not None:
-                    self.remediation.note_refusals(refused_pods(self.last.evictions))
-                self.remediation.run(current.nodes, current.gpunodes, current.pods.values())
-        except LeaseLostError as lost:
-            self._reset(f"a remediation write was fenced: {lost}")
-        except Exception:
-            log.exception("remediation_failed")
         finally:
             self._cycle_since = None
+        worker = self.remediation_worker
+        if worker is not None:
+            if worker.fenced is not None:
+                self._reset(f"a remediation write was fenced: {worker.fenced}")
+                return
+            worker.offer(current, refused_pods(self.last.evictions) if self.last is not None else {})

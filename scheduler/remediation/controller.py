@@ -1,13 +1,16 @@
 """The remediation controller: observe each node, advance its machine, carry out the steps.
 
-It runs in the leader's loop after each scheduling cycle, over the same
-watched objects (:class:`scheduler.cluster.cycle.ClusterView`), so a
-restarted or failed-over scheduler continues from what the Nodes say: the
+It runs beside the leader's scheduling cycles, on its own thread
+(:mod:`scheduler.remediation.worker`), over the newest view a cycle
+offered (:class:`scheduler.cluster.cycle.ClusterView`). A restarted or
+failed-over scheduler continues from what the Nodes say: the
 record lives in the ``gpuwarden.io/remediation-state`` annotation, the state
 in the ``gpuwarden.io/state`` label (``kubectl get nodes -L
 gpuwarden.io/state``).
 
-Per node and cycle:
+Per node and pass (a node is observed when its Node or GPUNode changed since
+the last pass, or when it has a record or a fault; every other node is
+quiet, and its last transition stands):
 
 1. Observe (:func:`observe`): the faults the engine's health judge calls
    fatal, from the Node's conditions with their start times from the
@@ -102,8 +105,8 @@ warn = WarnOnce(__name__)
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 # Node patches of one pass sent at once: the first pass of a new leader
-# labels every node it manages, and 500 patches one after another hold the
-# scheduling loop (which runs this pass after each cycle) for seconds.
+# labels every node it manages, and 500 patches one after another would
+# keep remediation from acting on anything else for seconds.
 NODE_PATCH_WORKERS = 16
 _MIRROR = "kubernetes.io/config.mirror"
 

@@ -1,0 +1,104 @@
+"""Remediation passes on their own thread, so that a slow pass never delays a bind.
+
+The leader used to run a remediation pass after each scheduling cycle, on
+the loop's thread: a pass that waited on an escalation webhook, on a drain's
+evictions or on 500 Node patches held every pending pod for that long. The
+worker runs passes on a thread of its own, always over the latest view the
+loop offered (views it had no time for are skipped: a pass reads the whole
+cluster, so only the newest matters), with the eviction refusals of every
+cycle since its last pass.
+
+Fencing is unchanged: the controller writes through the same fenced API,
+so a pass of a lost term fails at the fence (:class:`LeaseLostError`),
+which ends the worker; the runner reads :attr:`RemediationWorker.fenced`
+after each cycle and drops its kept state, stopping the worker (and waiting
+for it, as for the cycle's own queued writes) before the fence can be armed
+for a new term.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.cycle import ClusterView
+from scheduler.cluster.fence import LeaseLostError
+from scheduler.remediation.controller import RemediationController
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    view: ClusterView
+    refused: dict[str, str]
+
+
+class RemediationWorker:
+    """One thread running :meth:`RemediationController.run` over the newest offered view; one per term."""
+
+    def __init__(self, controller: RemediationController) -> None:
+        self.controller = controller
+        self._cond = threading.Condition()
+        self._offer: _Offer | None = None
+        self._stopping = False
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        # Why the worker ended on a fenced write (the runner resets on it), else None.
+        self.fenced: str | None = None
+        self.passes = 0
+
+    def offer(self, view: ClusterView, refused: Mapping[str, str]) -> None:
+        """Hand the worker the cycle's view (replacing one it has not begun) and the cycle's refusals."""
+        with self._cond:
+            if self._stopping or self.fenced is not None:
+                return
+            kept = dict(self._offer.refused) if self._offer is not None else {}
+            kept.update(refused)
+            self._offer = _Offer(view, kept)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="remediation", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def idle(self) -> bool:
+        """Whether no pass runs and none waits (for tests and a clean stop)."""
+        with self._cond:
+            return not self._busy and self._offer is None
+
+    def stop(self) -> None:
+        """End the worker after the pass it runs, if any; waits for it (its writes meet the fence as they go)."""
+        with self._cond:
+            self._stopping = True
+            self._offer = None
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._offer is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                offer, self._offer = self._offer, None
+                self._busy = True
+            assert offer is not None
+            try:
+                self.controller.note_refusals(offer.refused)
+                view = offer.view
+                self.controller.run(view.nodes, view.gpunodes, view.pods.values())
+                self.passes += 1
+            except LeaseLostError as lost:
+                with self._cond:
+                    self.fenced = str(lost)
+                    self._busy = False
+                return
+            except Exception:  # one bad pass must not end remediation: log, and take the next view
+                log.exception("remediation_failed")
+            with self._cond:
+                self._busy = False

@@ -1,0 +1,90 @@
+"""Remediation runs beside the scheduling cycles: a slow pass delays no bind, a fenced one ends the term's worker."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
+from scheduler.cluster.evict import Evictor
+from scheduler.cluster.fence import LeaseLostError
+from scheduler.remediation.controller import RemediationController, RemediationReport
+from scheduler.remediation.worker import RemediationWorker
+from scheduler.runner import SchedulerRunner
+from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup
+from tests.scheduler.cluster.test_cycle_k8s import view
+from tests.scheduler.cluster.test_runner_k8s import replicas
+from tests.scheduler.remediation.test_controller_k8s import NO_WAIT
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.k8s
+
+__all__ = ["replicas"]  # the fixture, shared with the runner's tests
+
+
+def test_a_pod_is_bound_while_a_remediation_pass_is_stuck(  # noqa: PLR0917 (pytest fixtures)
+    k8s: client.ApiClient,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster(1)
+    q = queue(8)
+    entered = threading.Event()
+    release = threading.Event()
+    real = RemediationController.run
+
+    def stuck(
+        self: RemediationController,
+        nodes: Mapping[str, Mapping[str, Any]],
+        gpunodes: Mapping[str, Mapping[str, Any]],
+        pods: Collection[Mapping[str, Any]],
+    ) -> RemediationReport:
+        entered.set()
+        release.wait(120)  # as a pass waiting on a webhook, a drain or an API server that answers slowly
+        return real(self, nodes, gpunodes, pods)
+
+    monkeypatch.setattr(RemediationController, "run", stuck)
+    runner, _stop = replicas("replica-a")
+    try:
+        wait_for(entered.is_set, timeout=60, description="the first remediation pass")
+        podgroup(k8s, namespace, "w", q, 1)
+        pod(k8s, namespace, "w", group="w")
+        wait_for(lambda: node_of(k8s, namespace, "w") is not None, timeout=60, description="the bind")
+        worker = runner.remediation_worker
+        assert worker is not None and worker.passes == 0, "the bind came while the pass was still stuck"
+        cycles = runner.cycles
+        wait_for(lambda: runner.cycles > cycles, timeout=30, description="cycles going on")
+    finally:
+        release.set()
+    wait_for(lambda: worker.passes >= 1, timeout=60, description="the pass, once released")
+
+
+def test_a_fenced_pass_ends_the_worker_and_later_views_are_not_taken(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    nodes = set(cluster(1))
+
+    def lost(operation: str) -> None:
+        raise LeaseLostError(operation, 7)
+
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=lost)
+    worker = RemediationWorker(RemediationController(api, Evictor(api, retry=NO_WAIT)))
+    try:
+        # The first pass labels the new node: a write, refused at the fence.
+        worker.offer(view(k8s, nodes), {})
+        wait_for(lambda: worker.fenced is not None, timeout=30, description="the fenced write")
+        assert "term 7" in (worker.fenced or "")
+        worker.offer(view(k8s, nodes), {})
+        assert worker.idle() and worker.passes == 0
+        labels = client.CoreV1Api(k8s).read_node(next(iter(nodes))).metadata.labels or {}
+        assert contract.LABEL_REMEDIATION_STATE not in labels, "nothing left the process"
+    finally:
+        worker.stop()
