@@ -350,6 +350,15 @@ class SchedulerRunner:
             if now - progress > stall:
                 return False, f"cycle running for {now - since:.0f}s with no API request finishing for {stall:.0f}s"
             return True, f"cycle running for {now - since:.1f}s"
+        worker = self.remediation_worker
+        busy = worker.busy_since if worker is not None else None
+        if busy is not None:
+            # A pass hung on a webhook or a drain no longer holds the loop, so
+            # the loop's own turns do not show it: judged as a cycle would be.
+            finished = self.api.stats.last_finished
+            progress = max(busy, finished) if finished is not None else busy
+            if now - progress > stall:
+                return False, f"remediation pass running for {now - busy:.0f}s with no API request finishing"
         idle = now - self._last_turn
         if idle > stall:
             return False, f"scheduling loop stuck: no turn for {idle:.0f}s (limit {stall:.0f}s)"

@@ -19,6 +19,7 @@ for a new term.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,6 +50,8 @@ class RemediationWorker:
         # Why the worker ended on a fenced write (the runner resets on it), else None.
         self.fenced: str | None = None
         self.passes = 0
+        # When the pass now running began (monotonic), for the runner's liveness; None between passes.
+        self.busy_since: float | None = None
 
     def offer(self, view: ClusterView, refused: Mapping[str, str]) -> None:
         """Hand the worker the cycle's view (replacing one it has not begun) and the cycle's refusals."""
@@ -87,6 +90,7 @@ class RemediationWorker:
                     return
                 offer, self._offer = self._offer, None
                 self._busy = True
+                self.busy_since = time.monotonic()
             assert offer is not None
             try:
                 self.controller.note_refusals(offer.refused)
@@ -97,8 +101,10 @@ class RemediationWorker:
                 with self._cond:
                     self.fenced = str(lost)
                     self._busy = False
+                    self.busy_since = None
                 return
             except Exception:  # one bad pass must not end remediation: log, and take the next view
                 log.exception("remediation_failed")
             with self._cond:
                 self._busy = False
+                self.busy_since = None

@@ -35,5 +35,18 @@ def test_long_cycle_is_alive_while_api_requests_finish() -> None:
     assert runner.liveness()[0]
 
 
+def test_a_remediation_pass_hung_with_no_api_progress_fails_it() -> None:
+    """The pass runs beside the loop, whose turns go on: its own start time is judged."""
+    runner = _runner()
+    runner._loop_started = runner._last_turn = time.monotonic()
+    worker = runner.remediation_worker
+    assert worker is not None
+    worker.busy_since = time.monotonic() - 30
+    ok, reason = runner.liveness()
+    assert not ok and "remediation pass" in reason
+    runner.api.stats.record("patch_node", ok=True)
+    assert runner.liveness()[0]
+
+
 def test_readiness_waits_for_the_cache() -> None:
     assert _runner().readiness() == (False, "cache not synced yet")
