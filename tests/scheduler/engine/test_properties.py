@@ -334,20 +334,19 @@ def test_session_invariants_with_running_work(snapshot: Snapshot) -> None:
             assert e.beneficiary, "an eviction to make room names who it is for"
     _check_non_preemptible_within_quota(second, decisions)
     _check_never_borrowing_within_quota(second, decisions)
-    # A gang evicted for any reason but health is evicted whole.
+    # A gang is never left broken: it is evicted whole, or (an elastic job
+    # shrunk) keeps at least minMember pods running.
     for key in evicted_jobs:
         job = next(j for j in second.jobs if j.key == key)
         if job.min_member > 1:
             gone = {e.pod for e in decisions.evictions if e.job == key}
-            assert gone == {t.name for t in job.tasks if t.status is TaskStatus.RUNNING}
-    # Reclaim never leaves a victim queue below its fair share (GPUs, the
-    # contested resource here, since every extra pod asks for a GPU).
+            running = {t.name for t in job.tasks if t.status is TaskStatus.RUNNING}
+            assert gone == running or len(running - gone) >= job.min_member
+    # Where reclaim may take a victim queue below its fair share (the
+    # reclaimer within its guaranteed quota, the victim above its own) is
+    # checked exhaustively in test_victim_search_properties.py.
     queue_of = {j.key: j.queue for j in second.jobs}
     shares = {q.queue: q for q in decisions.queue_shares}
-    reclaimed = {queue_of[e.job] for e in decisions.evictions if e.action is EvictionAction.RECLAIM}
-    preempted = {queue_of[e.job] for e in decisions.evictions if e.action is EvictionAction.PREEMPT}
-    for name in reclaimed - preempted:
-        assert shares[name].allocated.gpu >= shares[name].fair_share.gpu
     # Whatever the session binds, no queue on the way up ends over its limit
     # (unless it already was when the session began).
     start = {q.name: q.alloc[0] for q in build_cluster(second).queues.values()}
