@@ -45,7 +45,6 @@ class RemediationWorker:
         self._cond = threading.Condition()
         self._offer: _Offer | None = None
         self._stopping = False
-        self._busy = False
         self._thread: threading.Thread | None = None
         # Why the worker ended on a fenced write (the runner resets on it), else None.
         self.fenced: str | None = None
@@ -69,7 +68,7 @@ class RemediationWorker:
     def idle(self) -> bool:
         """Whether no pass runs and none waits (for tests and a clean stop)."""
         with self._cond:
-            return not self._busy and self._offer is None
+            return self.busy_since is None and self._offer is None
 
     def stop(self) -> None:
         """End the worker after the pass it runs, if any; waits for it (its writes meet the fence as they go)."""
@@ -89,7 +88,6 @@ class RemediationWorker:
                 if self._stopping:
                     return
                 offer, self._offer = self._offer, None
-                self._busy = True
                 self.busy_since = time.monotonic()
             assert offer is not None
             try:
@@ -100,11 +98,9 @@ class RemediationWorker:
             except LeaseLostError as lost:
                 with self._cond:
                     self.fenced = str(lost)
-                    self._busy = False
                     self.busy_since = None
                 return
             except Exception:  # one bad pass must not end remediation: log, and take the next view
                 log.exception("remediation_failed")
             with self._cond:
-                self._busy = False
                 self.busy_since = None
