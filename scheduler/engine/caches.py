@@ -92,6 +92,8 @@ class SessionCaches:
     # (pool, static predicates), analyses by (pool, shape, gang size).
     node_groups: dict[tuple[object, ...], NodeGroups] = field(default_factory=dict)
     reasons: dict[tuple[object, ...], PendingReason] = field(default_factory=dict)
+    # Per pool, each node's free resources as explanations group them (by pidx).
+    signatures: dict[str, list[tuple[object, ...]]] = field(default_factory=dict)
     # Per pool, every GPU on its nodes whatever their state (what a gang can never exceed).
     gpus_in_all: dict[str, int] = field(default_factory=dict)
     # Placement rules: eligible nodes per spread constraint, verdicts per pod.

@@ -83,6 +83,15 @@ def _signature(node: NodeState) -> tuple[object, ...]:
     return (node.free_cpu, node.free_mem, node.free_whole, tuple(node.gpu_free), tuple(node.gpu_whole), node.mig)
 
 
+def _signatures(caches: SessionCaches, pool: PoolState) -> list[tuple[object, ...]]:
+    """Each node's free resources as one comparable value (by ``pidx``), once per pool: explanations
+    are made after the actions, when the state no longer changes."""
+    found = caches.signatures.get(pool.name)
+    if found is None:
+        found = caches.signatures[pool.name] = [_signature(node) for node in pool.nodes]
+    return found
+
+
 def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGroups:
     spec = task.spec
     key = (
@@ -95,16 +104,20 @@ def _groups(caches: SessionCaches, pool: PoolState, task: TaskState) -> NodeGrou
     cached = caches.node_groups.get(key)
     if cached is not None:
         return cached
+    # The static verdict is placement's own (cached per shape); only the
+    # nodes it refuses are asked why, for the text.
+    ok = eligibility(caches.pool(pool), pool, task).ok
+    signatures = _signatures(caches, pool)
     excluded: Counter[str] = Counter()
     first: dict[tuple[object, ...], NodeState] = {}
     alike: Counter[tuple[object, ...]] = Counter()
     for node in pool.nodes:
-        why = static_exclusion(node, task)
-        if why is not None:
-            excluded[why] += 1
+        if not ok[node.pidx]:
+            excluded[static_exclusion(node, task) or "excluded"] += 1
             continue
-        sig = _signature(node)
-        first.setdefault(sig, node)
+        sig = signatures[node.pidx]
+        if sig not in first:
+            first[sig] = node
         alike[sig] += 1
     result = NodeGroups(len(pool.nodes), excluded, [(first[sig], n) for sig, n in alike.items()])
     caches.node_groups[key] = result

@@ -42,7 +42,9 @@ def _guard_slot(term: PodTerm) -> tuple[str, str] | None:
 class PodIndex:
     """Every pod bound to a node, by label, and the bound pods' required anti-affinity terms.
 
-    ``version`` counts changes. Keys are ``id()`` of the session's task (or
+    ``version`` counts changes, ``guard_version`` those that added or removed
+    an anti-affinity term (all a verdict of a pod without pod rules of its
+    own reads). Keys are ``id()`` of the session's task (or
     of a bystander's spec), which live as long as the session. Anti-affinity
     terms are filed under a label every pod they select must carry
     (``guards``), so the terms that may select a newcomer are found from
@@ -57,6 +59,7 @@ class PodIndex:
     guards: dict[tuple[str, str], dict[tuple[int, int], Guard]] = field(default_factory=dict)
     open_guards: dict[tuple[int, int], Guard] = field(default_factory=dict)
     version: int = 0
+    guard_version: int = 0
 
     def add(self, key: int, spec: Task, node: Node) -> None:
         entry = Placed(spec, node)
@@ -81,6 +84,7 @@ class PodIndex:
                 slot_label = _guard_slot(term)
                 filed = self.open_guards if slot_label is None else self.guards.setdefault(slot_label, {})
                 filed[(key, i)] = (term, entry)
+            self.guard_version += 1
         self.version += 1
 
     def remove(self, key: int) -> None:
@@ -100,6 +104,7 @@ class PodIndex:
                 slot_label = _guard_slot(term)
                 filed = self.open_guards if slot_label is None else self.guards.get(slot_label, {})
                 filed.pop((key, i), None)
+            self.guard_version += 1
         self.version += 1
 
     def with_key(self, key: str) -> dict[int, Placed] | None:

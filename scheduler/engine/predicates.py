@@ -82,7 +82,7 @@ def _term_matches(cache: PoolCaches, pool: PoolState, term: NodeTerm) -> set[int
     narrowed: set[int] | None = None
     for req in term.expressions:
         if req.operator == "In":
-            found = {pidx for value in req.values for pidx in index.get((req.key, value), ())}
+            found = set().union(*(index.get((req.key, value), ()) for value in req.values))
             narrowed = found if narrowed is None else narrowed & found
     if narrowed is not None and not term.fields and all(r.operator == "In" for r in term.expressions):
         return narrowed  # exact: every requirement was an In
@@ -96,9 +96,10 @@ def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) 
     key = placement.static
     found = cache.affinity.get(key)
     if found is None:
-        found = set(range(len(pool.nodes)))
         if placement.node_terms:
             found = set().union(*(_term_matches(cache, pool, t) for t in placement.node_terms))
+        else:
+            found = set(range(len(pool.nodes)))
         for terms in placement.volume_terms:
             found &= set().union(*(_term_matches(cache, pool, t) for t in terms))
         cache.affinity[key] = found

@@ -266,12 +266,17 @@ def needs_verdict(cluster: Cluster, task: TaskState) -> bool:
 def verdict_for(cluster: Cluster, domains: DomainCache, task: TaskState) -> Verdict:
     """``task``'s verdict against the state as it is now (recomputed only when a pod moved)."""
     index = pod_index(cluster)
-    cached = domains.verdicts.get(id(task))
-    if cached is not None and cached.version == index.version:
-        return cached
     spec = task.spec
     placement = spec.placement or _NO_PLACEMENT
-    verdict = Verdict(ports=placement.ports, extended=spec.extended, version=index.version)
+    # A pod without pod rules of its own is judged only by the bound pods'
+    # anti-affinity (host ports and extended resources are read live), so
+    # its verdict stands until a term comes or goes, not until any pod moves.
+    own = bool(placement.anti_affinity or placement.affinity or placement.spread)
+    version = index.version if own else index.guard_version
+    cached = domains.verdicts.get(id(task))
+    if cached is not None and cached.version == version:
+        return cached
+    verdict = Verdict(ports=placement.ports, extended=spec.extended, version=version)
     for key, values in _symmetric(index, spec).items():
         verdict.forbidden.setdefault(key, set()).update(values)
         verdict.guarded = True
@@ -390,6 +395,8 @@ class DomainCache:
 
     # (pod's static node rules, constraint's key and policies) -> node name -> domain.
     domains: dict[tuple[object, ...], dict[str, str]] = field(default_factory=dict)
+    # id of such a map -> its distinct domains, in first-seen order.
+    distinct: dict[int, tuple[str, ...]] = field(default_factory=dict)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def eligible(self, cluster: Cluster, spec: Task, constraint: SpreadConstraint) -> dict[str, str]:
@@ -424,6 +431,7 @@ class DomainCache:
                     continue
                 found[node.name] = value
             self.domains[key] = found
+            self.distinct[id(found)] = tuple(dict.fromkeys(found.values()))
         return found
 
 
@@ -536,7 +544,9 @@ def _spread_counts(
     itself, since an empty selector matches its own labels.
     """
     eligible = domains.eligible(cluster, spec, constraint)
-    counts = dict.fromkeys(eligible.values(), 0)
+    # Every domain starts at zero (a domain with no matching pod is the
+    # emptiest), from the few distinct ones rather than every node's.
+    counts = dict.fromkeys(domains.distinct[id(eligible)], 0)
     selector = constraint.selector
     if selector is None or not (selector.match_labels or selector.expressions):
         return counts
