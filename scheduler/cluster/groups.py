@@ -22,9 +22,15 @@ its spec. PodGroups made before they were labelled as the scheduler's
 same way in memory, but are not rewritten.
 
 Given a view that names what changed since the one the state reflects,
-only the changed pods and PodGroups are regrouped, plus every pod whose
-group is derived; :meth:`PodGrouper.regroup` hands the assembler what
-changed. Without one everything is grouped again.
+only the changed pods and PodGroups are regrouped, plus the pods with a
+derived group whose owner chain is not the one their group was derived
+from (the owner resolver hands out the object it cached until it reads the
+owner again, so an unchanged chain is the same objects, compared by
+identity); :meth:`PodGrouper.regroup` hands the assembler what changed.
+Without one everything is grouped again. A finished pod (Succeeded or
+Failed) keeps the group it finished in: it holds nothing, its owner is not
+read again for it, and so thousands of finished pods left in place by
+their Jobs cost nothing per cycle.
 """
 
 from __future__ import annotations
@@ -187,6 +193,8 @@ class PodGrouper:
         self._members: dict[GroupKey, dict[str, int]] = {}
         self._derived: dict[GroupKey, dict[str, _Derived]] = {}
         self._derived_uids: set[str] = set()
+        # Per pod with a derived group: the pod entry and owner chain it was derived from.
+        self._inputs: dict[str, tuple[Mapping[str, Any], tuple[Mapping[str, Any], ...]]] = {}
         self._explicit: dict[GroupKey, GroupInfo] = {}
         self._groups: dict[GroupKey, GroupInfo] = {}
         # Groups that pods count for but that have no info: a named PodGroup missing or malformed.
@@ -233,6 +241,7 @@ class PodGrouper:
             self._members.clear()
             self._derived.clear()
             self._derived_uids.clear()
+            self._inputs.clear()
             self._explicit.clear()
             self._groups.clear()
             self._unknown.clear()
@@ -241,7 +250,8 @@ class PodGrouper:
             group_keys: Collection[GroupKey] = list(view.podgroups)
         else:
             assert changed is not None
-            pod_keys = changed.pods | self._derived_uids
+            stale = {uid for uid in self._derived_uids if uid not in changed.pods and self._stale(uid, view)}
+            pod_keys = changed.pods | stale if stale else changed.pods
             group_keys = changed.podgroups
         dirty: set[GroupKey] = set()
         for key in group_keys:
@@ -380,9 +390,29 @@ class PodGrouper:
 
     # -- one pod, one group ---------------------------------------------------
 
-    def _derive(self, pod: Mapping[str, Any]) -> _Derived:
-        spec = derive_group(pod, self._owners.chain(pod), default_queue=self._default_queue)
+    def _derive(self, pod: Mapping[str, Any], uid: str | None = None) -> _Derived:
+        chain = self._owners.chain(pod)
+        spec = derive_group(pod, chain, default_queue=self._default_queue)
+        if uid is not None:
+            self._inputs[uid] = (pod, tuple(chain))
         return _Derived(spec, GroupInfo(queue=spec.queue, min_member=spec.min_member))
+
+    def _stale(self, uid: str, view: GroupingView) -> bool:
+        """Whether a pod with a derived group (its entry unchanged) must be derived again: its owner
+        chain is no longer the objects it was derived from. A finished pod never is (see the module)."""
+        inputs = self._inputs.get(uid)
+        pod = view.pods.get(uid)
+        if inputs is None or pod is None or inputs[0] is not pod:
+            return True
+        status = pod.get("status")
+        if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
+            return False
+        try:
+            chain = self._owners.chain(pod)
+        except OwnerLookupError:
+            return True  # grouped again, which leaves it without a group as a failed derivation does
+        before = inputs[1]
+        return len(chain) != len(before) or any(now is not then for now, then in zip(chain, before, strict=True))
 
     def _note_missing(self, key: GroupKey, spec: GroupSpec, view: GroupingView) -> None:
         if key in view.podgroups:
@@ -444,6 +474,7 @@ class PodGrouper:
         grouped = self._grouped.pop(uid, None)
         if grouped is None or grouped.key is None:
             self._derived_uids.discard(uid)
+            self._inputs.pop(uid, None)
             return
         key = grouped.key
         dirty.add(key)
@@ -454,6 +485,7 @@ class PodGrouper:
                 del self._members[key]
         if grouped.derived:
             self._derived_uids.discard(uid)
+            self._inputs.pop(uid, None)
             derived = self._derived.get(key)
             if derived is not None:
                 derived.pop(uid, None)
@@ -470,7 +502,7 @@ class PodGrouper:
         else:
             self._derived_uids.add(uid)
             try:
-                found = self._derive(pod)
+                found = self._derive(pod, uid)
             except OwnerLookupError:
                 self._grouped[uid] = _Grouped(None, derived=True)
                 return  # no group rather than a wrong one: the pod waits (the resolver logged why)

@@ -116,3 +116,86 @@ def test_a_missing_derived_podgroup_is_handed_over_once_to_be_created(incrementa
     assert grouper.take_missing() == {}
     grouper.mark_created(DERIVED)
     assert grouper.created(DERIVED)
+
+
+@dataclass
+class Changed:
+    """What a cache view names as changed since generation ``since``."""
+
+    since: int
+    pods: set[str] = field(default_factory=set)
+    podgroups: set[tuple[str, str]] = field(default_factory=set)
+
+
+@dataclass
+class CachingOwners:
+    """Owners as the resolver hands them out: the same cached object until the owner is read again."""
+
+    parallelism: int = 4
+    calls: int = 0
+    job: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.read_again()
+
+    def read_again(self) -> None:
+        self.job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ns", "uid": JOB_UID},
+            "spec": {"parallelism": self.parallelism},
+        }
+
+    def chain(self, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        self.calls += 1
+        return [self.job]
+
+
+def _next(view: View, generation: int, **changed: Any) -> View:
+    return View(view.pods, view.podgroups, generation=generation, changed=Changed(since=generation - 1, **changed))
+
+
+def test_an_unchanged_derived_pod_is_not_grouped_again() -> None:
+    owners = CachingOwners()
+    view = View(pods={u: _pod(u) for u in ("a", "b", "c")}, podgroups={}, generation=1)
+    grouper = PodGrouper(owners, default_queue="default")
+    assert grouper.regroup(view) is None  # the first grouping is whole
+    same = _next(view, 2)
+    changes = grouper.regroup(same)
+    assert changes is not None
+    assert (set(changes.pods), set(changes.groups), set(changes.pod_groups)) == (set(), set(), set())
+    assert grouper.groups[DERIVED].min_member == 4
+    assert grouper.drifted(same) == []  # nothing touched: nothing to compare with its PodGroup
+
+
+def test_an_owner_read_again_regroups_its_pods() -> None:
+    owners = CachingOwners(parallelism=4)
+    view = View(pods={u: _pod(u) for u in ("a", "b")}, podgroups={}, generation=1)
+    grouper = PodGrouper(owners, default_queue="default")
+    grouper.regroup(view)
+    owners.parallelism = 2
+    owners.read_again()  # the resolver's TTL ran out and the Job was scaled down meanwhile
+    changes = grouper.regroup(_next(view, 2))
+    assert changes is not None
+    assert set(changes.pods) == {"a", "b"}
+    assert set(changes.groups) == {DERIVED}
+    assert grouper.groups[DERIVED].min_member == 2
+
+
+def test_a_finished_pod_keeps_its_group_without_its_owner_being_read() -> None:
+    owners = CachingOwners()
+    running = {u: _pod(u) for u in ("a", "b")}
+    view = View(pods=running, podgroups={}, generation=1)
+    grouper = PodGrouper(owners, default_queue="default")
+    grouper.regroup(view)
+    done = {u: {**pod, "status": {"phase": "Succeeded"}} for u, pod in running.items()}
+    finished = View(done, {}, generation=2, changed=Changed(since=1, pods={"a", "b"}))
+    grouper.regroup(finished)
+    before = owners.calls
+    owners.read_again()  # even an owner read again is not looked at for finished pods
+    for generation in range(3, 6):
+        changes = grouper.regroup(_next(finished, generation))
+        assert changes is not None and not changes.pods
+    assert owners.calls == before
+    assert grouper.by_uid == {"a": DERIVED[1], "b": DERIVED[1]}
+    assert grouper.groups[DERIVED].min_member == 4
