@@ -95,7 +95,15 @@ def register(sub: Any) -> None:
         "--evictions-per-second",
         type=number(high=10_000.0, what="rate"),
         default=10.0,
-        help="eviction rate limit (a gang's pods leave together)",
+        help="eviction rate limit of scheduling: reclaim, preemption, consolidation (a gang's pods leave together)",
+    )
+    add_flag(
+        connected,
+        "--remediation-evictions-per-second",
+        type=number(high=10_000.0, what="rate"),
+        default=None,
+        help="eviction rate limit of remediation's drains, a budget of its own so that a drain never holds up "
+        "scheduling's evictions nor they a drain (unset: the --evictions-per-second rate)",
     )
     add_flag(
         connected,
@@ -328,6 +336,7 @@ def run_connected(args: argparse.Namespace) -> int:
         slice_compute=SliceCompute(args.slice_compute),
         slice_runtime_class=args.runtime_class or None,
         evictions_per_s=args.evictions_per_second,
+        remediation_evictions_per_s=args.remediation_evictions_per_second,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_address,
         metrics_security=security,

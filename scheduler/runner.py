@@ -210,6 +210,8 @@ class RunnerSettings:
     # The runtime class the webhook gives slice pods (its --runtime-class); None: it gives none.
     slice_runtime_class: str | None = DEFAULT_RUNTIME_CLASS
     evictions_per_s: float = 10.0
+    # Remediation's drains have a budget of their own (None: at evictions_per_s).
+    remediation_evictions_per_s: float | None = None
     sync_timeout_s: float = 120.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     # None: no HTTP endpoint (tests that need none); 0 picks a free port.
@@ -306,9 +308,22 @@ class SchedulerRunner:
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
             slice_admission=SliceAdmission(settings.slice_runtime_class),
         )
-        # Remediation shares the cycle's evictor: one eviction rate for the process.
+        # Remediation evicts from a bucket of its own: its passes run on their own
+        # thread, and a drain of a full node must not leave the cycle's next
+        # reclaim (and the binds behind it) waiting for tokens, nor a storm of
+        # reclaims keep a sick node's pods on it.
         self.remediation = (
-            RemediationController(self.api, evictor, settings.remediation) if settings.remediation is not None else None
+            RemediationController(
+                self.api,
+                Evictor(
+                    self.api,
+                    evictions_per_s=settings.remediation_evictions_per_s or settings.evictions_per_s,
+                    holder=self.fence.token,
+                ),
+                settings.remediation,
+            )
+            if settings.remediation is not None
+            else None
         )
         if self.remediation is not None:
             self.remediation.on_report = self.remediation_metrics.observe

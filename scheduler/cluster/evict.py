@@ -139,6 +139,11 @@ class Evictor:
         # The bucket outlives one call, so the rate holds across cycles too.
         self._bucket = bucket or TokenBucket(evictions_per_s, burst)
 
+    @property
+    def bucket(self) -> TokenBucket:
+        """The token bucket its evictions are taken from."""
+        return self._bucket
+
     def evict_all(self, evictions: Sequence[Eviction]) -> list[EvictResult]:
         """Execute ``evictions``; one result per eviction, in the same order."""
         if not evictions:
