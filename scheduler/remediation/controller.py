@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -336,10 +337,43 @@ class _Seen:
 Poster = Callable[[str, bytes, float], None]
 
 
+# Escalation calls that may still run at once, those abandoned past their
+# timeout included; beyond it a call fails at once instead of adding a thread.
+_WEBHOOK_CALLS = threading.BoundedSemaphore(2)
+
+
 def _post(url: str, body: bytes, timeout: float) -> None:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
-        reply.read()
+    """POST ``body`` to ``url``; raises TimeoutError when the whole call takes longer than ``timeout``.
+
+    urllib's timeout bounds each socket operation, not the call: a server
+    that answers a byte every few seconds would hold the remediation pass
+    (and fail the scheduler's liveness) for as long as it likes. The request
+    runs on a daemon thread the pass waits for at most ``timeout``; one it
+    gives up on ends by itself at urllib's per-operation timeout.
+    """
+    if not _WEBHOOK_CALLS.acquire(blocking=False):
+        raise TimeoutError("earlier escalation webhook calls are still hanging past their timeout")
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            request = urllib.request.Request(
+                url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                reply.read()
+        except BaseException as exc:  # handed to the waiting pass
+            failed.append(exc)
+        finally:
+            done.set()
+            _WEBHOOK_CALLS.release()
+
+    threading.Thread(target=call, name="escalation-webhook", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"no complete answer within {timeout:g}s")
+    if failed:
+        raise failed[0]
 
 
 class RemediationController:
