@@ -55,7 +55,7 @@ from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
 from scheduler.cluster.short_gangs import ShortGangs
 from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
-from scheduler.cluster.status import StatusWriter, finished_phase, refusals, shown_blocked
+from scheduler.cluster.status import Finished, StatusWriter, finished_phase, refusals, shows_blocked
 from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
@@ -64,6 +64,7 @@ from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
     Decisions,
+    Job,
     JobStatus,
     Queue,
     Reservation,
@@ -233,6 +234,10 @@ class SchedulingCycle:
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
+        # Groups (namespace/name) whose PodGroup shows EvictionBlocked, kept like _reserved.
+        self._shown_blocked: set[str] = set()
+        # Per job key, the job object last read and what _job_facts read of it.
+        self._facts: dict[str, tuple[Job, bool, Finished | None]] = {}
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
 
     # -- inputs ---------------------------------------------------------------
@@ -420,6 +425,7 @@ class SchedulingCycle:
         keys: Collection[tuple[str, str]]
         if full or view.changed is None:
             self._reserved.clear()
+            self._shown_blocked.clear()
             keys = list(view.podgroups)
         else:
             keys = view.changed.podgroups
@@ -430,7 +436,36 @@ class SchedulingCycle:
                 self._reserved[key] = found
             else:
                 self._reserved.pop(key, None)
+            # Read off the same changed PodGroups: which show EvictionBlocked now.
+            name = f"{key[0]}/{key[1]}"
+            if group is not None and shows_blocked(group):
+                self._shown_blocked.add(name)
+            else:
+                self._shown_blocked.discard(name)
         return tuple(res for key in sorted(self._reserved) for res in self._reserved[key])
+
+    def _job_facts(self, snapshot: Snapshot) -> tuple[list[str], dict[str, Finished]]:
+        """The groups whose minMember already runs, and how each finished group ended.
+
+        Read again only for a job the assembler rebuilt (a new object): an
+        unchanged job costs a lookup, not a walk over its pods.
+        """
+        memo = self._facts
+        kept: dict[str, tuple[Job, bool, Finished | None]] = {}
+        gang_met: list[str] = []
+        finished: dict[str, Finished] = {}
+        for job in snapshot.jobs:
+            facts = memo.get(job.key)
+            if facts is None or facts[0] is not job:
+                running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING)
+                facts = (job, running + job.succeeded >= job.min_member, finished_phase(job))
+            kept[job.key] = facts
+            if facts[1]:
+                gang_met.append(job.key)
+            if facts[2] is not None:
+                finished[job.key] = facts[2]
+        self._facts = kept
+        return gang_met, finished
 
     def _track_short_gangs(self, snapshot: Snapshot, now: float) -> Snapshot:
         """Date each running gang that lost members and is short of minMember (:mod:`.short_gangs`)."""
@@ -520,21 +555,17 @@ class SchedulingCycle:
         # failed pipelined bind keeps its reservation for the next cycle.
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
         held = tuple(r for r in decisions.reservations if (r.job, r.node, r.gpu_indices) not in taken)
-        gang_met = [
-            job.key
-            for job in snapshot.jobs
-            if sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) + job.succeeded >= job.min_member
-        ]
+        gang_met, finished = self._job_facts(snapshot)
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
         self._explain_refused(snapshot, pending)
         written = replace(decisions, queue_shares=shares, pending=pending)
         status_args: dict[str, Any] = {
             "blocked": refusals(evicted),
-            "shown_blocked": shown_blocked(view.podgroups),
+            "shown_blocked": frozenset(self._shown_blocked),
             "lost_totals": lost_totals(view.queues, lost),
             "queue_problems": self._queue_problems(snapshot),
-            "finished": {job.key: ended for job in snapshot.jobs if (ended := finished_phase(job)) is not None},
+            "finished": finished,
         }
         specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
         # Reservations live in PodGroup status: a derived group that holds

@@ -103,6 +103,11 @@ def waiting(pod: Mapping[str, Any]) -> bool:
     return not _meta(pod).get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
 
 
+def _finished(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status")
+    return isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed")
+
+
 def pod_priority(pod: Mapping[str, Any]) -> int:
     # The Priority admission plugin resolves priorityClassName into
     # spec.priority when the pod is created, so the class itself need not be read.
@@ -404,8 +409,7 @@ class PodGrouper:
         pod = view.pods.get(uid)
         if inputs is None or pod is None or inputs[0] is not pod:
             return True
-        status = pod.get("status")
-        if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
+        if _finished(pod):
             return False
         try:
             chain = self._owners.chain(pod)
@@ -506,6 +510,8 @@ class PodGrouper:
             except OwnerLookupError:
                 self._grouped[uid] = _Grouped(None, derived=True)
                 return  # no group rather than a wrong one: the pod waits (the resolver logged why)
+            if _finished(pod):
+                self._derived_uids.discard(uid)  # never stale (see the module): out of the per-cycle checks
             key = (found.spec.namespace, found.spec.name)
             self._grouped[uid] = _Grouped(key, derived=True)
             self._by_uid[uid] = found.spec.name

@@ -295,14 +295,10 @@ def _blocked_in(status: JSON) -> bool:
     return _condition(status, CONDITION_EVICTION_BLOCKED) is not None
 
 
-def shown_blocked(podgroups: Mapping[tuple[str, str], Mapping[str, object]]) -> set[str]:
-    """Groups whose PodGroup shows EvictionBlocked now: a new leader clears what it no longer sees."""
-    out: set[str] = set()
-    for (namespace, name), obj in podgroups.items():
-        status = obj.get("status")
-        if isinstance(status, dict) and isinstance(status.get("conditions"), list) and _blocked_in(status):
-            out.add(f"{namespace}/{name}")
-    return out
+def shows_blocked(podgroup: Mapping[str, object]) -> bool:
+    """Whether a PodGroup shows EvictionBlocked now: a new leader clears what it no longer sees."""
+    status = podgroup.get("status")
+    return isinstance(status, dict) and isinstance(status.get("conditions"), list) and _blocked_in(status)
 
 
 # -- writing --------------------------------------------------------------------
@@ -365,6 +361,13 @@ class StatusWriter:
         self._clock = clock
         self._instance = instance or socket.gethostname()
         self._groups: dict[str, _Group] = {}
+        # Groups whose written status shows EvictionBlocked (written again, so the condition goes).
+        self._blocked: set[str] = set()
+        # Groups whose final status (how they ended) stands as written: they
+        # leave the groups each call looks at until something else is said of them.
+        self._final: dict[str, Finished] = {}
+        # Per group, the inputs its written status and Events were last found to match (_unchanged).
+        self._said: dict[str, tuple[object, ...]] = {}
         self._queues: dict[str, JSON] = {}
         self._queue_transitions: dict[str, dict[str, str]] = {}  # queue -> condition type -> time
         self._lock = Lock()
@@ -424,6 +427,9 @@ class StatusWriter:
         with self._lock:
             if pod_group is not None:
                 self._groups.pop(pod_group, None)
+                self._blocked.discard(pod_group)
+                self._final.pop(pod_group, None)
+                self._said.pop(pod_group, None)
             if queue is not None:
                 self._queues.pop(queue, None)
                 self._queue_transitions.pop(queue, None)
@@ -443,9 +449,18 @@ class StatusWriter:
     ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
-        ended = finished or {}
         # A group blocked last time is written again, so the condition goes.
-        was_blocked = shown | {g for g, known in self._groups.items() if _blocked_in(known.status)}
+        was_blocked = shown | self._blocked
+        final = self._final
+        ended: dict[str, Finished] = {}
+        for group, how in (finished or {}).items():
+            settled = final.get(group) == how and not (
+                group in by_job or group in placed_now or group in blocked or group in was_blocked
+            )
+            if settled:
+                report.unchanged += 1  # written as it ended, and nothing new said of it since
+            else:
+                ended[group] = how
         groups: list[str] = []
         for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked | set(ended)):
             if (
@@ -457,8 +472,10 @@ class StatusWriter:
             ):
                 report.deferred += 1
                 continue
-            if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group), ended.get(group)):
+            end = ended.get(group)
+            if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group), end):
                 report.unchanged += 1
+                self._settle(group, end)
             else:
                 groups.append(group)
 
@@ -488,16 +505,28 @@ class StatusWriter:
         blocked: str | None,
         finished: Finished | None = None,
     ) -> bool:
-        """Nothing to send for this group: its status and both Events' news are the ones last written."""
+        """Nothing to send for this group: its status and both Events' news are the ones last written.
+
+        Once that is found, the inputs it was found for are kept (``_said``):
+        a running group is told the same every cycle, and the same inputs
+        are then unchanged at the cost of one comparison, not of building
+        its status again. A write forgets them.
+        """
+        said = (pending, placed_now, blocked, finished)
+        if self._said.get(group) == said:
+            return True
         known = self._groups.get(group)
         if known is None or known.status != pod_group_status(pending, placed_now, blocked, finished):
             return False
         news = explanation(pending) if pending is not None else None
         budget = (REASON_BUDGET, blocked) if blocked is not None else None
-        return (
+        same = (
             known.event(CONDITION_UNSCHEDULABLE).explanation == news
             and known.event(CONDITION_EVICTION_BLOCKED).explanation == budget
         )
+        if same:
+            self._said[group] = said
+        return same
 
     def _write_group(  # noqa: PLR0917 (one call site, all positional)
         self,
@@ -509,6 +538,7 @@ class StatusWriter:
         finished: Finished | None = None,
     ) -> None:
         namespace, _, name = group.partition("/")
+        self._said.pop(group, None)
         desired = pod_group_status(pending, placed_now, blocked, finished)
         known = self._groups.get(group)
         if known is not None and known.status == desired:
@@ -533,13 +563,25 @@ class StatusWriter:
             if known is None:
                 known = self._groups[group] = _Group(desired, transitions, uid)
             known.status, known.transitions, known.uid = desired, transitions, uid or known.uid
+            if _blocked_in(desired):
+                self._blocked.add(group)
+            else:
+                self._blocked.discard(group)
             report.pod_groups_patched += 1
+        self._settle(group, finished)
         self._write_event(
             group, known, CONDITION_UNSCHEDULABLE, explanation(pending) if pending is not None else None, report
         )
         self._write_event(
             group, known, CONDITION_EVICTION_BLOCKED, (REASON_BUDGET, blocked) if blocked is not None else None, report
         )
+
+    def _settle(self, group: str, finished: Finished | None) -> None:
+        """Note whether ``group``'s written status is its final one (see ``_final``)."""
+        if finished is None:
+            self._final.pop(group, None)
+        else:
+            self._final[group] = finished
 
     def _record_error(self, what: str, err: ApiError, report: StatusReport) -> None:
         if err.status == 404:

@@ -10,6 +10,7 @@ import pytest
 
 from gpuwarden.contract import UnschedulableReason
 from gpuwarden.kube import ApiError, Backoff
+from scheduler.cluster import status
 from scheduler.cluster.bind import binding_body
 from scheduler.cluster.evict import TokenBucket, eviction_body
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
@@ -403,3 +404,55 @@ def test_the_writer_sends_the_guarantee_only_when_it_changes_and_keeps_its_condi
     assert cycle(3, "3 GPUs short") == (3, "True/QuotasExceedBacking@2025-01-01T00:00:00Z")
     t[0] += timedelta(minutes=1)
     assert cycle(6, "") == (6, "False/QuotaGuaranteed@2025-01-01T00:02:00Z")
+
+
+class _GroupApi:
+    """The PodGroup status and Event calls the writer makes, recorded; every group exists."""
+
+    def __init__(self) -> None:
+        self.patched: list[str] = []
+
+    def patch_podgroup_status(self, namespace: str, name: str, body: Any) -> Any:
+        self.patched.append(f"{namespace}/{name}")
+        return {"metadata": {"uid": f"uid-{name}"}}
+
+    def create_event(self, namespace: str, body: Any) -> Any:
+        return body
+
+
+def test_finished_groups_leave_the_writers_work_once_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = _GroupApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    ended = {f"ns/done-{i}": finished_phase(Job(f"done-{i}", "q", succeeded=2)) for i in range(500)}
+    finished = {group: how for group, how in ended.items() if how is not None}
+    report = writer.write(Decisions(), finished=finished)
+    assert report.pod_groups_patched == 500
+    looked_at: list[object] = []
+    real = status.pod_group_status
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        looked_at.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(status, "pod_group_status", counting)
+    report = writer.write(Decisions(), finished=finished)
+    assert (report.pod_groups_patched, report.unchanged, looked_at) == (0, 500, [])
+    # One that runs again (its Job restarted a pod) is written again, and so is its end after that.
+    again = Decisions(binds=(Bind(job="ns/done-7", namespace="ns", pod="p", uid="u", node="n1", gpu_indices=()),))
+    writer.write(again, finished={g: h for g, h in finished.items() if g != "ns/done-7"})
+    assert api.patched[-1] == "ns/done-7"
+    writer.write(Decisions(), finished=finished)
+    assert api.patched[-1] == "ns/done-7" and len(api.patched) == 502
+
+
+def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_change() -> None:
+    api = _GroupApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    group = "ns/train"
+    waits = Decisions(pending=(JobStatus(group, "q", (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),)),))
+    writer.write(Decisions(), gang_met=[group])
+    for _ in range(3):  # running, cycle after cycle: nothing to send
+        assert writer.write(Decisions(), gang_met=[group]).pod_groups_patched == 0
+    assert writer.write(waits).pod_groups_patched == 1  # a member was lost: Pending
+    assert writer.write(Decisions(), gang_met=[group]).pod_groups_patched == 1  # and Running again
+    assert api.patched == [group] * 3
