@@ -17,10 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.samples import PodResourcesSample
+from gpuwarden.contract import GPUNODE_MAX_PODS_PER_GPU
 
 # More holders than this on one GPU (time-slicing replicas) are not listed
 # one by one; the count is kept.
-MAX_HOLDERS_PER_GPU = 64
+MAX_HOLDERS_PER_GPU = GPUNODE_MAX_PODS_PER_GPU
 
 
 @dataclass(frozen=True, slots=True, order=True)
