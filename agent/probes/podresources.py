@@ -24,17 +24,25 @@ class PodResourcesProbe:
         self._source = source
         self._path = path
         self._failures: dict[PodResourcesFailure, int] = {}
-        # The state last logged: None before the first read, "ok", or a failure reason.
+        # The state last logged: None before the first read, "ok", or a failure reason,
+        # and the error it began with.
         self._state: str | None = None
+        self._state_error: str | None = None
 
     def _count(self, failure: PodResourcesFailure) -> None:
         self._failures[failure] = self._failures.get(failure, 0) + 1
 
-    def _transition(self, state: str, error: str | None) -> None:
+    def _transition(self, state: str, error: str | None) -> str | None:
+        """Log a change of state; returns the error the current state began with.
+
+        The same message for as long as the state lasts: it is published in
+        the GPUNode, which must not be rewritten every poll because a
+        timeout's wording varied.
+        """
         if state == self._state:
-            return
+            return self._state_error
         first = self._state is None
-        self._state = state
+        self._state, self._state_error = state, error
         if state == "ok":
             log.info("podresources_read", socket=self._path, state="ok", first=first)
         else:
@@ -45,20 +53,25 @@ class PodResourcesProbe:
                 error=error,
                 effect="the GPUs' holders are kept as last read; the rest of the agent goes on",
             )
+        return error
 
     def read(self) -> PodResourcesSample:
         try:
             held = self._source.list()
         except PodResourcesError as exc:
             self._count(exc.failure)
-            self._transition(exc.failure.value, str(exc))
-            return PodResourcesSample(failure=exc.failure, error=str(exc), failures=self.failures)
+            return PodResourcesSample(
+                failure=exc.failure, error=self._transition(exc.failure.value, str(exc)), failures=self.failures
+            )
         except Exception as exc:
             # A bug or an odd answer must cost this reading only.
             log.exception("podresources_probe_failed")
             self._count(PodResourcesFailure.ERROR)
-            self._transition(PodResourcesFailure.ERROR.value, repr(exc))
-            return PodResourcesSample(failure=PodResourcesFailure.ERROR, error=repr(exc), failures=self.failures)
+            return PodResourcesSample(
+                failure=PodResourcesFailure.ERROR,
+                error=self._transition(PodResourcesFailure.ERROR.value, repr(exc)),
+                failures=self.failures,
+            )
         allocatable: frozenset[str] | None = None
         failure: PodResourcesFailure | None = None
         error: str | None = None
@@ -71,7 +84,7 @@ class PodResourcesProbe:
             failure, error = PodResourcesFailure.ERROR, repr(exc)
         if failure is not None:
             self._count(failure)
-        self._transition("ok" if failure is None else failure.value, error)
+        error = self._transition("ok" if failure is None else failure.value, error)
         return PodResourcesSample(
             held=held, listed=True, allocatable=allocatable, failure=failure, error=error, failures=self.failures
         )

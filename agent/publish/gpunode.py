@@ -143,7 +143,14 @@ def _with_holders(gpus: list[JSON], holders: GpuHolders, previous: JSON | None) 
     out: list[JSON] = []
     for gpu in gpus:
         uuid = str(gpu.get("uuid") or "")
-        extra = before.get(uuid, {}) if allocations is None else _allocation_json(allocations.get(uuid), holders.pods)
+        if allocations is None:
+            extra = before.get(uuid, {})
+        else:
+            extra = _allocation_json(allocations.get(uuid), holders.pods)
+            kept = before.get(uuid, {}).get(contract.GPUNODE_GPU_ALLOCATABLE)
+            if contract.GPUNODE_GPU_ALLOCATABLE not in extra and kept is not None and holders.sample.failure:
+                # GetAllocatableResources failed this once: what it said last stands.
+                extra[contract.GPUNODE_GPU_ALLOCATABLE] = kept
         out.append({**{k: v for k, v in gpu.items() if k not in _HOLDER_KEYS}, **extra})
     return out
 

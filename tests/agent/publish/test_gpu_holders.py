@@ -81,3 +81,17 @@ def test_holders_stay_on_gpus_kept_while_nvml_is_down() -> None:
     second = gpunode_status(down, first, GpuHolders(sample, {}))
     assert second["gpuCount"] == 2
     assert _gpu(second, 1)[contract.GPUNODE_GPU_PODS][0]["name"] == "p"
+
+
+def test_offered_stays_as_last_said_while_get_allocatable_fails() -> None:
+    listed = (HeldDevices("ml", "p", "c", "nvidia.com/gpu", (UUID0,)),)
+    first = gpunode_status(
+        report(gpus=1), holders=GpuHolders(PodResourcesSample(held=listed, listed=True, allocatable=frozenset()))
+    )
+    assert _gpu(first, 0)[contract.GPUNODE_GPU_ALLOCATABLE] is False
+    failing = PodResourcesSample(held=listed, listed=True, failure=PodResourcesFailure.TIMEOUT, error="timeout")
+    second = gpunode_status(report(gpus=1), first, GpuHolders(failing))
+    assert _gpu(second, 0)[contract.GPUNODE_GPU_ALLOCATABLE] is False
+    # A kubelet that does not serve the call (no failure this read) never said it: nothing is claimed.
+    unsaid = gpunode_status(report(gpus=1), holders=GpuHolders(PodResourcesSample(held=listed, listed=True)))
+    assert contract.GPUNODE_GPU_ALLOCATABLE not in _gpu(unsaid, 0)

@@ -373,3 +373,17 @@ def test_no_socket_configured_reads_nothing() -> None:
         assert "podresources" not in _scrape(metrics)
     finally:
         monitor.close()
+
+
+def test_a_failure_keeps_the_message_it_began_with(sock: str) -> None:
+    """The message is published in the GPUNode: rewording from poll to poll must not rewrite it."""
+
+    class Flaky(KubeletPodResources):
+        calls = 0
+
+        def list(self) -> tuple[HeldDevices, ...]:
+            Flaky.calls += 1
+            raise PodResourcesError(PodResourcesFailure.TIMEOUT, f"deadline exceeded after {Flaky.calls} tries")
+
+    probe = PodResourcesProbe(Flaky(sock), sock)
+    assert [probe.read().error for _ in range(3)] == ["deadline exceeded after 1 tries"] * 3
