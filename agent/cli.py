@@ -67,6 +67,12 @@ def register(sub: Any) -> None:
     )
     add_flag(parser, "--kmsg-path", default=None, help="kernel log to read (overrides config)")
     add_flag(parser, "--sysfs-root", default=None, help="sysfs root for InfiniBand (overrides config)")
+    add_flag(
+        parser,
+        "--pod-resources-socket",
+        default=None,
+        help="the kubelet's PodResources socket: which pod holds which GPU (overrides config; '' turns it off)",
+    )
     add_flag(parser, "--once", action="store_true", help="poll once, print the report and exit")
     add_flag(parser, "--output", choices=["text", "json"], default="text", help="--once report format")
     add_publish_flags(parser)
@@ -83,6 +89,8 @@ def effective_config(args: argparse.Namespace) -> AgentConfig:
         overrides["kmsg_path"] = args.kmsg_path
     if args.sysfs_root is not None:
         overrides["sysfs_root"] = args.sysfs_root
+    if args.pod_resources_socket is not None:
+        overrides["pod_resources"] = dataclasses.replace(cfg.pod_resources, socket=args.pod_resources_socket or None)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 

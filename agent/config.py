@@ -57,6 +57,9 @@ Example with every key at its default::
       dcgmi: dcgmi               # run as `dcgmi diag -r <level>` during validation when found on PATH
       dcgm_diag_level: 1         # 1 takes seconds; 2 and 3 run for minutes
       dcgm_diag_timeout_s: 300   # a diagnostic still running after this is killed and fails the check
+    pod_resources:               # the kubelet's PodResources API: which pod holds which GPU (GPUNode)
+      socket: null               # its unix socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock; null: not read
+      timeout_s: 2               # each call gives up after this (a hung kubelet costs a poll no more)
 """
 
 from __future__ import annotations
@@ -166,6 +169,13 @@ class RemediationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PodResourcesConfig:
+    socket: str | None = None
+    # Zero would fail every call; a long wait would hold the poll loop.
+    timeout_s: float = bounded(2.0, Bounds(0.0, 60.0))
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     poll_interval_s: float = bounded(10.0, POLL_INTERVAL_S)
     kmsg_path: str = "/dev/kmsg"
@@ -179,6 +189,7 @@ class AgentConfig:
     infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    pod_resources: PodResourcesConfig = field(default_factory=PodResourcesConfig)
 
 
 _ACTIONS = {a.value for a in Action}

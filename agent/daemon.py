@@ -54,14 +54,16 @@ from typing import Any
 
 from kubernetes import client
 
+from agent.allocations import gpu_allocations
 from agent.config import ConfigError
 from agent.model import HealthReport
 from agent.monitor import Monitor
 from agent.publish.capacity import CapacityPublisher
 from agent.publish.conditions import ConditionsPublisher, format_time, now_utc, parse_time
 from agent.publish.events import MAX_QUEUED, EventsPublisher
-from agent.publish.gpunode import GpuNodePublisher, quarantined_since_from_gpunode
+from agent.publish.gpunode import GpuHolders, GpuNodePublisher, quarantined_since_from_gpunode
 from agent.publish.metrics import MetricsPublisher
+from agent.publish.pods import PodDirectory
 from agent.publish.settings import DaemonSettings, settings_from_args
 from agent.remediation.model import (
     RemediationCounts,
@@ -81,7 +83,7 @@ from agent.restore import (
     faults_to_restore,
     hold,
 )
-from agent.samples import NodeSample
+from agent.samples import NodeSample, PodResourcesSample
 from gpuwarden.contract import AGENT_COMPONENT, TAINT_QUARANTINE
 from gpuwarden.http import HealthServer
 from gpuwarden.kube import JSON, ApiError, Backoff, KubeApi, OutageLog, RequestStats, load_api_client
@@ -121,6 +123,8 @@ class AgentDaemon:
         self.capacity = CapacityPublisher(self.api, node)
         self.gpunode = GpuNodePublisher(self.api, node, on_object=self._gpunode_seen)
         self.events = EventsPublisher(self.api, node)
+        # UID and scheduler of the pods PodResources says hold a GPU (only where a socket is read).
+        self.pods = PodDirectory(self.api, node)
         self.remediator = Remediator(monitor, monitor.hardware.gpu, self._answers, counts=self.remediation_counts)
         self.watch = GpuNodeWatch(
             api_client,
@@ -148,6 +152,7 @@ class AgentDaemon:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._latest: HealthReport | None = None
+        self._pod_resources: PodResourcesSample | None = None
         self._seq = 0
         # The restore epoch a report must carry to be published; None until
         # the Node's state has been read back.
@@ -295,6 +300,7 @@ class AgentDaemon:
         self.metrics.observe_poll_duration(max(0.0, (datetime.now(UTC) - sample.time).total_seconds()))
         with self._lock:
             self._latest = report
+            self._pod_resources = sample.pod_resources
             self._seq += 1
             events, held = events_to_write(report, self._epoch, self._restored_faults)
             if held:
@@ -369,6 +375,7 @@ class AgentDaemon:
             self._restore()
         with self._lock:
             report, seq, epoch = self._latest, self._seq, self._epoch
+            pod_resources = self._pod_resources
         if report is None or epoch is None or report.restore_epoch < epoch:
             # Judged without the Node's faults: publishing it could turn a
             # latched condition False. The monitor was woken for a new one.
@@ -381,7 +388,7 @@ class AgentDaemon:
                 # The status goes out only when it changes: without this read a
                 # deleted GPUNode would stay gone while the node is steady.
                 self.gpunode.verify()
-            self.gpunode.publish(report)
+            self.gpunode.publish(report, self._holders(report, pod_resources))
 
         # Each output on its own: a GPUNode whose CRD is missing must not hold
         # back the conditions or the Events, and a retry re-sends only what
@@ -408,6 +415,21 @@ class AgentDaemon:
             self._outage.recovered()
         self._backoff.reset()
         self._retry_at = 0.0
+
+    def _holders(self, report: HealthReport, sample: PodResourcesSample | None) -> GpuHolders | None:
+        """The GPUs' holders for the GPUNode: the read joined with the pods' identity (None: no socket read).
+
+        Only pods the kubelet says hold a GPU are read (:class:`PodDirectory`);
+        a read that fails costs the holders their UID and scheduler, never the
+        rest of the GPUNode.
+        """
+        if sample is None:
+            return None
+        if not sample.listed:
+            return GpuHolders(sample)
+        uuids = [g.uuid for g in report.gpus] or self.gpunode.gpu_uuids()
+        keys = {(h.namespace, h.pod) for a in gpu_allocations(sample, uuids).values() for h in a.holders}
+        return GpuHolders(sample, self.pods.resolve(keys))
 
     def _failed(self, exc: ApiError) -> None:
         self._outage.failed(exc)

@@ -13,11 +13,12 @@ from typing import Any
 from agent.config import AgentConfig
 from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
-from agent.sources.base import NodeHardware
+from agent.sources.base import NodeHardware, PodResourcesSource
 from agent.sources.infiniband import SysfsIbSource
 from agent.sources.kmsg import open_kmsg
 from agent.sources.netdev import NetdevReader
 from agent.sources.nvml import NvmlBackend
+from agent.sources.podresources import KubeletPodResources
 from agent.sources.storage import StatvfsMountSource
 
 
@@ -34,9 +35,17 @@ def build_hardware(
     under ``config.sysfs_root`` with netlink for netdevs, and the configured
     mounts. ``sim`` simulates all of it from ``scenario`` (a shipped name or a
     file path); nothing is read from the host.
+
+    Either backend reads the kubelet's PodResources API when
+    ``config.pod_resources.socket`` names its socket: a simulated node's is
+    served by the stand-in kubelet (:mod:`gpuwarden.podresources.fake`), so
+    the sim runs the real reader.
     """
+    pod_resources = _pod_resources(config)
     if backend == "sim":
-        return SimNode(load_scenario(scenario)).hardware()
+        hardware = SimNode(load_scenario(scenario)).hardware()
+        hardware.pod_resources = pod_resources
+        return hardware
     if backend == "nvml":
         return NodeHardware(
             gpu=NvmlBackend(
@@ -47,5 +56,11 @@ def build_hardware(
             kmsg=open_kmsg(config.kmsg_path),
             ib=SysfsIbSource(config.sysfs_root, NetdevReader() if config.infiniband.netdev else None),
             mounts=StatvfsMountSource(config.storage.mounts, config.poll_interval_s),
+            pod_resources=pod_resources,
         )
     raise ValueError(f"unknown backend {backend!r} (known: nvml, sim)")
+
+
+def _pod_resources(config: AgentConfig) -> PodResourcesSource | None:
+    socket = config.pod_resources.socket
+    return KubeletPodResources(socket, config.pod_resources.timeout_s) if socket else None

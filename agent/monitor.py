@@ -41,6 +41,7 @@ from agent.eventhub import EventHub
 from agent.model import Entity, EntityKind, Fault, HealthReport
 from agent.probes.gpu import GpuProbe
 from agent.probes.kmsg import KmsgProbe
+from agent.probes.podresources import PodResourcesProbe
 from agent.rules.engine import HealthRules
 from agent.samples import (
     GpuSample,
@@ -89,6 +90,11 @@ class Monitor:
         self.kmsg_probe = (
             KmsgProbe(hardware.kmsg, self.hub.push, cursor_file=config.kmsg_state_file)
             if hardware.kmsg is not None
+            else None
+        )
+        self.pod_resources_probe = (
+            PodResourcesProbe(hardware.pod_resources, config.pod_resources.socket or "")
+            if hardware.pod_resources is not None
             else None
         )
         self.rules = HealthRules(config, node)
@@ -180,6 +186,10 @@ class Monitor:
             mounts_error = f"storage probe failed: {exc!r}"
             errors.append(f"storage: {mounts_error}")
             log.exception("storage_probe_failed")
+        # Read on every poll, so also at once after a GPU event: who held the
+        # GPU when it failed. Its failures are no probe error (they hold no
+        # condition); the probe logs and counts them itself.
+        pod_resources = self.pod_resources_probe.read() if self.pod_resources_probe is not None else None
         return NodeSample(
             time=now,
             gpus=gpus,
@@ -191,6 +201,7 @@ class Monitor:
             mounts=mounts,
             mounts_source_error=mounts_error,
             errors=tuple(errors),
+            pod_resources=pod_resources,
         )
 
     def step(self, *, scheduled: bool = True) -> tuple[HealthReport, NodeSample]:

@@ -328,6 +328,66 @@ class MountSample:
 # ---------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------
+# Devices held by pods (the kubelet's PodResources API)
+# ---------------------------------------------------------------------------
+
+
+class PodResourcesFailure(StrEnum):
+    """Why the kubelet's PodResources API could not be read (the metric's ``reason``)."""
+
+    MISSING = "missing"  # no socket at the configured path
+    REFUSED = "refused"  # a socket nobody listens on, or no permission to connect
+    TIMEOUT = "timeout"  # no answer within the timeout (a hung kubelet)
+    UNIMPLEMENTED = "unimplemented"  # the kubelet does not serve the call (an older kubelet, a gate off)
+    INVALID = "invalid"  # an answer that is not the v1 service's (not gRPC, undecodable)
+    ERROR = "error"  # any other error status from the kubelet
+
+
+@dataclass(frozen=True, slots=True)
+class HeldDevices:
+    """Devices of one resource held by one container, as the kubelet's ``List`` names them.
+
+    ``resource`` is the extended resource (``nvidia.com/gpu``) for a device
+    plugin's devices, ``dra:<driver>`` for a DRA claim's; ``device_ids`` are
+    the plugin's device IDs (GPU UUIDs for NVIDIA's plugin, ``<uuid>::<n>``
+    for a time-sliced replica), or for DRA the device name followed by its
+    CDI device names.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesSample:
+    """One read of the kubelet's PodResources API.
+
+    ``held`` is every device of every container ``List`` reported, GPUs or
+    not (the mapping to GPUs is :mod:`agent.allocations`'s); it means
+    something only when ``listed`` (``List`` answered). ``allocatable``
+    holds the device IDs ``GetAllocatableResources`` reported, ``None`` when
+    that call failed or the kubelet does not serve it (nothing is then said
+    about which GPUs are offered). ``failure`` and ``error`` say why a call
+    failed (the first that did); ``failures`` counts failed calls by reason
+    since the agent started.
+    """
+
+    held: tuple[HeldDevices, ...] = ()
+    listed: bool = False
+    allocatable: frozenset[str] | None = None
+    failure: PodResourcesFailure | None = None
+    error: str | None = None
+    failures: tuple[tuple[PodResourcesFailure, int], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSample:
     """All raw samples of one poll.
@@ -356,3 +416,6 @@ class NodeSample:
     mounts_source_error: str | None = None
     errors: tuple[str, ...] = ()
     scheduled: bool = True
+    # None when no PodResources socket is configured; its failures are not
+    # in ``errors``: they hold no condition, only the pods published per GPU.
+    pod_resources: PodResourcesSample | None = None

@@ -27,6 +27,27 @@ GPUNODE_PLURAL: Final = "gpunodes"
 # by the scheduler) and the agent's answers (status.remediation): resets and
 # validations, each answer echoing its request's requestedAt.
 GPUNODE_REMEDIATION: Final = "remediation"
+# Who holds each GPU, as the node's kubelet assigned it (its PodResources
+# API), written by the agent per GPU in GPUNode status.gpus[]: "pods" lists
+# the holders (namespace, name, uid, container, resource, schedulerName; uid
+# and schedulerName are absent while the agent cannot read the pod),
+# "allocatable" whether the device plugin offers the GPU (absent when the
+# kubelet did not say), "podsOmitted" how many holders past the bound were
+# left out. status.podResources says whether the last read succeeded
+# ("ok", and "reason"/"message" when not: the holders are then as last read).
+# All absent where the agent reads no PodResources socket.
+GPUNODE_GPU_PODS: Final = "pods"
+GPUNODE_GPU_ALLOCATABLE: Final = "allocatable"
+GPUNODE_GPU_PODS_OMITTED: Final = "podsOmitted"
+GPUNODE_POD_RESOURCES: Final = "podResources"
+HOLDER_NAMESPACE: Final = "namespace"
+HOLDER_NAME: Final = "name"
+HOLDER_UID: Final = "uid"
+HOLDER_CONTAINER: Final = "container"
+HOLDER_RESOURCE: Final = "resource"
+HOLDER_SCHEDULER_NAME: Final = "schedulerName"
+# At most this many holders are listed per GPU (time-slicing replicas can be many).
+GPUNODE_MAX_PODS_PER_GPU: Final = 64
 REMEDIATION_RESETS: Final = "resets"
 REMEDIATION_VALIDATIONS: Final = "validations"
 REMEDIATION_REQUESTED_AT: Final = "requestedAt"

@@ -25,16 +25,26 @@ The status also carries the agent's answers to remediation's requests
 survive the agent's restart. Every state of the object the publisher reads
 or is answered with goes to ``on_object``: the spec in it is where those
 requests come from.
+
+Where the agent reads the kubelet's PodResources API, each GPU also lists
+the pods that hold it (``pods``: namespace, name, uid, container, resource,
+schedulerName) and whether the device plugin offers it (``allocatable``),
+and ``status.podResources`` says whether the last read succeeded; a failed
+read keeps each GPU's holders as last read (see :class:`GpuHolders`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from agent.allocations import GpuAllocation, gpu_allocations
 from agent.model import Entity, EntityKind, Fault, GpuStatus, HealthReport, IbPortStatus
 from agent.publish.conditions import conditions_held_by_errors, format_time, now_utc, parse_time
+from agent.publish.pods import PodIdentity, PodKey
+from agent.samples import PodResourcesSample
 from gpuwarden import contract
 from gpuwarden.contract import Action, ConditionType
 from gpuwarden.kube import JSON, ApiError, KubeApi
@@ -70,6 +80,90 @@ def _crd_missing_error(exc: ApiError) -> ApiError:
     Raised, not logged: the daemon's outage log writes it once per outage.
     """
     return ApiError(exc.operation, exc.status, CRD_MISSING)
+
+
+# Longest message kept of a failed PodResources read.
+MAX_POD_RESOURCES_MESSAGE = 1024
+_HOLDER_KEYS = (contract.GPUNODE_GPU_PODS, contract.GPUNODE_GPU_ALLOCATABLE, contract.GPUNODE_GPU_PODS_OMITTED)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHolders:
+    """Who holds each GPU for one report: a PodResources read joined with the node's pods.
+
+    When ``List`` failed (``sample.listed`` False) every GPU keeps the
+    holders it was last published with, since "no holders" would tell the
+    scheduler the GPU is free. ``pods`` names the UID and scheduler of each
+    holder the API server listed.
+    """
+
+    sample: PodResourcesSample
+    pods: Mapping[PodKey, PodIdentity] = field(default_factory=dict)
+
+
+def _holder_json(namespace: str, pod: str, container: str, resource: str, who: PodIdentity | None) -> JSON:
+    out: JSON = {
+        contract.HOLDER_NAMESPACE: namespace,
+        contract.HOLDER_NAME: pod,
+        contract.HOLDER_CONTAINER: container,
+        contract.HOLDER_RESOURCE: resource,
+    }
+    if who is not None:
+        out[contract.HOLDER_UID] = who.uid
+        out[contract.HOLDER_SCHEDULER_NAME] = who.scheduler_name
+    return out
+
+
+def _allocation_json(allocation: GpuAllocation | None, pods: Mapping[PodKey, PodIdentity]) -> JSON:
+    if allocation is None:
+        return {contract.GPUNODE_GPU_PODS: []}
+    out: JSON = {
+        contract.GPUNODE_GPU_PODS: [
+            _holder_json(h.namespace, h.pod, h.container, h.resource, pods.get((h.namespace, h.pod)))
+            for h in allocation.holders
+        ]
+    }
+    if allocation.offered is not None:
+        out[contract.GPUNODE_GPU_ALLOCATABLE] = allocation.offered
+    if allocation.omitted:
+        out[contract.GPUNODE_GPU_PODS_OMITTED] = allocation.omitted
+    return out
+
+
+def _with_holders(gpus: list[JSON], holders: GpuHolders, previous: JSON | None) -> list[JSON]:
+    """Each GPU entry with its holders: this report's, or as last published when the read failed."""
+    before: dict[str, JSON] = {}
+    for g in (previous or {}).get("gpus") or []:
+        if isinstance(g, dict) and isinstance(g.get("uuid"), str):
+            before[g["uuid"]] = {k: g[k] for k in _HOLDER_KEYS if k in g}
+    # Over the GPUs listed, also those kept from the previous status while NVML is down.
+    allocations = (
+        gpu_allocations(holders.sample, [str(g.get("uuid") or "") for g in gpus]) if holders.sample.listed else None
+    )
+    out: list[JSON] = []
+    for gpu in gpus:
+        uuid = str(gpu.get("uuid") or "")
+        if allocations is None:
+            extra = before.get(uuid, {})
+        else:
+            extra = _allocation_json(allocations.get(uuid), holders.pods)
+            kept = before.get(uuid, {}).get(contract.GPUNODE_GPU_ALLOCATABLE)
+            if contract.GPUNODE_GPU_ALLOCATABLE not in extra and kept is not None and holders.sample.failure:
+                # GetAllocatableResources failed this once: what it said last stands.
+                extra[contract.GPUNODE_GPU_ALLOCATABLE] = kept
+        out.append({**{k: v for k, v in gpu.items() if k not in _HOLDER_KEYS}, **extra})
+    return out
+
+
+def _pod_resources_json(holders: GpuHolders) -> JSON:
+    sample = holders.sample
+    if sample.failure is None:
+        return {"ok": True}
+    return {
+        "ok": False,
+        "reason": sample.failure.value,
+        "message": (sample.error or "")[:MAX_POD_RESOURCES_MESSAGE],
+    }
 
 
 def _mig_mode(enabled: bool | None) -> str:
@@ -132,13 +226,15 @@ def _port_json(port: IbPortStatus) -> JSON:
     return out
 
 
-def gpunode_status(report: HealthReport, previous: JSON | None = None) -> JSON:
+def gpunode_status(report: HealthReport, previous: JSON | None = None, holders: GpuHolders | None = None) -> JSON:
     """The GPUNode status for a report (without ``observedTime``).
 
     Every key is always present (empty lists included) because it is sent as
     a JSON merge patch, where an absent key would leave a stale value behind.
     When the GPU (or IB) probe failed this poll, the previous lists are kept:
-    an empty list would claim the node has no GPUs.
+    an empty list would claim the node has no GPUs. ``holders`` (None where
+    no PodResources socket is read) adds each GPU's holders and
+    ``podResources``.
     """
     held = conditions_held_by_errors(report.errors) if report.errors else frozenset()
     gpus = [_gpu_json(g) for g in sorted(report.gpus, key=lambda g: g.index)]
@@ -149,11 +245,13 @@ def gpunode_status(report: HealthReport, previous: JSON | None = None) -> JSON:
         ports = list(previous.get("ibPorts") or [])
     listed = {("gpu", g.index) for g in report.gpus} | {("ib", p.device, p.port) for p in report.ib_ports}
     node_faults = [fault_json(f, with_entity=True) for f in report.faults if not _listed(f.entity, listed)]
+    if holders is not None:
+        gpus = _with_holders(gpus, holders, previous)
     healthy = [g for g in gpus if g.get("healthy")]
     actions = [Action(f["action"]) for g in gpus for f in g.get("faults", [])]
     actions += [Action(f["action"]) for p in ports for f in p.get("faults", [])]
     actions += [Action(f["action"]) for f in node_faults]
-    return {
+    status: JSON = {
         "gpuCount": len(gpus),
         "healthyGpuCount": len(healthy),
         "gpuMemoryMiB": sum(int(g.get("memoryMiB", 0)) for g in gpus),
@@ -164,6 +262,9 @@ def gpunode_status(report: HealthReport, previous: JSON | None = None) -> JSON:
         "ibPorts": ports,
         "nodeFaults": node_faults,
     }
+    if holders is not None:
+        status[contract.GPUNODE_POD_RESOURCES] = _pod_resources_json(holders)
+    return status
 
 
 def _listed(entity: Entity, listed: set[tuple[Any, ...]]) -> bool:
@@ -340,6 +441,11 @@ class GpuNodePublisher:
             self._desired = self._published
         return faults_from_gpunode(obj)
 
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of the GPUs the status lists now (kept while NVML cannot be read)."""
+        gpus = (self._desired or {}).get("gpus") or []
+        return [str(g["uuid"]) for g in gpus if isinstance(g, dict) and g.get("uuid")]
+
     def invalidate(self) -> None:
         self._object = None
         self._published = None
@@ -364,8 +470,8 @@ class GpuNodePublisher:
         log.warning("gpunode_missing", gpunode=self._node, why=why, action="creating it again from the last report")
         self.invalidate()
 
-    def publish(self, report: HealthReport) -> bool:
-        self._desired = gpunode_status(report, self._desired)
+    def publish(self, report: HealthReport, holders: GpuHolders | None = None) -> bool:
+        self._desired = gpunode_status(report, self._desired, holders)
         return self.flush()
 
     def flush(self) -> bool:

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from agent.model import HealthReport
 from agent.publish.conditions import ConditionState, desired_conditions
 from agent.remediation.model import RemediationCounts
-from agent.samples import GpuSample, IbPortSample, NodeSample
+from agent.samples import GpuSample, IbPortSample, NodeSample, PodResourcesFailure
 from gpuwarden import __version__
 from gpuwarden.contract import METRICS_PREFIX, ConditionType
 from gpuwarden.kube import RequestStats
@@ -154,6 +154,19 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "Validations remediation asked for that the agent answered, by result (passed, failed).",
         ["result"],
     ),
+    _doc(
+        "podresources_up",
+        "gauge",
+        "1 if the latest read of the kubelet's PodResources API (List and GetAllocatableResources) succeeded.",
+        [],
+    ),
+    _doc(
+        "podresources_errors_total",
+        "counter",
+        "Failed calls to the kubelet's PodResources API, by reason "
+        "(missing, refused, timeout, unimplemented, invalid, error).",
+        ["reason"],
+    ),
     _doc("agent_info", "gauge", "Always 1; the version label is the agent's.", ["version"]),
 )
 
@@ -252,6 +265,17 @@ class MetricsPublisher(Collector):
         if sample is not None:
             yield from self._gpu_metrics(sample, gauge, counter)
             yield from self._ib_metrics(sample.ib_ports, gauge, counter)
+            if sample.pod_resources is not None:
+                # Only where a socket is configured; every reason from the
+                # first read on, zeros included, so rate() sees the first failure.
+                up = gauge("podresources_up")
+                up.add_metric([], _flag(sample.pod_resources.ok))
+                yield up
+                failed = dict(sample.pod_resources.failures)
+                failures = counter("podresources_errors_total")
+                for reason in PodResourcesFailure:
+                    failures.add_metric([reason.value], float(failed.get(reason, 0)))
+                yield failures
 
         if report is not None:
             healthy = gauge("gpu_healthy")

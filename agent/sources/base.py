@@ -7,12 +7,15 @@ file, with faults injected on demand). Keeping the seam
 here, at the hardware, means every probe, rule and publisher above it runs the
 same code in the demo, the benchmarks, the tests and production.
 
-A node is four sources, bundled in :class:`NodeHardware`:
+A node is four sources, and optionally a fifth, bundled in :class:`NodeHardware`:
 
 * :class:`GpuBackend`: GPU samples and asynchronous GPU events (NVML).
 * :class:`KmsgSource`: raw kernel-log records (the kmsg probe parses them).
 * :class:`IbSource`: InfiniBand/RoCE port samples (sysfs plus netlink).
 * :class:`MountSource`: shared-storage responsiveness.
+* :class:`PodResourcesSource`: which container holds which device, as the
+  kubelet's device manager assigned them (the PodResources API); absent
+  where no socket is configured.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from agent.samples import GpuEvent, GpuSample, IbPortSample, MountSample
+from agent.samples import GpuEvent, GpuSample, HeldDevices, IbPortSample, MountSample, PodResourcesFailure
 
 
 class BackendUnavailableError(Exception):
@@ -139,14 +142,45 @@ class MountSource(ABC):
         return None
 
 
+class PodResourcesError(Exception):
+    """A call to the kubelet's PodResources API failed; ``failure`` says how, the message what."""
+
+    def __init__(self, failure: PodResourcesFailure, message: str) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+class PodResourcesSource(ABC):
+    """The kubelet's PodResources API: devices held by containers, and devices offered.
+
+    Each call returns within the source's timeout, answered or not, and
+    raises :class:`PodResourcesError` on any failure (no socket, refused,
+    no answer in time, an answer that is not the service's); the poll loop
+    calls it once per poll and must never be held longer than that.
+    """
+
+    @abstractmethod
+    def list(self) -> tuple[HeldDevices, ...]:
+        """Every device of every container the kubelet lists (``List``)."""
+
+    @abstractmethod
+    def allocatable(self) -> frozenset[str]:
+        """Device IDs the device plugins offer (``GetAllocatableResources``)."""
+
+    def close(self) -> None:
+        """Close the connection."""
+        return None
+
+
 @dataclass(slots=True)
 class NodeHardware:
-    """The four sources of one node, opened by :func:`agent.hardware.build_hardware`."""
+    """The sources of one node, opened by :func:`agent.hardware.build_hardware`."""
 
     gpu: GpuBackend
     kmsg: KmsgSource | None
     ib: IbSource
     mounts: MountSource
+    pod_resources: PodResourcesSource | None = None
 
     def close(self) -> None:
         self.gpu.close()
@@ -154,3 +188,5 @@ class NodeHardware:
             self.kmsg.close()
         self.ib.close()
         self.mounts.close()
+        if self.pod_resources is not None:
+            self.pod_resources.close()

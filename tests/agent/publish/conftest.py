@@ -20,6 +20,7 @@ from agent.monitor import Monitor
 from agent.publish.settings import DEFAULT_EVENTS_NAMESPACE, DaemonSettings
 from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
+from agent.sources.podresources import KubeletPodResources
 from gpuwarden import contract
 from gpuwarden.serving import MetricsSecurity
 from tests.harness import ControlPlane, create_gpu_node, unique_name
@@ -88,11 +89,21 @@ class SimAgent:
         node_name: str,
         sim: SimNode,
         kmsg_state_file: str | None = None,
+        pod_resources_socket: str | None = None,
         **settings: float | int | MetricsSecurity | None,
     ) -> None:
         self.sim = sim
-        config = config_from_dict({"poll_interval_s": TEST_POLL_INTERVAL_S, "kmsg_state_file": kmsg_state_file})
-        self.monitor = Monitor(config, sim.hardware(), node_name)
+        config = config_from_dict(
+            {
+                "poll_interval_s": TEST_POLL_INTERVAL_S,
+                "kmsg_state_file": kmsg_state_file,
+                "pod_resources": {"socket": pod_resources_socket, "timeout_s": 0.5},
+            }
+        )
+        hardware = sim.hardware()
+        if pod_resources_socket is not None:
+            hardware.pod_resources = KubeletPodResources(pod_resources_socket, config.pod_resources.timeout_s)
+        self.monitor = Monitor(config, hardware, node_name)
         values: dict[str, float | int | MetricsSecurity | None] = {
             "metrics_port": None,
             "backoff_base_s": 0.1,

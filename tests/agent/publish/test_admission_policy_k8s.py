@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,8 @@ from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
+from gpuwarden.podresources.fake import FakePodResources
+from gpuwarden.podresources.v1 import api_pb2 as pb
 from tests.agent.publish.conftest import (
     AGENT_NAMESPACE,
     AGENT_SERVICE_ACCOUNT,
@@ -31,7 +35,7 @@ from tests.agent.publish.conftest import (
     SimAgent,
     delete_node_and_leftovers,
 )
-from tests.harness import ControlPlane, create_gpu_node, unique_name
+from tests.harness import ControlPlane, create_gpu_node, simple_pod, temporary_namespace, unique_name
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -516,3 +520,106 @@ def _wait_published(admin: KubeApi, agent: SimAgent, node_a: str) -> None:
         description="GpuMemoryDegraded True on node A",
     )
     wait_for(lambda: agent.daemon.events.pending() == 0, timeout=30, description="events written")
+
+
+def _holding(uuid: str, namespace: str, pod: str, container: str = "main") -> pb.PodResources:
+    return pb.PodResources(
+        name=pod,
+        namespace=namespace,
+        containers=[
+            pb.ContainerResources(
+                name=container, devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[uuid])]
+            )
+        ],
+    )
+
+
+def _gpus(admin: KubeApi, node: str) -> list[dict[str, Any]]:
+    return list(((admin.get_gpunode(node) or {}).get("status") or {}).get("gpus") or [])
+
+
+def test_the_agent_publishes_who_holds_each_gpu_from_podresources_with_its_token(
+    control_plane: ControlPlane, k8s: client.ApiClient, two_nodes: tuple[str, str]
+) -> None:
+    """The kubelet's PodResources answer, joined with the pods' UID and scheduler, lands in the GPUNode.
+
+    Written by the agent with the pod-bound token of node A: the CRD keeps the
+    new fields and the admission policy and RBAC refuse none of its requests
+    (the pod reads included). The kubelet then goes away: the holders stay,
+    status.podResources says why.
+    """
+    node_a, node_b = two_nodes
+    admin = KubeApi(k8s, field_manager=contract.AGENT_COMPONENT)
+    core = client.CoreV1Api(k8s)
+    sim = SimNode(load_scenario("default"))
+    probe = sim.hardware().gpu
+    probe.open()
+    uuids = [g.uuid for g in probe.sample()]
+    probe.close()
+    with (
+        temporary_namespace(k8s, "holders") as namespace,
+        tempfile.TemporaryDirectory(prefix="pr-") as sockets,
+        FakePodResources(os.path.join(sockets, "kubelet.sock")) as kubelet,
+        _agent_on(control_plane, k8s, node_a) as agent_api,
+    ):
+        ours = simple_pod("trainer-0", node_name=node_a)
+        ours.spec.scheduler_name = contract.SCHEDULER_NAME
+        ours = core.create_namespaced_pod(namespace, ours)
+        theirs = core.create_namespaced_pod(namespace, simple_pod("notebook", node_name=node_a))
+        kubelet.set_answers(
+            pb.ListPodResourcesResponse(
+                pod_resources=[
+                    _holding(uuids[0], namespace, "trainer-0"),
+                    _holding(uuids[1], namespace, "notebook"),
+                    # Named by the kubelet, unknown to the API server (deleted meanwhile).
+                    _holding(uuids[2], namespace, "gone"),
+                ]
+            ),
+            pb.AllocatableResourcesResponse(
+                devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=uuids[:7])]
+            ),
+        )
+        _wait_for_policies(agent_api, node_b)
+        agent = SimAgent(agent_api, node_a, sim, pod_resources_socket=kubelet.path).start()
+        try:
+            gpus = wait_for(
+                lambda: (g := _gpus(admin, node_a)) and g[0].get("pods") and g[1].get("pods") and g,
+                timeout=30,
+                description="the GPUs' holders in the GPUNode",
+            )
+            assert gpus[0]["pods"] == [
+                {
+                    "namespace": namespace,
+                    "name": "trainer-0",
+                    "container": "main",
+                    "resource": "nvidia.com/gpu",
+                    "uid": ours.metadata.uid,
+                    "schedulerName": contract.SCHEDULER_NAME,
+                }
+            ]
+            assert gpus[1]["pods"][0]["uid"] == theirs.metadata.uid
+            assert gpus[1]["pods"][0]["schedulerName"] == "default-scheduler"
+            assert "uid" not in gpus[2]["pods"][0]
+            assert [g["allocatable"] for g in gpus] == [True] * 7 + [False]
+            assert (admin.get_gpunode(node_a) or {})["status"][contract.GPUNODE_POD_RESOURCES] == {"ok": True}
+
+            kubelet.vanish()
+            status = wait_for(
+                lambda: (
+                    (s := (admin.get_gpunode(node_a) or {}).get("status") or {})
+                    .get(contract.GPUNODE_POD_RESOURCES, {})
+                    .get("ok")
+                    is False
+                    and s
+                ),
+                timeout=30,
+                description="the failed read in status.podResources",
+            )
+            assert status[contract.GPUNODE_POD_RESOURCES]["reason"] == "missing"
+            assert status["gpus"][0]["pods"] == gpus[0]["pods"]
+        finally:
+            agent.stop()
+        assert agent.daemon.stats.snapshot()[1] == {}, "a request of the agent was refused"
+        # The pod reads are by name, never a list of the cluster's pods.
+        requests = agent.daemon.stats.snapshot()[0]
+        assert requests.get("get_pod", 0) >= 3 and "list_pods_on_node" not in requests

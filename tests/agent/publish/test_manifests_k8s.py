@@ -134,11 +134,13 @@ def _agent_flag_envs() -> set[str]:
     return {env_name(opt) for p in parsers for a in p._actions for opt in a.option_strings if opt.startswith("--")}
 
 
-def test_cluster_role_grants_nothing_on_pods_or_secrets(control_plane: ControlPlane) -> None:
+def test_cluster_role_grants_only_get_on_pods_and_nothing_on_secrets(control_plane: ControlPlane) -> None:
     docs = _rendered(control_plane, MANIFESTS)
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status"}
+    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status", "pods"}
+    # The GPU holders' uid and scheduler, read by name: no list or watch of the cluster's pods.
+    assert [rule["verbs"] for rule in role["rules"] if "pods" in rule["resources"]] == [["get"]]
     # Events only where Node Events live, not cluster-wide.
     events = next(d for d in docs if d["kind"] == "Role")
     assert events["metadata"]["namespace"] == DEFAULT_EVENTS_NAMESPACE
