@@ -878,8 +878,8 @@ class Scrape:
     phase_count: Mapping[str, float] = field(default_factory=dict)
     pending: float = 0.0
     binds: Mapping[str, float] = field(default_factory=dict)
-    evictions: float = 0.0
-    api_errors: float = 0.0
+    evictions: Mapping[str, float] = field(default_factory=dict)  # "action outcome": count
+    api_errors: Mapping[str, float] = field(default_factory=dict)  # by operation
     leader: bool = False
     cpu_s: float = 0.0
 
@@ -890,6 +890,8 @@ def parse_metrics(text: str, at: float, cpu_s: float) -> Scrape:
     phase_sum: dict[str, float] = {}
     phase_count: dict[str, float] = {}
     binds: dict[str, float] = {}
+    evictions: dict[str, float] = {}
+    errors: dict[str, float] = {}
     values: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -905,7 +907,11 @@ def parse_metrics(text: str, at: float, cpu_s: float) -> Scrape:
                 phase_count[labels["phase"]] = value
             elif name == f"{p}binds_total":
                 binds[labels["outcome"]] = value
-            elif name in (f"{p}pending_pods", f"{p}evictions_total", f"{p}api_errors_total"):
+            elif name == f"{p}evictions_total":
+                evictions[f"{labels['action']} {labels['outcome']}"] = value
+            elif name == f"{p}api_errors_total":
+                errors[labels["operation"]] = value
+            elif name == f"{p}pending_pods":
                 values[name] = values.get(name, 0.0) + value
             elif name in (f"{p}cycle_duration_seconds_sum", f"{p}cycle_duration_seconds_count", f"{p}leader"):
                 values[name] = value
@@ -920,8 +926,8 @@ def parse_metrics(text: str, at: float, cpu_s: float) -> Scrape:
         phase_count=phase_count,
         pending=values.get("gpuwarden_scheduler_pending_pods", 0.0),
         binds=binds,
-        evictions=values.get("gpuwarden_scheduler_evictions_total", 0.0),
-        api_errors=values.get("gpuwarden_scheduler_api_errors_total", 0.0),
+        evictions=evictions,
+        api_errors=errors,
         leader=values.get("gpuwarden_scheduler_leader", 0.0) == 1.0,
         cpu_s=cpu_s,
     )
@@ -1507,6 +1513,11 @@ def quiet_cpu(run: Run, reporter: Reporter, sched: SchedulerProcess) -> None:
     )
 
 
+def counted(counts: Mapping[str, float]) -> str:
+    """The non-zero counts of a family, by label: ``a 3, b 1``."""
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none"
+
+
 def report_scheduler(sched: SchedulerProcess) -> None:
     """What the scheduler itself counted and complained about over the run."""
     scrape = sched.scrape()
@@ -1514,7 +1525,8 @@ def report_scheduler(sched: SchedulerProcess) -> None:
         binds = ", ".join(f"{k} {v:.0f}" for k, v in sorted(scrape.binds.items()))
         print(
             f"scheduler: cycles ok {scrape.cycles_ok:.0f} error {scrape.cycles_error:.0f}; binds {binds}; "
-            f"evictions {scrape.evictions:.0f}; API errors {scrape.api_errors:.0f}"
+            f"evictions {sum(scrape.evictions.values()):.0f} ({counted(scrape.evictions)}); API errors "
+            f"{sum(scrape.api_errors.values()):.0f} ({counted(scrape.api_errors)})"
         )
     if sched.log is not None:
         sched.log.cycles()
