@@ -31,10 +31,13 @@ Modes (``--mode``):
   kube-scheduler built with the control plane (``--kube-api-qps=1000
   --kube-api-burst=2000``, leader election off; pods with
   ``schedulerName: default-scheduler`` requesting ``nvidia.com/gpu: 1``).
-  Each phase starts once its scheduler bound a canary pod; pods still
-  unbound when it ends are deleted. The phases' pods keep running into the
-  next phase, so each scheduler meets the other's as foreign load, as in
-  a cluster with two schedulers.
+  Each phase starts once its scheduler bound a canary pod (its start-up and
+  first sync are not timed); pods still unbound 10 s after its arrivals end
+  are deleted. The idle scheduler is stopped, not left running, so that
+  neither pays for the other's churn in CPU. The phases' pods keep running
+  into the next phase, so each scheduler meets the other's as foreign load,
+  as in a cluster with two schedulers; only the first phase (gpuwarden's)
+  starts on an empty cluster.
 
 What is measured, all from outside the scheduler except its ``/metrics``:
 
@@ -83,8 +86,9 @@ Run it (not part of ``make test``)::
     .venv/bin/python benchmarks/scheduler_soak.py --quick [--mode M] # a smoke run: 10 nodes, 15 s, 4 s jobs
 
 ``--nodes``, ``--minutes``, ``--job-seconds``, ``--rate`` (jobs per second)
-and ``--seed`` change the run; ``KUBE_SCHEDULER`` names a kube-scheduler
-binary to use instead of the one beside kube-apiserver.
+and ``--seed`` change the run; ``--profile DIR`` runs gpuwarden's scheduler
+under cProfile and leaves one profile per process there; ``KUBE_SCHEDULER``
+names a kube-scheduler binary to use instead of the one beside kube-apiserver.
 """
 
 from __future__ import annotations
@@ -756,10 +760,8 @@ def pod_body(job: JobSpec, index: int, run: str) -> JSON:
     else:
         gpus = int(job.kind.gpus_per_pod)
         cpu, memory = ("1", "4Gi") if gpus == 1 else (str(gpus), f"{8 * gpus}Gi")
-        container["resources"] = {
-            "requests": {"cpu": cpu, "memory": memory},
-            "limits": {contract.RESOURCE_NVIDIA_GPU: str(gpus)},
-        }
+        gpu = {contract.RESOURCE_NVIDIA_GPU: str(gpus)}
+        container["resources"] = {"requests": {"cpu": cpu, "memory": memory, **gpu}, "limits": gpu}
     if job.kind.max_pods > 1:
         annotations[contract.ANNOTATION_POD_GROUP] = job.name
     return {
@@ -1064,6 +1066,7 @@ class Launcher:
 
     plane: ControlPlane
     kubeconfig: Path
+    profile_dir: Path | None = None
     started: list[SchedulerProcess] = field(default_factory=list)
     _count: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -1071,10 +1074,13 @@ class Launcher:
         n = next(self._count)
         (port,) = free_ports(1)
         name = f"gpuwarden-scheduler-{n}"
+        python = [sys.executable]
+        if self.profile_dir is not None:  # written when the process exits on SIGTERM
+            python += ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]
         argv = [
             "env",
             f"POD_NAME={name}",  # the identity's prefix, as the Deployment sets it
-            sys.executable,
+            *python,
             "-m",
             "gpuwarden.cli",
             "--log-format=json",
@@ -1643,6 +1649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window-seconds", type=float, default=60.0, help="first and last window compared")
     parser.add_argument("--quiet-seconds", type=float, default=30.0, help="the quiet window for CPU per cycle")
     parser.add_argument("--phase-seconds", type=float, default=60.0, help="contender: seconds of one phase")
+    parser.add_argument("--profile", type=Path, default=None, help="run gpuwarden under cProfile, profiles here")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 15 s, 4 s jobs, 5 s reports")
     args = parser.parse_args(argv)
     nodes, minutes = TARGET_SIZES[args.mode]
@@ -1674,6 +1681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     if settings.mode == "contender":
         kube_scheduler_binary()  # fail before minutes of set-up
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
 
     began = time.monotonic()
     with running_control_plane() as plane:
@@ -1686,7 +1696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_queues(api, queues, settings.gpus)
             print(f"control plane and {settings.nodes} nodes up in {time.monotonic() - began:.1f} s", flush=True)
             with pod_bound_token(api, SCHEDULER_ACCOUNT, LEASE_NAMESPACE) as token:
-                launcher = Launcher(plane, scheduler_kubeconfig(plane, token))
+                launcher = Launcher(plane, scheduler_kubeconfig(plane, token), args.profile)
                 run_id = f"{settings.mode}-{os.getpid()}"
                 kubelet = StandInKubelet(plane)
                 watch = PodWatch(plane, run_id, kubelet)

@@ -1,11 +1,13 @@
-"""The soak benchmark runs end to end at a tiny size (``--quick``: 10 nodes, 15 s of arrivals, 4 s jobs).
+"""The soak benchmark runs end to end at a tiny size (``--quick``: 10 nodes, 4 s jobs).
 
 What is checked is that the real scheduler process bound the arriving work
-(single GPUs, slices and gangs), that every figure a reader relies on is
-printed (the interval lines, both windows, the targets, the engine's share,
-the stand-in kubelet's lag, CPU per quiet cycle), and that nothing of the
-run is left behind: no control plane or scheduler process, no run folder.
-The figures themselves depend on the machine and are not judged here.
+(single GPUs and slices; a gang may not come in so short a run), that every
+figure a reader relies on is printed (the interval lines, both windows, the
+targets, the engine's share, the stand-in kubelet's lag, CPU per quiet
+cycle; for the contender mode each phase and the per-minute ratios), and
+that nothing of the run is left behind: no control plane or scheduler
+process, no run folder. The figures themselves depend on the machine and
+are not judged here.
 """
 
 from __future__ import annotations
@@ -45,24 +47,31 @@ def _left_behind(pid: int) -> list[str]:
     return found
 
 
-@pytest.mark.k8s
-@pytest.mark.timeout(240)
-def test_quick_steady_soak_prints_its_figures_and_cleans_up() -> None:
+def _soak(mode: str) -> tuple[list[str], str]:
+    """Run the benchmark's quick mode; its output lines, and what it left behind."""
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--quick", "--mode", "steady"],
+        [sys.executable, str(SCRIPT), "--quick", "--mode", mode],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=220)
+        out, err = proc.communicate(timeout=200)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    lines = out.splitlines()
+    left = _left_behind(proc.pid)
+    assert left == [], left
+    return out.splitlines(), out
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(240)
+def test_quick_steady_soak_prints_its_figures_and_cleans_up() -> None:
+    lines, out = _soak("steady")
     intervals = [m for m in map(INTERVAL.match, lines) if m]
     assert len(intervals) >= 3, out
     assert sum(int(m["cycles"]) for m in intervals) > 0, out
@@ -72,6 +81,19 @@ def test_quick_steady_soak_prints_its_figures_and_cleans_up() -> None:
     for start in starts:
         assert any(line.startswith(start) for line in lines), f"no line starting {start!r}:\n{out}"
     summary = "\n".join(line for line in lines if line.startswith(("first window", "last window")))
-    for kind in ("single", "slice"):  # a gang may not come within so short a run
+    for kind in ("single", "slice"):
         assert f"{kind} p50" in summary, summary
-    assert _left_behind(proc.pid) == [], out
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(240)
+def test_quick_contender_soak_compares_both_schedulers_and_cleans_up() -> None:
+    lines, out = _soak("contender")
+    for phase in ("phase 1 gpuwarden", "phase 2 kube-scheduler"):
+        bound = [int(m[1]) for line in lines if (m := re.match(rf"^{phase}: n=(\d+) bind p50 ", line))]
+        assert len(bound) == 1, out
+        assert bound[0] > 0, out
+    ratios = [line for line in lines if re.match(r"^minute 1: gpuwarden p50 .+ ratio p50 [\d.]+x p99 [\d.]+x", line)]
+    assert len(ratios) == 1, out
+    assert any(line.startswith("target gpuwarden's bind p50 and p99 within 1.5x") for line in lines), out
+    assert any(line.startswith("stand-in kubelet lag") for line in lines), out
