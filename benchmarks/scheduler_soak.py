@@ -296,17 +296,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
-def seconds_text(value: float) -> str:
-    """A duration with its unit (ms below a second), as compare.py reads it; ``-`` for none."""
-    if math.isnan(value):
-        return "- s"
-    if abs(value) < 1.0:
-        return f"{value * 1000:.1f} ms"
-    return f"{value:.2f} s"
+# Each kind of figure keeps one unit whatever its size, so that compare.py,
+# which keys a figure by its line's text and unit, matches it across runs.
+
+
+def secs(value: float) -> str:
+    """A latency or lag in seconds; ``-`` for none."""
+    return "- s" if math.isnan(value) else f"{value:.3f} s"
+
+
+def millis(value: float) -> str:
+    """A cycle's (or a phase's) duration or CPU time in milliseconds; ``-`` for none."""
+    return "- ms" if math.isnan(value) else f"{value * 1000:.1f} ms"
 
 
 def pcts(values: Sequence[float]) -> str:
-    return f"p50 {seconds_text(percentile(values, 0.5))} p99 {seconds_text(percentile(values, 0.99))}"
+    return f"p50 {secs(percentile(values, 0.5))} p99 {secs(percentile(values, 0.99))}"
 
 
 def verdict(ok: bool | None) -> str:
@@ -413,14 +418,14 @@ class PodWatch:
     def counts(self, now: float) -> Counts:
         with self.lock:
             pending = running = finished = evicted = 0
-            oldest = math.nan
+            oldest = 0.0
             for p in self.pods.values():
                 if p.kind == CANARY:
                     continue
                 if p.bound is None:
                     if not p.gone and not p.deleting:
                         pending += 1
-                        oldest = max(0.0 if math.isnan(oldest) else oldest, now - p.seen)
+                        oldest = max(oldest, now - p.seen)
                 elif p.phase == "Succeeded":
                     finished += 1
                 elif p.gone or p.deleting:
@@ -1269,18 +1274,18 @@ class Reporter:
         if stats is not None:
             top = max(logged) if logged else math.nan
             cycles = (
-                f"cycles {stats.cycles} mean {seconds_text(stats.mean)} max {seconds_text(top)} "
-                f"(histogram <= {seconds_text(stats.max_bound)})"
+                f"cycles {stats.cycles} mean {millis(stats.mean)} max {millis(top)} "
+                f"(histogram <= {millis(stats.max_bound)})"
             )
         else:
             cycles = "cycles -"
         c = counts
         print(
             f"{label}at {now - self.origin:.0f} s: pending {c.pending:,} ({c.waiting_jobs:,} jobs, oldest "
-            f"{seconds_text(c.oldest_pending_s)}) running {c.running:,} finished {c.finished:,} evicted {c.evicted:,}"
+            f"{secs(c.oldest_pending_s)}) running {c.running:,} finished {c.finished:,} evicted {c.evicted:,}"
             f" | {cycles} | bind n={len(binds)} {pcts(binds)} | kubelet lag run p99 "
-            f"{seconds_text(percentile(run_lag, 0.99))} finish p99 {seconds_text(percentile(finish_lag, 0.99))}"
-            f" queued {self.kubelet.backlog()} | arrival lag p99 {seconds_text(percentile(arrival_lag, 0.99))}",
+            f"{secs(percentile(run_lag, 0.99))} finish p99 {secs(percentile(finish_lag, 0.99))}"
+            f" queued {self.kubelet.backlog()} | arrival lag p99 {secs(percentile(arrival_lag, 0.99))}",
             flush=True,
         )
         return interval
@@ -1305,10 +1310,7 @@ def describe_window(name: str, reporter: Reporter, start: float, end: float) -> 
     per_kind = ", ".join(f"{k} {pcts(watch.latencies(start, end, k))}" for k in kinds)
     cycles = "cycles -"
     if stats is not None:
-        cycles = (
-            f"cycles {stats.cycles} mean {seconds_text(stats.mean)} "
-            f"max {seconds_text(max(logged) if logged else math.nan)}"
-        )
+        cycles = f"cycles {stats.cycles} mean {millis(stats.mean)} max {millis(max(logged) if logged else math.nan)}"
     waiting = max((i.counts.waiting_jobs for i in inside), default=0)
     pending = max((i.counts.pending for i in inside), default=0)
     print(
@@ -1334,13 +1336,13 @@ def report_engine_share(reporter: Reporter, end: float) -> None:
     share = stats.engine_s / stats.seconds if stats.seconds else math.nan
     print(
         f"engine share over the last {wall:.0f} s of arrivals: {stats.cycles} cycles, engine "
-        f"{seconds_text(stats.engine_s / stats.cycles)} of {seconds_text(stats.mean)} per cycle ({share:.0%}); "
+        f"{millis(stats.engine_s / stats.cycles)} of {millis(stats.mean)} per cycle ({share:.0%}); "
         f"in cycles {stats.seconds:.2f} s of {wall:.2f} s wall ({stats.seconds / wall:.0%}), engine "
         f"{stats.engine_s:.2f} s ({stats.engine_s / wall:.0%}); scheduler CPU {stats.cpu_s:.2f} s, "
-        f"{seconds_text(stats.cpu_s / stats.cycles)} per cycle"
+        f"{millis(stats.cpu_s / stats.cycles)} per cycle"
     )
-    phases = sorted(stats.phases.items(), key=lambda kv: -kv[1])
-    print("  per cycle: " + ", ".join(f"{k} {seconds_text(v / stats.cycles)}" for k, v in phases))
+    phases = sorted(stats.phases.items())
+    print("  per cycle: " + ", ".join(f"{k} {millis(v / stats.cycles)}" for k, v in phases))
 
 
 # ---------------------------------------------------------------------------
@@ -1429,13 +1431,13 @@ def run_mixed(run: Run) -> None:
         if first is not None and last is not None and first.cycles and last.cycles:
             ratio = last.mean / first.mean
             print(
-                f"target cycle mean, last window over first: {seconds_text(last.mean)} / "
-                f"{seconds_text(first.mean)} = {ratio:.2f}x [target under 1.5x: {verdict(ratio < 1.5)}{sized}]"
+                f"target cycle mean, last window over first: {millis(last.mean)} / "
+                f"{millis(first.mean)} = {ratio:.2f}x [target under 1.5x: {verdict(ratio < 1.5)}{sized}]"
             )
         minutes = per_minute(reporter, origin, end)
         worst = max((percentile(v, 0.99) for v in minutes if v), default=math.nan)
         print(
-            f"target bind p99, worst of {len(minutes)} minutes: {seconds_text(worst)} "
+            f"target bind p99, worst of {len(minutes)} minutes: {secs(worst)} "
             f"[target under 3 s throughout: {verdict(None if math.isnan(worst) else worst < 3.0)}{sized}]"
         )
     else:
@@ -1446,14 +1448,14 @@ def run_mixed(run: Run) -> None:
             mean = stats.mean if stats is not None else math.nan
             print(
                 f"target cycle mean with {BACKLOG_WAITING_TARGET:,}+ jobs waiting ({len(backlogged)} intervals, up to "
-                f"{top:,}): {seconds_text(mean)}, max {seconds_text(max(logged) if logged else math.nan)} "
+                f"{top:,}): {millis(mean)}, max {millis(max(logged) if logged else math.nan)} "
                 f"[target under 1 s: {verdict(mean < 1.0)}{sized}]"
             )
         else:
             mean = last.mean if last is not None else math.nan
             print(
                 f"target cycle mean with {BACKLOG_WAITING_TARGET:,} jobs waiting: never that many (up to {top:,}); "
-                f"last window {seconds_text(mean)} [target under 1 s: {verdict(None)}{sized}]"
+                f"last window {millis(mean)} [target under 1 s: {verdict(None)}{sized}]"
             )
     report_engine_share(reporter, end)
     report_kubelet(run, origin, time.monotonic())
@@ -1477,9 +1479,9 @@ def report_kubelet(run: Run, start: float, end: float) -> None:
     lags = run.arrivals.lag.between(start, end)
     print(
         f"stand-in kubelet lag: bind seen to Running written {pcts(runs)} max "
-        f"{seconds_text(max(runs, default=math.nan))}; due to Succeeded written {pcts(finishes)} max "
-        f"{seconds_text(max(finishes, default=math.nan))}; errors {run.kubelet.errors}; arrivals lag {pcts(lags)} "
-        f"max {seconds_text(max(lags, default=math.nan))}"
+        f"{secs(max(runs, default=math.nan))}; due to Succeeded written {pcts(finishes)} max "
+        f"{secs(max(finishes, default=math.nan))}; errors {run.kubelet.errors}; arrivals lag {pcts(lags)} "
+        f"max {secs(max(lags, default=math.nan))}"
     )
 
 
@@ -1511,10 +1513,10 @@ def quiet_cpu(run: Run, reporter: Reporter, sched: SchedulerProcess) -> None:
     sized = "" if s.nodes == TARGET_SIZES["steady"][0] else f"; judged at {TARGET_SIZES['steady'][0]} nodes"
     print(
         f"quiet window {b.at - a.at:.1f} s ({c.finished:,} finished pods in place, {changed} pod events): "
-        f"{stats.cycles} cycles, mean {seconds_text(stats.mean)}, scheduler CPU {stats.cpu_s:.2f} s"
+        f"{stats.cycles} cycles, mean {millis(stats.mean)}, scheduler CPU {stats.cpu_s:.2f} s"
     )
     print(
-        f"target CPU per quiet cycle: {seconds_text(per)} [target under 20 ms: "
+        f"target CPU per quiet cycle: {millis(per)} [target under 20 ms: "
         f"{verdict(None if math.isnan(per) else per < 0.020)}{sized}]"
     )
 
@@ -1604,7 +1606,7 @@ def run_contender(run: Run) -> None:
         lat = run.watch.latencies(began, time.monotonic(), "single", namespace)
         results[name].append(lat)
         print(
-            f"phase {phase + 1} {name}: n={len(lat)} bind {pcts(lat)} max {seconds_text(max(lat, default=math.nan))}; "
+            f"phase {phase + 1} {name}: n={len(lat)} bind {pcts(lat)} max {secs(max(lat, default=math.nan))}; "
             f"scheduler CPU {cpu:.2f} s",
             flush=True,
         )
