@@ -326,8 +326,8 @@ def baseline(snapshot: Snapshot, budget_s: float) -> BaselineResult:
     """
     total = sum(1 for j in build_cluster(snapshot).pending_jobs if j.queue is not None and j.error is None)
     naive = _NaivePlacement(deadline=time.perf_counter() + budget_s)
-    # Placement by gangs and the victim search goes through scoring.place_for, which calls find_place.
-    patched = [(scoring, "find_place"), (consolidate, "find_place")]
+    # Gangs call find_place (or place_for, which calls it), and so does the victim search.
+    patched = [(scoring, "find_place"), (gangs, "find_place"), (consolidate, "find_place")]
     for module, name in patched:
         setattr(module, name, naive.find_place)
     setattr(allocate, "place_job", naive.place_job)  # noqa: B010 (swapping a module global)

@@ -13,7 +13,7 @@ from scheduler.engine.caches import SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.reservations import release_for, reserved_place
-from scheduler.engine.scoring import place_for
+from scheduler.engine.scoring import find_place, place_for
 from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -125,7 +125,9 @@ def _place_task(cluster: Cluster, caches: SessionCaches, stmt: Statement, task: 
     problem = limit_problem(job.queue, [task.milli, task.cpu, task.mem], job.preemptible)
     if problem is not None:
         return problem
-    found = place_for(cluster, caches, task, reserved_place(task))
+    # Most jobs hold no reserved room: they go straight to the pool's order.
+    reserved = reserved_place(task) if job.reserved else None
+    found = place_for(cluster, caches, task, reserved) if reserved is not None else find_place(cluster, caches, task)
     if found is None:
         job.unplaced = task
         return _no_room()

@@ -16,7 +16,7 @@ session. Within a queue, jobs go by priority (highest first), then age
 from __future__ import annotations
 
 from scheduler.engine.resources import CPU, GPU, MEMORY
-from scheduler.engine.state import JobState, QueueState
+from scheduler.engine.state import JobState, QueueState, TaskState
 
 
 def queue_key(
@@ -55,17 +55,22 @@ def _level_key(q: QueueState, capacity: list[int], need: list[int] | None) -> tu
 
 def gang_need(job: JobState) -> list[int]:
     """What placing the job's gang (or, once it is whole, its next pod) would add to its queue."""
-    need = [0, 0, 0]
-    count = max(1, job.gang_short)
+    # One pass over the tasks (gang_short would take another): read once per
+    # job per allocate, for every pending job in the cluster.
+    held = 0
+    pending: list[TaskState] = []
     for t in job.tasks:
-        if not t.is_pending:
-            continue
+        if t.node is not None:
+            if not t.releasing:
+                held += 1
+        elif not t.was_running:
+            pending.append(t)
+    count = max(1, job.spec.min_member - held - job.spec.succeeded)
+    need = [0, 0, 0]
+    for t in pending[:count]:
         need[GPU] += t.milli
         need[CPU] += t.cpu
         need[MEMORY] += t.mem
-        count -= 1
-        if count == 0:
-            break
     return need
 
 

@@ -175,8 +175,11 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
     cache = pool_caches.fail
     if not task.shape:
         task.shape = shape_of(task)
-    verdict = verdict_for(cluster, caches.rules, task) if needs_verdict(cluster, task) else None
-    fail_key = _fail_key(task, verdict)
+    if needs_verdict(cluster, task):
+        verdict: Verdict | None = verdict_for(cluster, caches.rules, task)
+        fail_key = _fail_key(task, verdict)
+    else:
+        verdict, fail_key = None, task.shape
     if fail_key is not None and cache.get(fail_key) == cluster.release_version:
         return None
     elig = eligibility(pool_caches, pool, task)
@@ -193,7 +196,11 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
     strategy = pool.strategy
     found: list[Place] = []
     for node in _candidates(pool, task):
-        if not ok[node.pidx] or short_of_room(node, cpu, mem) or _pods_full(node):
+        # short_of_room and _pods_full written out: this loop is the hottest of placement.
+        if not ok[node.pidx] or (cpu > 0 and node.free_cpu < cpu) or (mem > 0 and node.free_mem < mem):
+            continue
+        limit = node.spec.max_pods
+        if limit and len(node.tasks) >= limit:
             continue
         if verdict is not None and verdict.problem(node) is not None:
             continue
