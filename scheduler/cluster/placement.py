@@ -257,6 +257,14 @@ def _ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
 
 def read_placement(spec: Mapping[str, Any], labels: Mapping[str, str]) -> PodPlacement:
     """The pod's rules (None when it has none), or why they cannot be judged."""
+    if spec.get("affinity") is None and spec.get("topologySpreadConstraints") is None:
+        # Most pods carry no rules at all: read their host ports alone rather
+        # than build every kind of rule to find it empty (every pod is read).
+        try:
+            ports = _ports(spec)
+        except UnreadableError as why:
+            return PodPlacement(None, str(why))
+        return PodPlacement(Placement(ports=ports)) if ports else _NO_RULES
     try:
         affinity = _map(spec.get("affinity"), "spec.affinity")
         node = _map(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
@@ -291,6 +299,7 @@ def read_placement(spec: Mapping[str, Any], labels: Mapping[str, str]) -> PodPla
 
 
 _EMPTY = Placement()
+_NO_RULES = PodPlacement(None)
 
 
 def with_volume_terms(placement: Placement | None, terms: tuple[tuple[NodeTerm, ...], ...]) -> Placement | None:

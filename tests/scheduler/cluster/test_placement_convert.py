@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from scheduler.cluster.convert import node_from_objects, task_from_pod
 from scheduler.cluster.placement import other_requests, read_placement
 from scheduler.engine.model import HostPort, LabelSelector, PodTerm, Requirement
@@ -163,3 +166,27 @@ def test_node_other_allocatable_and_pod_limit() -> None:
     converted = node_from_objects(raw, None)
     assert converted.max_pods == 110
     assert converted.extended == {"example.com/foo": 3000}
+
+
+_PORT = st.fixed_dictionaries(
+    {"containerPort": st.integers(1, 65535)},
+    optional={
+        "hostPort": st.one_of(st.integers(-2, 70000), st.none(), st.just("80")),
+        "protocol": st.sampled_from(["TCP", "UDP", "SCTP"]),
+        "hostIP": st.sampled_from(["0.0.0.0", "10.0.0.1"]),
+    },
+)
+_CONTAINER = st.fixed_dictionaries(
+    {}, optional={"ports": st.lists(_PORT, max_size=3), "restartPolicy": st.sampled_from(["Always", "Never"])}
+)
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={"containers": st.lists(_CONTAINER, max_size=3), "initContainers": st.lists(_CONTAINER, max_size=2)},
+    )
+)
+def test_a_pod_without_affinity_or_spread_reads_as_the_full_reading_does(spec: dict[str, object]) -> None:
+    """The shortcut for pods with no rules (host ports alone) says what reading every kind of rule says."""
+    assert read_placement(spec, {"app": "a"}) == read_placement({**spec, "affinity": {}}, {"app": "a"})
