@@ -11,6 +11,27 @@ import pytest
 from scheduler.remediation.controller import _post
 
 
+def _read_request(conn: socket.socket) -> None:
+    """Read a whole request, headers and body: closing with unread bytes resets the connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
 class DripServer:
     """An HTTP server on 127.0.0.1 that reads a request, then answers one byte per ``every`` seconds."""
 
@@ -32,7 +53,7 @@ class DripServer:
             except TimeoutError:
                 continue
             with conn:
-                conn.recv(65536)
+                _read_request(conn)
                 for i in range(len(self.answer)):
                     if self.stop.wait(self.every):
                         return
