@@ -98,12 +98,11 @@ def waiting(pod: Mapping[str, Any]) -> bool:
     spec = pod.get("spec")
     if not isinstance(spec, dict) or spec.get("nodeName") or spec.get("schedulingGates"):
         return False
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, dict) else None
-    return not _meta(pod).get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
+    return not _meta(pod).get("deletionTimestamp") and not _finished(pod)
 
 
 def _finished(pod: Mapping[str, Any]) -> bool:
+    """Succeeded or Failed: done, holding nothing."""
     status = pod.get("status")
     return isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed")
 
@@ -404,13 +403,11 @@ class PodGrouper:
 
     def _stale(self, uid: str, view: GroupingView) -> bool:
         """Whether a pod with a derived group (its entry unchanged) must be derived again: its owner
-        chain is no longer the objects it was derived from. A finished pod never is (see the module)."""
+        chain is no longer the objects it was derived from. Finished pods are never asked (see _group)."""
         inputs = self._inputs.get(uid)
         pod = view.pods.get(uid)
         if inputs is None or pod is None or inputs[0] is not pod:
             return True
-        if _finished(pod):
-            return False
         try:
             chain = self._owners.chain(pod)
         except OwnerLookupError:
@@ -511,7 +508,10 @@ class PodGrouper:
                 self._grouped[uid] = _Grouped(None, derived=True)
                 return  # no group rather than a wrong one: the pod waits (the resolver logged why)
             if _finished(pod):
-                self._derived_uids.discard(uid)  # never stale (see the module): out of the per-cycle checks
+                # Never stale (see the module): out of the per-cycle checks, and
+                # its owner objects are not held for a comparison never made.
+                self._derived_uids.discard(uid)
+                self._inputs.pop(uid, None)
             key = (found.spec.namespace, found.spec.name)
             self._grouped[uid] = _Grouped(key, derived=True)
             self._by_uid[uid] = found.spec.name

@@ -192,6 +192,7 @@ def test_a_finished_pod_keeps_its_group_without_its_owner_being_read() -> None:
     finished = View(done, {}, generation=2, changed=Changed(since=1, pods={"a", "b"}))
     grouper.regroup(finished)
     assert not grouper._derived_uids  # out of the set each cycle looks through
+    assert not grouper._inputs  # and their owners are not held
     before = owners.calls
     owners.read_again()  # even an owner read again is not looked at for finished pods
     for generation in range(3, 6):
