@@ -39,7 +39,10 @@ and mirror pods stay.
 The carry-out contract: steps first, then the record. A step that fails is
 logged and retried next cycle (holds are re-issued every cycle); the record
 is still written, except when the machine says the record must not be
-(an unreadable one).
+(an unreadable one). A record refused because the Node changed since the
+pass read it is written again at once when only the Node's status changed
+(the agent's own write racing the pass), and left to the next pass when
+its labels, annotations or spec did.
 
 The watch cache can be a write behind: the next pass may start before the
 watch has brought back the Node this pass patched, and would advance the
@@ -435,7 +438,7 @@ class RemediationController:
             pool: PoolStatus(pool, frozenset(members), frozenset(out), frozenset(draining))
             for pool, (members, out, draining) in self._members.items()
         }
-        patches: list[tuple[str, JSON]] = []
+        patches: list[tuple[str, JSON, Mapping[str, Any]]] = []
         for name in sorted(nodes):
             seen = self._seen[name]
             if seen.quiet is not None:
@@ -470,7 +473,7 @@ class RemediationController:
                     report=report,
                 )
                 if patch:
-                    patches.append((name, patch))
+                    patches.append((name, patch, node_obj))
                 elif (
                     decoded.error is None
                     and not obs.faults
@@ -647,19 +650,29 @@ class RemediationController:
                 self._event(name, meta, step)
         return patch
 
-    def _patch_nodes(self, patches: Sequence[tuple[str, JSON]], report: RemediationReport) -> None:
+    def _patch_nodes(self, patches: Sequence[tuple[str, JSON, Mapping[str, Any]]], report: RemediationReport) -> None:
         """Send the pass's Node patches (labels, annotations, cordon) concurrently, after every other step.
 
         Each node's patch still comes after that node's own drains, Events
         and agent requests, as when it was sent at the end of its turn. A
-        patch that fails leaves the node's record as it was, so the next
-        pass decides its transition again; this pass does not report it.
+        patch refused because the Node changed since it was decided is sent
+        once more when the change is not one the decision read (see
+        :meth:`_rebased`). A patch that fails leaves the node's record as it
+        was, so the next pass decides its transition again; this pass does
+        not report it.
         """
 
-        def one(item: tuple[str, JSON]) -> tuple[str, Mapping[str, Any] | Exception]:
-            name, patch = item
+        def one(item: tuple[str, JSON, Mapping[str, Any]]) -> tuple[str, Mapping[str, Any] | Exception]:
+            name, patch, decided_from = item
             try:
-                return name, self._api.patch_node(name, patch)
+                try:
+                    return name, self._api.patch_node(name, patch)
+                except ApiError as err:
+                    rebased = self._rebased(name, patch, decided_from) if err.status == 409 else None
+                    if rebased is None:
+                        raise
+                    log.info("remediation_patch_rebased", node=name, why="the Node's status changed meanwhile")
+                    return name, self._api.patch_node(name, rebased)
             except Exception as err:  # one node's failure must not lose the others' results
                 return name, err
 
@@ -682,6 +695,32 @@ class RemediationController:
                 log.error("remediation_node_failed", node=name, error=f"{type(outcome).__name__}: {outcome}")
             else:
                 self._written[name] = outcome
+
+    def _rebased(self, name: str, patch: JSON, decided_from: Mapping[str, Any]) -> JSON | None:
+        """``patch`` against the Node as it is now, when only what the decision did not read changed; else None.
+
+        The patch carries the resourceVersion it was decided from, so that a
+        record, cordon or taint written meanwhile by someone else (a person,
+        a replica that took the lease) is never overwritten. But most
+        conflicts are the agent's own status write: the fault that started
+        this transition is raised by a condition, and the agent's next status
+        write (a reset answered, a heartbeat) can land between the pass's
+        read and its patch. The steps of the transition (the agent's reset
+        request, drains, Events) have gone out by then, so dropping its
+        record would lose what was done: a GPU reset and returned with no
+        quarantine on record, its reset count for escalation gone. When
+        labels, annotations and spec are as they were, the patch is sent
+        once more against the current version.
+        """
+        current = self._api.get_node(name)
+        if current is None or _decision_basis(current) != _decision_basis(decided_from):
+            return None
+        version = _meta(current).get("resourceVersion")
+        if not isinstance(version, str) or not version:
+            return None
+        meta = dict(_map(patch, "metadata"))
+        meta["resourceVersion"] = version
+        return {**patch, "metadata": meta}
 
     def _request_agent(self, name: str, gpunode: Mapping[str, Any] | None, steps: Sequence[Step]) -> None:
         """Make GPUNode spec.remediation list exactly this cycle's reset and validation holds."""
@@ -809,6 +848,12 @@ class RemediationController:
 def _resource_version(obj: Mapping[str, Any]) -> int | None:
     version = _meta(obj).get("resourceVersion")
     return int(version) if isinstance(version, str) and version.isascii() and version.isdigit() else None
+
+
+def _decision_basis(node: Mapping[str, Any]) -> tuple[object, ...]:
+    """What of a Node a transition reads that another writer may also write: everything but its status."""
+    meta = _map(node, "metadata")
+    return (dict(_map(meta, "labels")), dict(_map(meta, "annotations")), dict(_map(node, "spec")))
 
 
 def _older(seen: Mapping[str, Any], written: Mapping[str, Any]) -> bool:

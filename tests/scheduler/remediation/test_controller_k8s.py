@@ -370,3 +370,61 @@ def test_a_fault_back_within_the_window_is_escalated_to_replace_and_a_restart_mi
     assert stored.metadata.labels[contract.LABEL_REPAIR_NEEDED] == "REPLACE"
     events = client.CoreV1Api(k8s).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
     assert any(e.reason == "RepeatFault" for e in events)
+
+
+class _AgentWritesFirst(KubeApi):
+    """The real API, with one write by someone else landing before the controller's first Node patch.
+
+    The race of the field: the pass reads the Node, the agent writes its
+    status (a condition, a reset answered), then the pass's patch arrives
+    with the version it read and is refused with 409.
+    """
+
+    def __init__(self, k8s: client.ApiClient, meddle: Callable[[], None]) -> None:
+        super().__init__(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+        self._meddle: Callable[[], None] | None = meddle
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        meddle, self._meddle = self._meddle, None
+        if meddle is not None:
+            meddle()
+        return super().patch_node(name, patch)
+
+
+def _quarantine_pass(k8s: client.ApiClient, node: str, meddle: Callable[[], None]) -> list[str]:
+    current = view(k8s, {node})
+    api = _AgentWritesFirst(k8s, meddle)
+    controller = RemediationController(api, Evictor(api, retry=NO_WAIT), clock=Clock())
+    return controller.run(current.nodes, current.gpunodes, list(current.pods.values())).errors
+
+
+def test_a_record_refused_only_because_the_agent_wrote_the_nodes_status_is_written_against_the_new_version(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    # The steps of the pass (the agent asked to reset the idle GPU) have
+    # gone out; dropping the record would let the GPU be reset and returned
+    # with no quarantine ever on record.
+    (node,) = cluster(1)
+    publish_health(k8s, node, replace(xid_fault(3, 48), action=Action.RESET_GPU))
+
+    def agent_heartbeat() -> None:
+        client.CoreV1Api(k8s).patch_node_status(node, {"status": {"capacity": {"example.com/tick": "1"}}})
+
+    assert _quarantine_pass(k8s, node, agent_heartbeat) == []
+    assert _state(k8s, node) is not None and str(_state(k8s, node)).startswith("gpu-")
+    assert _node(k8s, node).metadata.annotations[contract.ANNOTATION_QUARANTINED_GPUS] == "3"
+    assert [s["gpus"] for s in _record(k8s, node)["scopes"]] == [[3]]
+
+
+def test_a_record_refused_because_someone_changed_what_it_was_decided_from_waits_for_the_next_pass(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    (node,) = cluster(1)
+    publish_health(k8s, node, replace(xid_fault(3, 48), action=Action.RESET_GPU))
+
+    def person_cordons() -> None:
+        client.CoreV1Api(k8s).patch_node(node, {"spec": {"unschedulable": True}})
+
+    errors = _quarantine_pass(k8s, node, person_cordons)
+    assert len(errors) == 1 and "409" in errors[0], errors
+    assert contract.ANNOTATION_REMEDIATION_STATE not in (_node(k8s, node).metadata.annotations or {})
