@@ -61,10 +61,20 @@ from kubernetes import client
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
 from scheduler.cluster.assemble import canonical
-from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
+from scheduler.cluster.cache import (
+    CLAIMS,
+    GPUNODES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    QUEUES,
+    VOLUMES,
+    ClusterCache,
+    WatchedResource,
+)
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.evict import Evictor
-from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.slim import slim_claim, slim_node, slim_pod, slim_volume, without_managed_fields
 from scheduler.cluster.watch import Reflector, ReflectorSettings
 from scheduler.engine.model import Decisions, Snapshot
 from scheduler.remediation.controller import RemediationController
@@ -419,6 +429,36 @@ def queue_objects() -> list[dict[str, Any]]:
     ]
 
 
+def claim_objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each team's data claim (the pods mount it), bound to a shared volume that any node can reach.
+
+    Without them every pending pod would wait for a claim that does not
+    exist, and (iii) would decide no bind at all.
+    """
+    claims, volumes = [], []
+    for t in range(TEAMS):
+        team, volume = f"team-{t:02d}", f"pv-team-{t:02d}-data"
+        claims.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "team-a-data", "namespace": team, "uid": f"pvc-{t:02d}", "resourceVersion": "7"},
+                "spec": {"accessModes": ["ReadWriteMany"], "volumeName": volume, "storageClassName": "nfs"},
+                "status": {"phase": "Bound"},
+            }
+        )
+        volumes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume, "uid": f"pv-{t:02d}", "resourceVersion": "7"},
+                "spec": {"claimRef": {"namespace": team, "name": "team-a-data"}, "nfs": {"server": "nfs", "path": "/"}},
+                "status": {"phase": "Bound"},
+            }
+        )
+    return claims, volumes
+
+
 def podgroup_object(gang: int) -> dict[str, Any]:
     team = f"team-{gang % TEAMS:02d}"
     return {
@@ -468,7 +508,7 @@ class MemoryCollection:
 
 
 def build_cache(collections: dict[str, MemoryCollection]) -> tuple[ClusterCache, dict[str, Reflector]]:
-    slims = {NODES: slim_node, PODS: slim_pod}
+    slims = {NODES: slim_node, PODS: slim_pod, CLAIMS: slim_claim, VOLUMES: slim_volume}
     cache = ClusterCache(
         resources=[
             WatchedResource(name, lambda api: None, slims.get(name, without_managed_fields)) for name in collections
@@ -669,9 +709,12 @@ def main() -> None:
     pod_size = len(collections[PODS].pages[0]) // PAGE
     print(f"  {objects} objects, {raw_total / 2**20:.0f} MiB of JSON; a pod is {pod_size} bytes of JSON")
     gangs = (args.pods + GANG - 1) // GANG
+    claims, volumes = claim_objects()
     scheduling = {
         QUEUES: MemoryCollection(object_pages(queue_objects())),
         PODGROUPS: MemoryCollection(object_pages([podgroup_object(g) for g in range(gangs)])),
+        CLAIMS: MemoryCollection(object_pages(claims)),
+        VOLUMES: MemoryCollection(object_pages(volumes)),
     }
     per_event_body = modified_events(1000, args.pods, args.nodes)
     arrivals, arriving_groups = arriving_gangs(ARRIVING, args.pods, args.nodes)
