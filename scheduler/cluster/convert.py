@@ -536,16 +536,46 @@ def _pod_amounts(spec: Mapping[str, Any], ident: str) -> tuple[int, int, int]:
     return cpu, mem, gpu
 
 
+# Tolerations read, by their fields: the pods of one workload (and most of
+# a cluster's) carry the same few lists. Cleared when it grows past its
+# bound; only lists read without a warning are kept, so that each pod with
+# a bad one is still reported.
+_TOLERATIONS: dict[tuple[tuple[object, ...], ...], tuple[Toleration, ...]] = {}
+_TOLERATIONS_KEPT = 4096
+
+
 def _tolerations(raw: object, ident: str) -> tuple[Toleration, ...]:
+    key: tuple[tuple[object, ...], ...] | None = None
+    if isinstance(raw, list) and all(isinstance(e, dict) for e in raw):
+        key = tuple((e.get("key"), e.get("operator"), e.get("value"), e.get("effect")) for e in raw)
+        try:
+            return _TOLERATIONS[key]
+        except KeyError:
+            pass
+        except TypeError:  # a field of a type no toleration has: read it the long way, with its warning
+            key = None
+    read, clean = _read_tolerations(raw, ident)
+    if key is not None and clean:
+        if len(_TOLERATIONS) >= _TOLERATIONS_KEPT:
+            _TOLERATIONS.clear()
+        _TOLERATIONS[key] = read
+    return read
+
+
+def _read_tolerations(raw: object, ident: str) -> tuple[tuple[Toleration, ...], bool]:
+    """The tolerations, and whether all of them were read without a warning."""
+    clean = True
     out: list[Toleration] = []
     for entry in _list(raw, "spec.tolerations", ident):
         if not isinstance(entry, dict):
             warn.warning("toleration malformed", (ident, "toleration"), pod=ident)
+            clean = False
             continue
         operator = entry.get("operator") or "Equal"
         if operator not in ("Equal", "Exists"):
             # Kubernetes knows no other operator: the toleration matches nothing.
             warn.warning("toleration operator unknown", (ident, "operator"), pod=ident, operator=repr(operator)[:50])
+            clean = False
             continue
         out.append(
             Toleration(
@@ -555,7 +585,7 @@ def _tolerations(raw: object, ident: str) -> tuple[Toleration, ...]:
                 effect=_str(entry.get("effect")),
             )
         )
-    return tuple(out)
+    return tuple(out), clean
 
 
 def _refusal(pod: Mapping[str, Any], gpus: int, annotations: Mapping[str, str], admission: SliceAdmission) -> str:

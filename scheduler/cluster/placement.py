@@ -25,6 +25,7 @@ do; such pods wait saying so.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -238,6 +239,10 @@ def _ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
     containers start; kube-scheduler's NodePorts ignores it, on the
     incoming pod and on the pods already bound, and so does gpuwarden.
     """
+    init = spec.get("initContainers")
+    containers = spec.get("containers")
+    if not init and isinstance(containers, list) and not any(isinstance(c, dict) and "ports" in c for c in containers):
+        return ()  # the cache keeps only host ports, so most pods list none
     out: set[HostPort] = set()
     for kind in ("initContainers", "containers"):
         for container in _seq(spec.get(kind), f"spec.{kind}"):
@@ -329,6 +334,13 @@ def thousandths(raw: object, *, up: bool) -> int | None:
     """A quantity in thousandths of its unit, rounded up (a request) or down (allocatable); None if unreadable."""
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
         return None
+    return _thousandths(raw, up)
+
+
+# The same few quantities ("1", "110", "8") come back on every node and pod,
+# and exact parsing goes through Fractions: read each text once.
+@functools.lru_cache(maxsize=4096, typed=True)
+def _thousandths(raw: str | int | float, up: bool) -> int | None:
     try:
         value = exact(raw) * 1000
     except (QuantityError, ValueError, OverflowError):
@@ -336,6 +348,11 @@ def thousandths(raw: object, *, up: bool) -> int | None:
     if value < 0:
         return None
     return math.ceil(value) if up else math.floor(value)
+
+
+def _counted_only(amounts: object) -> bool:
+    """Whether a requests or limits map (or its absence) names no resource but CPU, memory and GPUs."""
+    return amounts is None or (isinstance(amounts, dict) and amounts.keys() <= _COUNTED)
 
 
 def _container_other(container: object) -> dict[str, int]:
@@ -347,6 +364,8 @@ def _container_other(container: object) -> dict[str, int]:
     raw_requests, raw_limits = resources.get("requests"), resources.get("limits")
     requests: dict[str, Any] = raw_requests if isinstance(raw_requests, dict) else {}
     limits: dict[str, Any] = raw_limits if isinstance(raw_limits, dict) else {}
+    if requests.keys() <= _COUNTED and limits.keys() <= _COUNTED:
+        return {}  # most containers ask for CPU, memory and GPUs only
     out: dict[str, int] = {}
     for name in {*requests, *limits}:
         if name in _COUNTED or not isinstance(name, str):
@@ -366,8 +385,19 @@ def other_requests(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     Raises :class:`UnreadableError` for an amount that does not parse: counted
     as zero it could overcommit the node.
     """
+    containers = spec.get("containers")
+    if isinstance(containers, list) and not spec.get("initContainers") and not spec.get("overhead"):
+        # The common pod: containers asking for CPU, memory and GPUs only.
+        for container in containers:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if isinstance(resources, dict) and not (
+                _counted_only(resources.get("requests")) and _counted_only(resources.get("limits"))
+            ):
+                break
+        else:
+            return ()
     total: dict[str, int] = {}
-    for container in _seq(spec.get("containers"), "spec.containers"):
+    for container in _seq(containers, "spec.containers"):
         for name, amount in _container_other(container).items():
             total[name] = total.get(name, 0) + amount
     init = spec.get("initContainers")

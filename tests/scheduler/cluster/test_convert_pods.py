@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.contract import ANNOTATION_GPU_FRACTION, RESOURCE_NVIDIA_GPU
 from scheduler.cluster.assignment import encode_assignment
-from scheduler.cluster.convert import task_from_pod
+from scheduler.cluster.convert import _read_tolerations, task_from_pod
 from scheduler.engine.model import Bind, Gpu, Node, TaskStatus, Toleration
 from tests.scheduler.cluster.objects import pod_json, raw
 
@@ -115,3 +115,26 @@ _shaped = st.recursive(
 def test_any_pod_json_converts_without_raising(pod: dict[str, Any]) -> None:
     task = task_from_pod(pod)
     assert task.cpu_milli >= 0 and task.memory_mib >= 0 and task.gpus >= 0
+
+
+_TOLERATION = st.fixed_dictionaries(
+    {},
+    optional={
+        "key": st.sampled_from(["k", "nvidia.com/gpu", ""]) | st.integers(0, 2),
+        "operator": st.sampled_from(["Equal", "Exists", "Contains", ""]),
+        "value": st.sampled_from(["v", ""]) | st.lists(st.just("x"), max_size=1),
+        "effect": st.sampled_from(["NoSchedule", "NoExecute", ""]),
+    },
+)
+
+
+@given(st.lists(st.lists(_TOLERATION, max_size=3) | st.just("oops"), min_size=1, max_size=4))
+def test_tolerations_read_again_from_the_memo_are_those_read_fresh(lists: list[Any]) -> None:
+    """Pods carrying the same tolerations share one reading, and it is what reading them afresh gives."""
+    for tolerations in lists:
+        pods = [pod_json(name) for name in ("a", "b")]
+        for pod in pods:
+            pod["spec"]["tolerations"] = tolerations
+        read = [task_from_pod(pod).tolerations for pod in pods]
+        fresh, _ = _read_tolerations(tolerations, "pod/team-a/c")
+        assert read == [fresh, fresh]

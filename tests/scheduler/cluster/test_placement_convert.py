@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.cluster.convert import node_from_objects, task_from_pod
-from scheduler.cluster.placement import other_requests, read_placement
+from scheduler.cluster.placement import UnreadableError, _ports, other_requests, read_placement
 from scheduler.engine.model import HostPort, LabelSelector, PodTerm, Requirement
 
 JOB_KEY = "jobset.sigs.k8s.io/job-key"
@@ -190,3 +190,38 @@ _CONTAINER = st.fixed_dictionaries(
 def test_a_pod_without_affinity_or_spread_reads_as_the_full_reading_does(spec: dict[str, object]) -> None:
     """The shortcut for pods with no rules (host ports alone) says what reading every kind of rule says."""
     assert read_placement(spec, {"app": "a"}) == read_placement({**spec, "affinity": {}}, {"app": "a"})
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={"containers": st.lists(_CONTAINER, max_size=3), "initContainers": st.lists(_CONTAINER, max_size=2)},
+    )
+)
+def test_host_ports_read_by_the_shortcut_are_those_the_full_reading_finds(spec: dict[str, Any]) -> None:
+    """A pod whose containers list no ports skips the scan; a one-shot init container (never counted) forces it."""
+    forced = {**spec, "initContainers": [*spec.get("initContainers", []), {"name": "once"}]}
+    assert _outcome(_ports, spec) == _outcome(_ports, forced)
+
+
+_AMOUNTS = st.dictionaries(
+    st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "example.com/foo", "ephemeral-storage"]),
+    st.sampled_from(["1", "500m", "2Gi", "0", "lots"]),
+    max_size=3,
+)
+_RESOURCES = st.fixed_dictionaries({}, optional={"requests": _AMOUNTS, "limits": _AMOUNTS})
+
+
+@given(st.lists(st.fixed_dictionaries({}, optional={"resources": _RESOURCES}), max_size=3))
+def test_other_requests_of_plain_containers_are_those_the_full_sum_finds(containers: list[dict[str, Any]]) -> None:
+    """The shortcut for containers asking for CPU, memory and GPUs only says what summing every container says."""
+    spec = {"containers": containers}
+    forced = {**spec, "initContainers": [{"name": "once"}]}
+    assert _outcome(other_requests, spec) == _outcome(other_requests, forced)
+
+
+def _outcome(read: Any, spec: dict[str, Any]) -> object:
+    try:
+        return read(spec)
+    except UnreadableError as why:
+        return ("unreadable", str(why))
