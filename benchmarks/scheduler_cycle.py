@@ -372,6 +372,10 @@ def measure(name: str, snapshot: Snapshot) -> None:
         f"{len(decisions.evictions)} evictions, {len(decisions.pending)} pending jobs"
     )
     print("    phases: " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in best[2].items()))
+    # Two versions of the engine can fill the same GPUs with different pods
+    # (more small ones, fewer large ones): the session's time follows the
+    # placements it makes, so it is also given per bind.
+    print(f"  per bind:         {best[0] / max(1, len(decisions.binds)) * 1000:7.4f} ms wall")
     del decisions
     gc.collect()
     tracemalloc.start()
