@@ -317,7 +317,7 @@ def run_connected(args: argparse.Namespace) -> int:
     from gpuwarden.servingcert import ServingCertificateError  # noqa: PLC0415
     from scheduler.cluster.leader import LeaderElectionConfig  # noqa: PLC0415
     from scheduler.cluster.sliceconfig import SliceCompute  # noqa: PLC0415
-    from scheduler.runner import RunnerSettings, SchedulerRunner  # noqa: PLC0415
+    from scheduler.runner import RunnerSettings, SchedulerRunner, connections_needed  # noqa: PLC0415
 
     duration = args.lease_duration
     security = serving.security_from_args(args)  # a usage error before anything connects
@@ -350,8 +350,7 @@ def run_connected(args: argparse.Namespace) -> int:
         return 2
     settings = replace(settings, remediation=remediation)
     try:
-        # One connection per bind worker, besides those the watches and the lease hold.
-        api_client = load_api_client(args.kubeconfig, connections=args.bind_workers + 16)
+        api_client = load_api_client(args.kubeconfig, connections=connections_needed(settings))
     except Exception as exc:  # the kubernetes config loaders raise several unrelated types
         sys.stderr.write(f"gpuwarden scheduler: cannot use the kubeconfig {args.kubeconfig or '(in-cluster)'}: {exc}\n")
         return 2

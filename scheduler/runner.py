@@ -41,16 +41,17 @@ from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
-from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache
+from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache, default_resources
 from scheduler.cluster.cycle import BOOKKEEPING_MAX_DEFER_S, ClusterView, CycleResult, SchedulingCycle, ViewChanges
-from scheduler.cluster.evict import Evictor, refused_pods
+from scheduler.cluster.evict import DEFAULT_EVICT_WORKERS, Evictor, refused_pods
 from scheduler.cluster.fence import LeaseFence, LeaseLostError
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
 from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.cluster.sliceadmission import DEFAULT_RUNTIME_CLASS, SliceAdmission
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
+from scheduler.cluster.status import STATUS_WORKERS
 from scheduler.engine.model import SchedulerConfig
-from scheduler.remediation.controller import RemediationController
+from scheduler.remediation.controller import NODE_PATCH_WORKERS, RemediationController
 from scheduler.remediation.metrics import RemediationMetrics
 from scheduler.remediation.policy import ControllerSettings
 from scheduler.remediation.worker import RemediationWorker
@@ -225,6 +226,21 @@ class RunnerSettings:
     # Remediation of sick nodes after each cycle (leader only); None: off.
     # Its own dry_run setting records and reports without changing anything.
     remediation: ControllerSettings | None = field(default_factory=ControllerSettings)
+
+
+def connections_needed(settings: RunnerSettings) -> int:
+    """The most connections the process uses at once, for the API client's pool.
+
+    Each watch holds one for as long as it runs; the binds, the background
+    status writes, both evictors (the cycle's and remediation's) and
+    remediation's Node patches each send from their own threads; the lease
+    and the odd read take a few more. A connection handed back to a full
+    pool is closed (urllib3 warns "Connection pool is full" at every one,
+    as at shutdown when all come back at once), and the next request pays
+    for a new TLS handshake.
+    """
+    senders = settings.bind_workers + STATUS_WORKERS + 2 * DEFAULT_EVICT_WORKERS + NODE_PATCH_WORKERS
+    return senders + len(default_resources()) + 4
 
 
 class SchedulerRunner:

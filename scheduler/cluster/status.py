@@ -338,6 +338,10 @@ class _Group:
         return self.events.setdefault(kind, _EventState())
 
 
+# Threads writing PodGroup status at once (see StatusWriter).
+STATUS_WORKERS = 16
+
+
 class StatusWriter:
     """Writes PodGroup/Queue status and pending Events, each only when it changed.
 
@@ -354,7 +358,7 @@ class StatusWriter:
         *,
         clock: Callable[[], datetime] = now_utc,
         instance: str | None = None,
-        workers: int = 16,
+        workers: int = STATUS_WORKERS,
     ) -> None:
         self._api = api
         self._workers = workers
