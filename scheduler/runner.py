@@ -447,17 +447,19 @@ class SchedulerRunner:
         self.fence.arm(term)
         if term is None:
             return
+        began = time.monotonic()
         view = self.cache.view(since=self.views.generation)
         if not view.synced:
             return
         self._term = term
         self._cycle_since = time.monotonic()
         current = self.assumed.overlay(self.views.next(view))
+        viewed = time.monotonic() - began
         try:
             self.last = self.cycle.run(current)
             self.assumed.record(self.last)
             self.cycles += 1
-            self.metrics.observe(self.last)
+            self.metrics.observe(self.last, view_seconds=viewed)
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)
             if self.on_cycle is not None:
                 self.on_cycle(self.last)

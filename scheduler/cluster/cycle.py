@@ -151,6 +151,12 @@ class CycleResult:
     reservations: tuple[Reservation, ...] = ()
     # GPU-seconds of running work this cycle's health evictions took, per queue.
     lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
+    # Seconds per stage of the cycle, to tell where a slow cycle went when
+    # the engine was not it: prepare (grouping and the Snapshot), engine
+    # (the session), execute (evictions and binds), bookkeeping (PodGroups,
+    # reservations, status handed to the background writer). The runner
+    # adds the view.
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -541,16 +547,20 @@ class SchedulingCycle:
         return self._engine.run(snapshot, timings)
 
     def run(self, view: ClusterView) -> CycleResult:
-        started = time.monotonic()
+        clock = time.monotonic
+        started = clock()
         now = self._clock()
         snapshot = self.prepare(view, now)
+        prepared = clock()
         timings: dict[str, float] = {}
         decisions = self.decide(snapshot, timings)
+        decided = clock()
         self._tell_ungrouped(view)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
+        executed = clock()
         # Room a bind has just taken needs holding no longer; a deferred or
         # failed pipelined bind keeps its reservation for the next cycle.
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
@@ -585,7 +595,14 @@ class SchedulingCycle:
             self._writing.append(
                 self._background.submit(self._after_binds, specs, drifted, written, gang_met, status_args)
             )
-        seconds = time.monotonic() - started
+        finished_at = clock()
+        seconds = finished_at - started
+        stages = {
+            "prepare": prepared - started,
+            "engine": decided - prepared,
+            "execute": executed - decided,
+            "bookkeeping": finished_at - executed,
+        }
         log.info(
             "cycle_done",
             binds=sum(1 for r in bound if r.ok),
@@ -595,4 +612,4 @@ class SchedulingCycle:
             pending=len(pending),
             seconds=round(seconds, 3),
         )
-        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost)
+        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost, stages)

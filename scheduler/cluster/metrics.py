@@ -58,6 +58,14 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "(build or update of the working state, each action, decisions, undo).",
         ["phase"],
     ),
+    _doc(
+        "cycle_stage_duration_seconds",
+        "histogram",
+        "Seconds one scheduling cycle spent per stage: view (the watch cache's copy), prepare (grouping "
+        "and the Snapshot), engine (the session), execute (evictions and binds), bookkeeping (PodGroups, "
+        "reservations, status).",
+        ["stage"],
+    ),
     _doc("cycles_total", "counter", "Scheduling cycles run by this replica, by result (ok, error).", ["result"]),
     _doc("last_cycle_timestamp_seconds", "gauge", "Unix time the latest cycle of this replica finished.", []),
     _doc("binds_total", "counter", "Pod binds by outcome (Bound, Deferred, Conflict, Failed).", ["outcome"]),
@@ -140,6 +148,13 @@ class SchedulerMetrics:
             buckets=PHASE_BUCKETS,
             registry=self.registry,
         )
+        self._stage = Histogram(
+            f"{P}_cycle_stage_duration_seconds",
+            FAMILIES[2].help,
+            ["stage"],
+            buckets=PHASE_BUCKETS,
+            registry=self.registry,
+        )
         self._cycles = {"ok": 0, "error": 0}
         self._binds = {o.value: 0 for o in BindOutcome}
         self._evictions = {(a.value, o.value): 0 for a in EvictionAction for o in EvictOutcome}
@@ -147,11 +162,15 @@ class SchedulerMetrics:
         self._last_finished: float | None = None
         self.registry.register(_Collector(self))
 
-    def observe(self, result: CycleResult) -> None:
-        """Count one finished cycle."""
+    def observe(self, result: CycleResult, *, view_seconds: float | None = None) -> None:
+        """Count one finished cycle (``view_seconds``: how long the runner took to make its view)."""
         self._cycle.observe(result.seconds)
         for phase, seconds in result.session_seconds.items():
             self._phase.labels(phase=phase).observe(seconds)
+        if view_seconds is not None:
+            self._stage.labels(stage="view").observe(view_seconds)
+        for stage, seconds in result.stage_seconds.items():
+            self._stage.labels(stage=stage).observe(seconds)
         with self._lock:
             self._cycles["ok"] += 1
             for b in result.binds:

@@ -136,6 +136,9 @@ def test_a_gang_waits_until_all_of_it_fits_then_binds_whole(
     placed = [node_of(k8s, namespace, f"big-{i}") for i in range(24)]
     assert sorted(placed.count(n) for n in nodes) == [8, 8, 8]
     assert podgroup_status(k8s, namespace, "big")["phase"] == "Running"
+    # The stages the metrics show add up to the cycle.
+    assert list(result.stage_seconds) == ["prepare", "engine", "execute", "bookkeeping"]
+    assert sum(result.stage_seconds.values()) == pytest.approx(result.seconds)
 
 
 def test_four_quarter_slices_share_one_gpu_each_with_its_assignment(

@@ -43,7 +43,8 @@ def _result() -> CycleResult:
     binds = tuple(BindResult(b, BindOutcome.BOUND, attempts=1) for b in decisions.binds)
     evicted = Eviction("ns/x", "ns", "x-0", "uid-x", "n1", EvictionAction.PREEMPT, "test")
     evictions = (EvictResult(evicted, EvictOutcome.REFUSED, error="pdb"),)
-    return CycleResult(snap, decisions, binds, evictions, 0.042, timings)
+    stages = {"prepare": 0.01, "engine": 0.02, "execute": 0.01, "bookkeeping": 0.002}
+    return CycleResult(snap, decisions, binds, evictions, 0.042, timings, stage_seconds=stages)
 
 
 def _samples(metrics: SchedulerMetrics) -> list[Sample]:
@@ -61,7 +62,7 @@ def _value(samples: list[Sample], name: str, **labels: str) -> float:
 
 def test_cycle_counts_binds_evictions_and_phases() -> None:
     metrics = SchedulerMetrics(RequestStats(), leader=lambda: True, synced=lambda: True)
-    metrics.observe(_result())
+    metrics.observe(_result(), view_seconds=0.004)
     s = _samples(metrics)
     assert _value(s, f"{P}_binds_total", outcome="Bound") == 1
     assert _value(s, f"{P}_binds_total", outcome="Failed") == 0
@@ -72,6 +73,9 @@ def test_cycle_counts_binds_evictions_and_phases() -> None:
     assert _value(s, f"{P}_cycle_duration_seconds_sum") == pytest.approx(0.042)
     for phase in ("build", "allocate", "reclaim", "preempt", "decisions"):
         assert _value(s, f"{P}_session_phase_duration_seconds_count", phase=phase) == 1
+    assert _value(s, f"{P}_cycle_stage_duration_seconds_sum", stage="view") == pytest.approx(0.004)
+    for stage in ("prepare", "engine", "execute", "bookkeeping"):
+        assert _value(s, f"{P}_cycle_stage_duration_seconds_count", stage=stage) == 1
     assert _value(s, f"{P}_leader") == 1
     assert _value(s, f"{P}_cache_synced") == 1
     assert _value(s, f"{P}_last_cycle_timestamp_seconds") > 0
