@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_POD_GROUP, SCHEDULER_NAME
+from gpuwarden.logconfig import get_logger
 from scheduler.cluster.convert import (
     GroupInfo,
     creation_epoch,
@@ -55,6 +56,8 @@ from scheduler.cluster.convert import (
 )
 from scheduler.cluster.sliceadmission import SliceAdmission
 from scheduler.engine.model import Job, Node, Queue, SchedulerConfig, Snapshot, Task
+
+log = get_logger(__name__)
 
 # What a pod is to the snapshot, whatever the groups are this cycle.
 _SKIP = 0  # malformed, another scheduler's unbound or finished pod, or ours pending but deleted or gated
@@ -372,7 +375,9 @@ class SnapshotAssembler:
                 self._add_foreign(place, key, facts.node, dirty_nodes)
                 warn.warning("bound pod has no known pod group; counted as held", ("nogroup", ident), pod=ident)
             else:
-                warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
+                # Usually a race (the operator's PodGroup is a watch event behind its
+                # pods); one that lasts is told on the pod (scheduler.cluster.ungrouped).
+                log.debug("pending_pod_waits_for_its_pod_group", pod=ident, group=group)
             return
         place.member = gkey
         members = state.members.get(gkey)

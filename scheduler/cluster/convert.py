@@ -67,6 +67,7 @@ from gpuwarden.contract import (
     Action,
     ConditionType,
 )
+from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.placement import UnreadableError, node_other, other_requests, read_placement
@@ -100,6 +101,7 @@ from scheduler.engine.model import (
 )
 from scheduler.engine.resources import parse_gpu_request
 
+log = get_logger(__name__)
 warn = WarnOnce(__name__)
 
 # The memory of a GPU known only from the device plugin's count (no GPUNode
@@ -915,7 +917,9 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
                 foreign.setdefault(node_name, []).append(pod)
                 warn.warning("bound pod has no known pod group; counted as held", ("nogroup", ident), pod=ident)
             else:
-                warn.warning("pending pod has no known pod group yet", ("nogroup", ident), pod=ident, group=group)
+                # Usually a race (the operator's PodGroup is a watch event behind its
+                # pods); one that lasts is told on the pod (scheduler.cluster.ungrouped).
+                log.debug("pending_pod_waits_for_its_pod_group", pod=ident, group=group)
             continue
         task = _task(pod, external=False, admission=admission)
         members.setdefault(key, []).append(task)
