@@ -121,10 +121,12 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
     """
     memo = FailureMemo()
     tried = 0
-    index = victim_index(cluster, caches)
+    index: VictimIndex | None = None  # built for the first beneficiary: most sessions have none
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
+        if index is None:
+            index = victim_index(cluster, caches)
         plan = plan_for(job, index)
         if plan is None:
             continue

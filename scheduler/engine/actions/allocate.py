@@ -48,12 +48,19 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
 
 def _allocate_pool(cluster: Cluster, caches: SessionCaches, pool_name: str) -> None:
     capacity = cluster.pools[pool_name].capacity
+    # From the jobs the build found pending (a superset of those pending
+    # now), not from every job of every queue: a cluster of running work
+    # costs allocate nothing.
+    lines: dict[str, list[JobState]] = {}
+    for job in cluster.pending_jobs:
+        queue = job.queue
+        if queue is not None and queue.pool == pool_name and any(t.is_pending for t in job.tasks):
+            lines.setdefault(queue.name, []).append(job)
     waiting: dict[str, list[JobState]] = {}
     for queue in cluster.queues.values():
-        if queue.pool != pool_name:
-            continue
-        jobs = sorted((j for j in queue.jobs if any(t.is_pending for t in j.tasks)), key=job_key, reverse=True)
-        if jobs:
+        jobs = lines.get(queue.name)
+        if jobs and queue.pool == pool_name:
+            jobs.sort(key=job_key, reverse=True)
             waiting[queue.name] = jobs
     elastic: dict[str, list[JobState]] = {}
 
