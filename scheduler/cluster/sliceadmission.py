@@ -87,9 +87,17 @@ def sharing_changed_expression(keys: Sequence[str] = SHARING_ANNOTATIONS) -> str
     )
 
 
+_RESERVED_NAMES = frozenset(RESERVED_ENV)
+_RESERVED_PREFIXES = tuple(f"{v}_" for v in RESERVED_ENV)
+
+
 def reserved(name: object) -> bool:
-    """Whether ``name`` is a variable the slice ConfigMap sets (its per-device forms included)."""
-    return isinstance(name, str) and any(name == v or name.startswith(f"{v}_") for v in RESERVED_ENV)
+    """Whether ``name`` is a variable the slice ConfigMap sets (its per-device forms included).
+
+    Asked of every env entry of every pod the cache stores, so one set
+    lookup and one prefix test.
+    """
+    return isinstance(name, str) and (name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES))
 
 
 def containers(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:

@@ -144,6 +144,31 @@ def _claim_volume(raw: JSON) -> JSON:
     return kept
 
 
+# The claim volumes of a workload's pods are all alike (the same claim under
+# the same name): a cache of 150,000 pods would hold as many copies. Each
+# distinct list is kept once and shared, as cache entries are never edited.
+_VOLUMES: dict[tuple[object, ...], list[JSON]] = {}
+_VOLUMES_KEPT = 4096
+
+
+def _volume_key(volume: JSON) -> tuple[object, ...]:
+    claim = volume.get("persistentVolumeClaim")
+    return (volume.get("name"), tuple(claim.items()) if isinstance(claim, dict) else claim, "ephemeral" in volume)
+
+
+def _shared_volumes(claims: list[JSON]) -> list[JSON]:
+    try:
+        key = tuple(_volume_key(v) for v in claims)
+        shared = _VOLUMES.get(key)
+    except TypeError:  # a field of a type no volume has: kept as it is, unshared
+        return claims
+    if shared is None:
+        if len(_VOLUMES) >= _VOLUMES_KEPT:
+            _VOLUMES.clear()
+        shared = _VOLUMES[key] = claims
+    return shared
+
+
 def slim_pod(raw: JSON) -> JSON:
     """A pod with its identity, owner, requests, constraints and phase; no container specs or statuses.
 
@@ -163,7 +188,7 @@ def slim_pod(raw: JSON) -> JSON:
     if volumes:
         claims = [_claim_volume(v) for v in volumes if isinstance(v, dict) and _CLAIM_SOURCES & v.keys()]
         if claims:
-            slim_spec["volumes"] = claims
+            slim_spec["volumes"] = _shared_volumes(claims)
     status = raw.get("status") or {}
     slim_status = _pick(status, _POD_STATUS)
     conditions = [_pick(c, _CONDITION) for c in status.get("conditions") or () if c.get("type") in _POD_CONDITIONS]

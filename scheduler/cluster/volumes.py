@@ -113,13 +113,22 @@ class VolumeJudge:
     """Applies what pending pods' claims say to a snapshot; one per scheduling loop (it keeps verdicts)."""
 
     _memo: dict[str, _Memo] = field(default_factory=dict)
+    # Jobs last seen with no pending pod that has a claim, by identity (the
+    # entry keeps its job alive, so the id is not reused): the snapshot keeps
+    # a job that did not change as the same object, so most of a large
+    # cluster's jobs (running work) cost one lookup, not a scan of their
+    # pods, per cycle.
+    _plain: dict[int, Job] = field(default_factory=dict)
 
     def apply(self, snapshot: Snapshot, claims: Mapping[str, JSON], volumes: Mapping[str, JSON]) -> Snapshot:
         """``snapshot`` with each pending pod's volume terms, or its reason to wait, in its task."""
         jobs: list[Job] | None = None
         seen: set[str] = set()
+        plain = self._plain
+        kept: dict[int, Job] = {}
         for i, job in enumerate(snapshot.jobs):
-            if not any(t.claims for t in job.tasks):
+            if plain.get(id(job)) is job or not any(t.claims for t in job.tasks):
+                kept[id(job)] = job
                 continue
             seen.add(job.key)
             judged = self._judge(job, claims, volumes)
@@ -127,6 +136,7 @@ class VolumeJudge:
                 if jobs is None:
                     jobs = list(snapshot.jobs)
                 jobs[i] = judged
+        self._plain = kept
         if len(self._memo) > len(seen):
             self._memo = {k: m for k, m in self._memo.items() if k in seen}
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))

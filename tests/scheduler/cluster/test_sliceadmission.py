@@ -14,13 +14,17 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwarden import contract
 from scheduler.cluster.convert import GroupInfo, snapshot_from, task_from_pod
 from scheduler.cluster.sliceadmission import (
+    RESERVED_ENV,
     SHARING_ANNOTATIONS,
     SliceAdmission,
     missing_injection,
+    reserved,
     sharing_changed_expression,
 )
 from scheduler.cluster.sliceconfig import config_map_name
@@ -195,3 +199,18 @@ def test_the_shipped_update_policy_names_every_sharing_annotation_and_the_webhoo
     assert "gpu-sharing-policy.yaml" in kustomization["resources"]
     webhook = next(d for d in yaml.safe_load_all((manifests / "webhook.yaml").read_text()) if d and "webhooks" in d)
     assert [r["operations"] for r in webhook["webhooks"][0]["rules"]] == [["CREATE"]]
+
+
+@given(
+    st.one_of(
+        st.sampled_from(RESERVED_ENV),
+        st.builds(lambda v, s: v + s, st.sampled_from(RESERVED_ENV), st.sampled_from(["_0", "_", "0", "X_1", ""])),
+        st.text(max_size=30),
+        st.integers(),
+        st.none(),
+    )
+)
+def test_a_reserved_variable_is_one_the_slice_sets_or_its_per_device_form(name: object) -> None:
+    """Each variable name, or the name followed by ``_`` and anything (``CUDA_DEVICE_MEMORY_LIMIT_0``)."""
+    expected = isinstance(name, str) and any(name == v or name.startswith(v + "_") for v in RESERVED_ENV)
+    assert reserved(name) is expected

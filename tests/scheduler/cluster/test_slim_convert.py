@@ -73,3 +73,22 @@ def test_the_gates_and_the_owner_survive_slimming() -> None:
     assert slim["spec"]["schedulingGates"] == [{"name": "g"}]
     assert slim["metadata"]["ownerReferences"][0]["uid"] == "j-1"
     assert "managedFields" not in slim["metadata"] and "image" not in slim["spec"]["containers"][0]
+
+
+def test_pods_mounting_the_same_claims_share_one_list_of_them_and_others_keep_their_own() -> None:
+    def pod(name: str, claim: str) -> dict[str, Any]:
+        volumes = [
+            {"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+            {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ]
+        return {"metadata": {"name": name, "namespace": "a"}, "spec": {"containers": [], "volumes": volumes}}
+
+    a, b, c = slim_pod(pod("a", "team-data")), slim_pod(pod("b", "team-data")), slim_pod(pod("c", "other"))
+    assert a["spec"]["volumes"] == [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "team-data"}},
+        {"name": "scratch", "ephemeral": {}},
+    ]
+    assert a["spec"]["volumes"] is b["spec"]["volumes"]
+    assert c["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "other"}
+    assert [task_from_pod(p).claims for p in (a, c)] == [("team-data", "a-scratch"), ("other", "c-scratch")]
