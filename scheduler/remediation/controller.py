@@ -73,6 +73,7 @@ from scheduler.cluster.convert import node_from_objects
 from scheduler.cluster.evict import Evictor, EvictOutcome
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.logonce import WarnOnce
+from scheduler.engine.holders import holder_key
 from scheduler.engine.model import Eviction
 from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
 from scheduler.remediation.machine import Transition, advance
@@ -210,8 +211,24 @@ def _answer_time(entry: Mapping[str, Any]) -> float | None:
     return max(finished, requested + 1e-6)
 
 
-def _gpus_of_pod(pod: Mapping[str, Any], node: str) -> tuple[int, ...]:
-    annotations = _map(_meta(pod), "annotations")
+def _gpus_of_pod(
+    pod: Mapping[str, Any], node: str, holders: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[int, ...]:
+    """The GPUs a pod holds: the kubelet's word where the node publishes it, else the assignment.
+
+    The same rule as the engine's (:mod:`scheduler.engine.holders`): a drain
+    of one GPU must wait for the pod the device manager really put there,
+    not for the one gpuwarden meant for it.
+    """
+    meta = _meta(pod)
+    if holders:
+        uid = meta.get("uid")
+        real = holders.get(uid) if isinstance(uid, str) and uid else None
+        if real is None:
+            real = holders.get(holder_key(str(meta.get("namespace") or "default"), str(meta.get("name") or "")))
+        if real:
+            return real
+    annotations = _map(meta, "annotations")
     text = annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT)
     decoded = decode_assignment(text, node=node) if isinstance(text, str) else None
     return tuple(decoded or ())
@@ -229,13 +246,21 @@ def _holds_node(pod: Mapping[str, Any]) -> bool:
     return _map(pod, "status").get("phase") not in _TERMINAL
 
 
-def pods_on(pods: Collection[Mapping[str, Any]], node: str, gpus: tuple[int, ...]) -> list[Mapping[str, Any]]:
-    """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave."""
+def pods_on(
+    pods: Collection[Mapping[str, Any]],
+    node: str,
+    gpus: tuple[int, ...],
+    holders: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[Mapping[str, Any]]:
+    """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave.
+
+    ``holders`` is the node's kubelet mapping (:attr:`scheduler.engine.model.Node.kubelet_holders`).
+    """
     out = []
     for pod in pods:
         if _map(pod, "spec").get("nodeName") != node or not _holds_node(pod) or _stays(pod):
             continue
-        if gpus and not set(gpus).intersection(_gpus_of_pod(pod, node)):
+        if gpus and not set(gpus).intersection(_gpus_of_pod(pod, node, holders)):
             continue
         out.append(pod)
     return out
@@ -269,7 +294,7 @@ def observe(
     for scope in record.scopes:
         if scope.state is not State.DRAINING:
             continue
-        left = pods_on(pods, name, () if scope.scope.is_node else scope.gpus)
+        left = pods_on(pods, name, () if scope.scope.is_node else scope.gpus, engine_node.kubelet_holders)
         blockers = tuple(f"{_pod_key(p)}: {blocked[_pod_key(p)]}" for p in left if _pod_key(p) in blocked)
         drains.append(DrainProgress(scope.scope.key, len(left), blockers))
     resets, validations = agent_answers(gpunode)

@@ -1,0 +1,136 @@
+"""The kubelet's word on which GPU a pod holds wins over gpuwarden's assignment: the pure rules.
+
+Health eviction, the accounting of other schedulers' pods and the drain of
+one GPU read a pod's GPUs through :mod:`scheduler.engine.holders`; these
+tests hold them to it on hand-written clusters and on generated ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwarden.contract import Action, ConditionType, xid_reason
+from scheduler.engine.holders import held_gpus, holder_key, kubelet_gpus, misplaced_on
+from scheduler.engine.incremental import Engine
+from scheduler.engine.model import Gpu, NodeCondition, Snapshot, Task, TaskStatus
+from scheduler.engine.session import run_session
+from tests.scheduler.builders import job, node, queue, running
+
+
+def _xid(*gpus: int) -> NodeCondition:
+    return NodeCondition(ConditionType.GPU_XID_ERROR.value, True, xid_reason(79), "", Action.RESET_GPU, gpus)
+
+
+def test_a_listed_pod_holds_what_the_kubelet_says_and_an_unlisted_one_its_assignment() -> None:
+    n = node("n1", kubelet_holders={"uid-a": (5,), holder_key("default", "b"): (1,)})
+    a = running("a", "n1", (2,))
+    b = replace(running("b", "n1", (3,)), uid="")
+    c = running("c", "n1", (4,))
+    assert kubelet_gpus(n, a) == (5,)
+    assert held_gpus(n, a, whole=True) == (5,)
+    assert held_gpus(n, b, whole=True) == (1,), "a holder without uid is matched by name"
+    assert held_gpus(n, c, whole=True) == (4,), "not listed: the assignment stands"
+    assert held_gpus(n, a, whole=False) == (2,), "a slice's device is gpuwarden's own"
+    assert kubelet_gpus(node("n2"), a) is None, "no mapping published"
+
+
+def test_a_holder_with_a_uid_is_never_matched_by_name() -> None:
+    # A StatefulSet pod recreated under its old name: the kubelet lists the old UID.
+    n = node("n1", kubelet_holders={"uid-old": (5,)})
+    assert kubelet_gpus(n, running("a", "n1", (2,))) is None
+
+
+def test_misplaced_names_only_gpus_out_of_service_that_were_not_assigned() -> None:
+    n = node("n1", kubelet_holders={"uid-a": (5,), "uid-b": (3,)})
+    usable = frozenset(range(8)) - {3, 5}
+    assert misplaced_on(n, running("a", "n1", (2,)), usable) == (5,)
+    assert misplaced_on(n, running("b", "n1", (3,)), usable) == (), "assigned there: it failed under the pod"
+    assert misplaced_on(n, running("c", "n1", (1,)), usable) == (), "not listed"
+
+
+def test_an_xid_on_gpu_5_evicts_the_pod_the_kubelet_reports_there_not_the_one_assigned_there() -> None:
+    # gpuwarden assigned a to GPU 2 and b to GPU 5; the kubelet gave a GPU 5 and b GPU 2.
+    n = node("n1", conditions=(_xid(5),), kubelet_holders={"uid-a": (5,), "uid-b": (2,)})
+    snap = Snapshot(
+        nodes=(n,),
+        queues=(queue("q", 8),),
+        jobs=(job("a", "q", running("a", "n1", (2,))), job("b", "q", running("b", "n1", (5,)))),
+    )
+    decisions = run_session(snap)
+    assert [(e.pod, e.action.value) for e in decisions.evictions] == [("a", "HealthEviction")]
+    assert "GPU 5" in decisions.evictions[0].reason
+
+
+def test_without_a_mapping_health_eviction_reads_the_assignment_as_before() -> None:
+    n = node("n1", conditions=(_xid(5),))
+    snap = Snapshot(
+        nodes=(n,),
+        queues=(queue("q", 8),),
+        jobs=(job("a", "q", running("a", "n1", (2,))), job("b", "q", running("b", "n1", (5,)))),
+    )
+    assert [e.pod for e in run_session(snap).evictions] == ["b"]
+
+
+def test_the_gang_of_the_pod_the_kubelet_reports_on_the_faulty_gpu_leaves_whole() -> None:
+    n = node("n1", conditions=(_xid(5),), kubelet_holders={"uid-g0": (5,), "uid-g1": (1,), "uid-s": (0,)})
+    gang = job("g", "q", running("g0", "n1", (0,)), running("g1", "n1", (1,)), min_member=2)
+    solo = job("s", "q", running("s", "n1", (5,)))
+    decisions = run_session(Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=(gang, solo)))
+    assert sorted(e.pod for e in decisions.evictions) == ["g0", "g1"]
+
+
+@st.composite
+def _clusters(draw: st.DrawFn) -> tuple[Snapshot, int, dict[str, tuple[int, ...]]]:
+    """One 8-GPU node, one-GPU pods whose assignment and kubelet GPUs are independent permutations."""
+    count = draw(st.integers(1, 8))
+    assigned = draw(st.permutations(range(8)))[:count]
+    real = draw(st.permutations(range(8)))[:count]
+    listed = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    holders = {f"uid-p{i}": (real[i],) for i in range(count) if listed[i]}
+    bad = draw(st.integers(0, 7))
+    n = node("n1", conditions=(_xid(bad),), kubelet_holders=holders or None)
+    jobs = tuple(job(f"p{i}", "q", running(f"p{i}", "n1", (assigned[i],))) for i in range(count))
+    truth = {f"p{i}": (real[i],) if listed[i] else (assigned[i],) for i in range(count)}
+    return Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=jobs), bad, truth
+
+
+@settings(max_examples=60, deadline=None)
+@given(_clusters())
+def test_health_eviction_takes_exactly_the_pods_whose_gpus_per_the_rule_include_the_faulty_one(
+    case: tuple[Snapshot, int, dict[str, tuple[int, ...]]],
+) -> None:
+    snap, bad, truth = case
+    expected = sorted(p for p, gpus in truth.items() if bad in gpus)
+    # Both the one-shot session and the kept-state engine read the rule.
+    assert sorted(e.pod for e in run_session(snap).evictions) == expected
+    assert sorted(e.pod for e in Engine().run(snap).evictions) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(_clusters())
+def test_the_kept_state_engine_follows_a_mapping_that_arrives_later(
+    case: tuple[Snapshot, int, dict[str, tuple[int, ...]]],
+) -> None:
+    """A pod bound before the kubelet reported it: first the assignment, then the kubelet's word."""
+    snap, bad, truth = case
+    engine = Engine()
+    first = replace(snap, nodes=(replace(snap.nodes[0], kubelet_holders=None, conditions=()),))
+    assert engine.run(first).evictions == ()
+    expected = sorted(p for p, gpus in truth.items() if bad in gpus)
+    assert sorted(e.pod for e in engine.run(snap).evictions) == expected
+
+
+def test_a_node_that_lists_a_gpu_the_plugin_offers_keeps_it_in_the_model() -> None:
+    n = node("n1", gpu_list=(Gpu(0, offered=True), Gpu(1, offered=False), Gpu(2)))
+    assert [g.offered for g in n.gpus] == [True, False, None]
+
+
+def test_a_pending_pod_is_never_seated_by_the_mapping() -> None:
+    n = node("n1", kubelet_holders={"uid-a": (5,)})
+    pending = Task(name="a", uid="uid-a", status=TaskStatus.PENDING, gpus=1)
+    snap = Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=(job("a", "q", pending),))
+    (bind,) = run_session(snap).binds
+    assert bind.node == "n1"
