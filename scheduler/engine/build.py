@@ -83,6 +83,7 @@ def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
         node_fatal=verdict.node_fatal,
         degraded=verdict.degraded,
         tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
+        trap=any(r is not None and g.offered is True for r, g in zip(bad_reason, spec.gpus, strict=True)),
     )
 
 

@@ -21,6 +21,7 @@ accounting of other schedulers' pods and the work lost to faults all agree:
 
 from __future__ import annotations
 
+from scheduler.engine.health import judge
 from scheduler.engine.model import Node, Task
 
 
@@ -69,3 +70,14 @@ def misplaced_on(node: Node, task: Task, usable: frozenset[int]) -> tuple[int, .
         return ()
     assigned = set(task.gpu_indices)
     return tuple(i for i in real if i not in assigned and i not in usable)
+
+
+def misplaced_gpus(node: Node, task: Task) -> tuple[int, ...]:
+    """:func:`misplaced_on` with the node's GPUs in service judged as placement judges them."""
+    if kubelet_gpus(node, task) is None:
+        return ()
+    verdict = judge(node)
+    if verdict.node_fatal is not None:
+        return ()  # the whole node is out: the pod goes for that, wherever it sits
+    usable = frozenset(g.index for g in node.gpus if g.index not in verdict.bad_gpus and not g.mig_enabled)
+    return misplaced_on(node, task, usable)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpuwarden.contract import Action, ConditionType, xid_reason
 from scheduler.engine.holders import held_gpus, holder_key, kubelet_gpus, misplaced_on
 from scheduler.engine.incremental import Engine
-from scheduler.engine.model import Gpu, NodeCondition, Snapshot, Task, TaskStatus
+from scheduler.engine.model import Gpu, Job, Node, NodeCondition, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import job, node, queue, running
 
@@ -134,3 +134,88 @@ def test_a_pending_pod_is_never_seated_by_the_mapping() -> None:
     snap = Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=(job("a", "q", pending),))
     (bind,) = run_session(snap).binds
     assert bind.node == "n1"
+
+
+def test_a_pod_the_device_manager_put_on_a_quarantined_gpu_is_evicted_with_room_held_off_that_node() -> None:
+    # GPU 0 of n1 is quarantined (unhealthy) but offered; gpuwarden assigned GPU 1, the kubelet chose GPU 0.
+    gpus = (Gpu(0, healthy=False, offered=True), *(Gpu(i, offered=True) for i in range(1, 8)))
+    n1 = node("n1", gpu_list=gpus, kubelet_holders={"uid-a": (0,)})
+    n2 = node("n2")
+    snap = Snapshot(nodes=(n1, n2), queues=(queue("q", 16),), jobs=(job("a", "q", running("a", "n1", (1,))),))
+    decisions = run_session(snap)
+    (ev,) = decisions.evictions
+    assert ev.pod == "a"
+    assert "GPU 0 on node n1" in ev.reason
+    assert "device manager" in ev.reason and "assigned GPU 1" in ev.reason
+    # Binpack would pick n1 again (fewer free GPUs); its device manager might choose GPU 0 again.
+    assert [(r.job, r.node) for r in decisions.reservations] == [("default/a", "n2")]
+
+
+def test_a_pod_whose_assigned_gpu_failed_under_it_gets_no_misplacement_note() -> None:
+    gpus = (Gpu(0, healthy=False, offered=True), *(Gpu(i) for i in range(1, 8)))
+    n1 = node("n1", gpu_list=gpus, kubelet_holders={"uid-a": (0,)})
+    snap = Snapshot(nodes=(n1,), queues=(queue("q", 8),), jobs=(job("a", "q", running("a", "n1", (0,))),))
+    (ev,) = run_session(snap).evictions
+    assert "device manager" not in ev.reason
+    assert run_session(snap).reservations == ()
+
+
+def _trap_node(name: str, held: int, *, offered: bool | None = True) -> tuple[Node, tuple[Job, ...]]:
+    """An 8-GPU node whose GPU 0 is quarantined (offered or not by the device plugin), ``held`` others in use."""
+    gpus = (Gpu(0, healthy=False, offered=offered), *(Gpu(i, offered=offered) for i in range(1, 8)))
+    jobs = tuple(job(f"{name}-r{i}", "q", running(f"{name}-r{i}", name, (i,))) for i in range(1, 1 + held))
+    return node(name, gpu_list=gpus), jobs
+
+
+def test_placement_keeps_a_free_healthy_gpu_on_a_node_whose_bad_gpu_is_still_offered() -> None:
+    trap, trap_jobs = _trap_node("a", held=6)  # 1 healthy GPU left
+    other = node("b")
+    other_jobs = tuple(job(f"b-r{i}", "q", running(f"b-r{i}", "b", (i,))) for i in range(7))  # 1 left
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
+    snap = Snapshot(nodes=(trap, other), queues=(queue("q", 16),), jobs=(*trap_jobs, *other_jobs, new))
+    (bind,) = run_session(snap).binds
+    assert bind.node == "b", "filling a's last healthy GPU would leave the kubelet only the bad one"
+
+
+def test_a_trap_node_still_takes_the_pod_when_nothing_else_fits() -> None:
+    trap, trap_jobs = _trap_node("a", held=6)
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
+    (bind,) = run_session(Snapshot(nodes=(trap,), queues=(queue("q", 16),), jobs=(*trap_jobs, new))).binds
+    assert (bind.node, bind.gpu_indices) == ("a", (7,))
+
+
+def test_a_bad_gpu_the_plugin_does_not_offer_is_no_trap() -> None:
+    trap, trap_jobs = _trap_node("a", held=6, offered=False)
+    other = node("b")
+    other_jobs = tuple(job(f"b-r{i}", "q", running(f"b-r{i}", "b", (i,))) for i in range(7))
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
+    snap = Snapshot(nodes=(trap, other), queues=(queue("q", 16),), jobs=(*trap_jobs, *other_jobs, new))
+    (bind,) = run_session(snap).binds
+    assert bind.node == "a", "bin-packing as before: node a comes first by name at equal free GPUs"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 7), st.integers(0, 8), st.integers(1, 3))
+def test_a_trap_node_takes_a_whole_gpu_pod_only_when_no_other_node_fits(held_a: int, held_b: int, want: int) -> None:
+    trap, trap_jobs = _trap_node("a", held=min(held_a, 7))
+    other = node("b")
+    other_jobs = tuple(job(f"b-r{i}", "q", running(f"b-r{i}", "b", (i,))) for i in range(held_b))
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=want, cpu_milli=1000, memory_mib=1024))
+    snap = Snapshot(nodes=(trap, other), queues=(queue("q", 32),), jobs=(*trap_jobs, *other_jobs, new))
+    binds = run_session(snap).binds
+    free_a, free_b = 7 - min(held_a, 7), 8 - held_b
+    if not binds:
+        assert want > max(free_a, free_b)
+        return
+    (bind,) = binds
+    if bind.node == "a":
+        assert free_b < want, "the trap node took a pod that fitted elsewhere"
+        assert 0 not in bind.gpu_indices
+
+
+def test_among_trap_nodes_one_that_keeps_a_healthy_gpu_free_comes_first() -> None:
+    a, a_jobs = _trap_node("a", held=6)  # would be left with no healthy GPU free
+    b, b_jobs = _trap_node("b", held=3)
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
+    (bind,) = run_session(Snapshot(nodes=(a, b), queues=(queue("q", 16),), jobs=(*a_jobs, *b_jobs, new))).binds
+    assert bind.node == "b", "bin-packing alone would fill a"

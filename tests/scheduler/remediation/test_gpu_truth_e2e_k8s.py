@@ -131,3 +131,53 @@ def test_pods_of_another_scheduler_are_attributed_to_their_real_gpus(
     pod(k8s, namespace, "ours", group="ours", gpus=7)
     until(kubelet, lambda: bool(_assigned(core, namespace, "ours")), "ours is placed")
     assert _assigned(core, namespace, "ours") == (0, 1, 2, 3, 4, 5, 6), json.dumps(seated())
+
+
+def test_a_whole_gpu_pod_the_device_manager_puts_on_a_quarantined_gpu_is_evicted_and_placed_again(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    runner: SchedulerRunner,
+    sim_gpu_nodes: Callable[..., SimGpuNode],
+) -> None:
+    # One node at first: with a healthy node about, placement would keep the pod off this one.
+    sick = sim_gpu_nodes("e2e-sick")
+    core = client.CoreV1Api(k8s)
+    kubelet = Kubelet(k8s, namespace, {sick.name: sick.devices})
+    wait_for(lambda: sick.agent.daemon.published_seq > 0, 30, description="the agent publishes")
+    # A stray process keeps GPU 0's reset waiting, so it stays quarantined for the test;
+    # a downed NVLink is a fault the device plugin does not check: it still offers GPU 0.
+    sick.sim.inject("processes", gpu=0, count=1)
+    sick.sim.inject("nvlink_down", gpu=0, link=0)
+
+    def quarantined() -> str:
+        return str((core.read_node(sick.name).metadata.annotations or {}).get(contract.ANNOTATION_QUARANTINED_GPUS))
+
+    until(kubelet, lambda: quarantined() == "0", "GPU 0 is quarantined")
+    assert sick.index_of(sick.sim.device_plugin_devices()[0]) == 0, "the device plugin still offers it"
+
+    q = queue(16)
+    podgroup(k8s, namespace, "solo", q, 1)
+    pod(k8s, namespace, "solo", group="solo")
+    # gpuwarden keeps it off GPU 0; the device manager (first free offered device) puts it there.
+    until(kubelet, lambda: sick.gpus_of(namespace, "solo") == (0,), "the device manager starts it on GPU 0")
+    assert _assigned(core, namespace, "solo") != (0,)
+
+    until(kubelet, lambda: "solo" not in _names(core, namespace), "the pod on the quarantined GPU is evicted")
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=solo").items
+    (said,) = [e for e in events if e.reason == contract.EVENT_POD_ON_QUARANTINED_GPU]
+    assert f"GPU 0 ({sick.sim.sample_gpus()[0].uuid}) of node {sick.name}" in said.message
+    assert "GpuNvlinkDegraded/NvlinkDown" in said.message, said.message
+    evicted = runner.metrics.registry.get_sample_value(
+        "gpuwarden_scheduler_pods_on_quarantined_gpu_total", {"outcome": "Evicted"}
+    )
+    assert evicted is not None and evicted >= 1
+
+    # A healthy node joins; the job's controller makes its pod again: it goes there, not
+    # back to the node whose device manager may choose GPU 0 again.
+    well = sim_gpu_nodes("e2e-well")
+    kubelet.devices[well.name] = well.devices
+    wait_for(lambda: well.agent.daemon.published_seq > 0, 30, description="the new node's agent publishes")
+    pod(k8s, namespace, "solo-again", group="solo")
+    until(kubelet, lambda: bool(well.gpus_of(namespace, "solo-again")), "it runs again, on the healthy node")
+    assert core.read_namespaced_pod("solo-again", namespace).spec.node_name == well.name
