@@ -44,20 +44,17 @@ def _published(gpu_node: SimGpuNode, k8s: client.ApiClient, want: dict[int, str]
     return False
 
 
-def test_an_xid_on_gpu_5_evicts_the_pod_the_kubelet_reports_there_not_the_one_assigned_there(
-    k8s: client.ApiClient,
-    namespace: str,
-    queue: Callable[..., str],
-    runner: SchedulerRunner,
-    sim_gpu_nodes: Callable[..., SimGpuNode],
-) -> None:
-    # The device plugin lists GPUs last first: the device manager's choices run
-    # 7, 6, 5, ... while gpuwarden assigns 0, 1, 2, ...
-    gpu_node = sim_gpu_nodes(reversed_offers=True)
+def _swapped(
+    k8s: client.ApiClient, namespace: str, q: str, gpu_node: SimGpuNode
+) -> tuple[Kubelet, list[str], str, str]:
+    """Six one-GPU pods placed by gpuwarden before the kubelet admits any, on a node whose device
+    plugin lists GPUs last first: gpuwarden assigns 0, 1, 2, ..., the device manager gives 7, 6, 5, ...
+
+    Returns the kubelet, the pods, the pod really on GPU 5 and the pod gpuwarden meant for GPU 5.
+    """
     core = client.CoreV1Api(k8s)
     kubelet = Kubelet(k8s, namespace, {gpu_node.name: gpu_node.devices})
     wait_for(lambda: gpu_node.agent.daemon.published_seq > 0, 30, description="the agent publishes")
-    q = queue(8)
     names = [f"p{i}" for i in range(6)]
     for name in names:
         podgroup(k8s, namespace, name, q, 1)
@@ -73,11 +70,52 @@ def test_an_xid_on_gpu_5_evicts_the_pod_the_kubelet_reports_there_not_the_one_as
     assert on_5 != meant_for_5, (real, assigned)
     assert assigned[on_5] == (2,), "the case of the issue: gpuwarden said GPU 2, the kubelet chose GPU 5"
     until(kubelet, lambda: _published(gpu_node, k8s, {5: on_5}), "the agent publishes who holds GPU 5")
+    return kubelet, names, on_5, meant_for_5
+
+
+def test_an_xid_on_gpu_5_evicts_the_pod_the_kubelet_reports_there_not_the_one_assigned_there(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    runner: SchedulerRunner,
+    sim_gpu_nodes: Callable[..., SimGpuNode],
+) -> None:
+    gpu_node = sim_gpu_nodes(reversed_offers=True)
+    core = client.CoreV1Api(k8s)
+    kubelet, names, on_5, meant_for_5 = _swapped(k8s, namespace, queue(8), gpu_node)
 
     gpu_node.sim.inject("xid", gpu=5, xid=48)
     until(kubelet, lambda: on_5 not in _names(core, namespace), "the pod really on GPU 5 is evicted")
     assert meant_for_5 in _names(core, namespace), "the pod gpuwarden meant for GPU 5 runs on"
     assert _names(core, namespace) == set(names) - {on_5}
+
+
+def test_holders_last_read_still_decide_after_the_podresources_socket_vanishes(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    runner: SchedulerRunner,
+    sim_gpu_nodes: Callable[..., SimGpuNode],
+) -> None:
+    gpu_node = sim_gpu_nodes(reversed_offers=True)
+    core = client.CoreV1Api(k8s)
+    kubelet, _pods, on_5, meant_for_5 = _swapped(k8s, namespace, queue(8), gpu_node)
+    custom = client.CustomObjectsApi(k8s)
+
+    def read_failed() -> bool:
+        status = custom.get_cluster_custom_object(
+            contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, gpu_node.name
+        ).get("status", {})
+        return (status.get(contract.GPUNODE_POD_RESOURCES) or {}).get("ok") is False
+
+    # The kubelet restarts: its socket goes away. The agent says so and keeps the holders it read.
+    gpu_node.devices.stop()
+    until(kubelet, read_failed, "the agent reports the failed read")
+    assert _published(gpu_node, k8s, {5: on_5})
+
+    gpu_node.sim.inject("xid", gpu=5, xid=48)
+    until(kubelet, lambda: on_5 not in _names(core, namespace), "the pod last reported on GPU 5 is evicted")
+    assert meant_for_5 in _names(core, namespace)
 
 
 def test_pods_of_another_scheduler_are_attributed_to_their_real_gpus(
