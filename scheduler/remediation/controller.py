@@ -15,7 +15,8 @@ quiet, and its last transition stands):
 1. Observe (:func:`observe`): the faults the engine's health judge calls
    fatal, from the Node's conditions with their start times from the
    GPUNode; the cordon and gpuwarden's taint; how many pods are left on each
-   draining scope and what holds them; the agent's reset and validation
+   draining scope and what holds them (on one GPU: the pods the kubelet
+   reports there where the GPUNode lists its holders, else by assignment); the agent's reset and validation
    answers from ``GPUNode.status.remediation``; a person's
    ``gpuwarden.io/escalation-cleared``; the pool's breaker verdict.
 2. :func:`scheduler.remediation.machine.advance` (pure).
@@ -27,14 +28,14 @@ How a fence reaches placement: the quarantined GPUs go into
 ``gpuwarden.io/draining``, which the scheduler's conversion reads: the GPU
 (or node) takes no new gpuwarden work from the next cycle on, and the
 engine's health eviction drains gpuwarden's own pods through the Eviction
-API, gang-aware and rate-limited, exactly as for any fault. Pods of other
-schedulers see a quarantined GPU only through the device plugin's own
-health: a ``nvidia.com/gpu`` request placed by kube-scheduler can still
-land on a node with a fenced GPU while the device plugin lists it healthy,
-which is why a node-level fault cordons the node (that stops every
-scheduler). A node drain also evicts the pods no gpuwarden action owns
-(other schedulers', bare pods), by their namespace's drain policy; DaemonSet
-and mirror pods stay.
+API, gang-aware and rate-limited, exactly as for any fault. The device
+plugin knows nothing of the fence: while it lists the GPU healthy, the
+kubelet's device manager can give it to a whole-GPU pod, gpuwarden's
+(which health eviction then moves at once, see
+:mod:`scheduler.cluster.misplaced`) or another scheduler's, which is why a
+node-level fault cordons the node (that stops every scheduler). A node
+drain also evicts the pods no gpuwarden action owns (other schedulers', bare
+pods), by their namespace's drain policy; DaemonSet and mirror pods stay.
 
 The carry-out contract: steps first, then the record. A step that fails is
 logged and retried next cycle (holds are re-issued every cycle); the record
