@@ -14,10 +14,11 @@ A node with a GPU out of service that the device plugin still offers (a
 quarantine the plugin does not know of) is a trap for whole-GPU pods: the
 kubelet's device manager picks among offered GPUs, whatever gpuwarden
 assigned, and once every healthy one is taken the bad one is all it can
-give. So for a whole-GPU pod such nodes come after every node without one,
-and among them a placement that would leave the node no free healthy GPU
-comes last: the node's whole-GPU load stays below its healthy count while
-anything else fits. This lowers the odds, it cannot remove them: the device
+give. So for a whole-GPU pod such nodes come after every node without one
+(among the next ``TRAP_LOOKAHEAD`` candidates once one fits, so that the
+walk stays short), and among them a placement that would leave the node no
+free healthy GPU comes last: the node's whole-GPU load stays below its
+healthy count while anything else fits. This lowers the odds, it cannot remove them: the device
 manager may still choose the bad GPU while healthy ones are free (health
 eviction then moves the pod, :mod:`scheduler.engine.actions.health_evict`);
 only DRA, where the scheduler names the device, removes the gap.
@@ -43,6 +44,9 @@ from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskSta
 
 # How many fitting nodes a pod with preferences is scored over (module docstring).
 SCORED_CANDIDATES = 32
+# How many further candidates a whole-GPU pod looks at for a node without a trap once
+# one with a trap fits: the preference must not turn placement into a scan of the pool.
+TRAP_LOOKAHEAD = 64
 
 Place = tuple[NodeState, tuple[int, ...], tuple[int, ...]]
 
@@ -223,7 +227,12 @@ def find_place(
     on_trap: Place | None = None
     last_resort: Place | None = None
     whole = 0 if gpu.is_slice else gpu.whole
+    looked = 0
     for node in _candidates(pool, task):
+        if last_resort is not None or on_trap is not None:
+            looked += 1
+            if looked > TRAP_LOOKAHEAD:
+                break
         # short_of_room and _pods_full written out: this loop is the hottest of placement.
         if not ok[node.pidx] or (cpu > 0 and node.free_cpu < cpu) or (mem > 0 and node.free_mem < mem):
             continue

@@ -219,3 +219,18 @@ def test_among_trap_nodes_one_that_keeps_a_healthy_gpu_free_comes_first() -> Non
     new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
     (bind,) = run_session(Snapshot(nodes=(a, b), queues=(queue("q", 16),), jobs=(*a_jobs, *b_jobs, new))).binds
     assert bind.node == "b", "bin-packing alone would fill a"
+
+
+def test_the_trap_preference_looks_only_so_far_ahead() -> None:
+    from scheduler.engine.scoring import TRAP_LOOKAHEAD
+
+    trap, _ = _trap_node("a", held=0)  # 7 free: bin-packing visits it first
+    # Then nodes that cannot take the pod (no CPU left), then one that can.
+    starved = tuple(node(f"s{i:03d}", cpu=0) for i in range(TRAP_LOOKAHEAD + 1))
+    new = job("new", "q", Task(name="new", uid="uid-new", gpus=1, cpu_milli=1000, memory_mib=1024))
+    far = Snapshot(nodes=(trap, *starved, node("z")), queues=(queue("q", 8),), jobs=(new,))
+    (bind,) = run_session(far).binds
+    assert bind.node == "a", "past the look-ahead the trap node is taken, not the pool scanned"
+    near = replace(far, nodes=(trap, *starved[:3], node("z")))
+    (bind,) = run_session(near).binds
+    assert bind.node == "z"
