@@ -16,6 +16,7 @@ from gpuwarden.contract import Action, ConditionType, xid_reason
 from scheduler.engine.holders import held_gpus, holder_key, kubelet_gpus, misplaced_on
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import Gpu, Job, Node, NodeCondition, Snapshot, Task, TaskStatus
+from scheduler.engine.scoring import TRAP_LOOKAHEAD
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import job, node, queue, running
 
@@ -222,8 +223,6 @@ def test_among_trap_nodes_one_that_keeps_a_healthy_gpu_free_comes_first() -> Non
 
 
 def test_the_trap_preference_looks_only_so_far_ahead() -> None:
-    from scheduler.engine.scoring import TRAP_LOOKAHEAD
-
     trap, _ = _trap_node("a", held=0)  # 7 free: bin-packing visits it first
     # Then nodes that cannot take the pod (no CPU left), then one that can.
     starved = tuple(node(f"s{i:03d}", cpu=0) for i in range(TRAP_LOOKAHEAD + 1))
