@@ -8,6 +8,14 @@ as a completion; a pod being deleted (an eviction) is reported Failed, its
 containers killed, and removed for good at once, as a kubelet does. While a pod runs, the
 GPUs it was given count a process each on the simulated node, so a GPU reset
 waits for the drain exactly as it would on real hardware.
+
+Which GPUs a pod is given is the node's device manager's choice
+(:class:`Devices`, :mod:`gpuwarden.localcluster.devices`), among those the
+simulated device plugin offers, as on a device-plugin node: never read from
+gpuwarden's assignment annotation. So a whole-GPU pod can land on a GPU
+gpuwarden has quarantined for a fault the device plugin does not check; the
+kubelet notes each such landing (:attr:`StandInKubelet.landed`) and when the
+pod left that GPU, for the summary.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kubernetes import client, watch
 
@@ -49,13 +58,47 @@ class RunningPod:
     job: str
 
 
+class Devices(Protocol):
+    """The nodes' device managers, as the stand-in kubelet asks them."""
+
+    def admit(self, node: str, pod: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The GPU indices the node's device manager gives the pod; None when it cannot (the pod fails)."""
+        ...
+
+    def release(self, node: str, namespace: str, name: str) -> None: ...
+
+    def quarantined(self, node: str) -> frozenset[int]:
+        """The node's GPUs remediation has quarantined now."""
+        ...
+
+
+@dataclass(slots=True)
+class Landing:
+    """A pod the device manager started on a quarantined GPU, and when it left it (None: still there)."""
+
+    node: str
+    pod: str
+    gpus: tuple[int, ...]
+    at: float
+    left_at: float | None = None
+
+
 class StandInKubelet:
     """Watches the demo's pods and plays every node's kubelet for them; see the module docstring."""
 
-    def __init__(self, api: client.ApiClient, on_gpus: OnGpus, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        on_gpus: OnGpus,
+        clock: Callable[[], float] = time.monotonic,
+        devices: Devices | None = None,
+    ) -> None:
         self._api = api
         self._on_gpus = on_gpus
         self._clock = clock
+        self._devices = devices
+        # Pods the device manager started on a quarantined GPU, by pod uid.
+        self.landed: dict[str, Landing] = {}
         # (when, node, job label) of every running pod whose deletion (an eviction) it finished.
         self.evicted: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
@@ -127,14 +170,25 @@ class StandInKubelet:
         with self._lock:
             if uid in self._running:
                 return
+        annotations: Mapping[str, str] = metadata.get("annotations") or {}
+        labels: Mapping[str, str] = metadata.get("labels") or {}
+        gpus = self._admit(node, pod, annotations)
+        if gpus is None:
+            # The device manager cannot serve it: the kubelet fails the pod at admission.
+            with contextlib.suppress(client.ApiException):
+                mark_pod_finished(self._api, name, namespace, succeeded=False)
+            return
         try:
             mark_pod_running(self._api, name, namespace)
         except client.ApiException as exc:
             log.warning("demo_kubelet_start_failed", pod=f"{namespace}/{name}", status=exc.status)
+            if self._devices is not None:
+                self._devices.release(node, namespace, name)
             return
-        annotations: Mapping[str, str] = metadata.get("annotations") or {}
-        labels: Mapping[str, str] = metadata.get("labels") or {}
-        gpus = decode_assignment(annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT, ""), node=node) or ()
+        bad = self._devices.quarantined(node).intersection(gpus) if self._devices is not None and gpus else set()
+        if bad:
+            self.landed[uid] = Landing(node, f"{namespace}/{name}", tuple(sorted(bad)), self._clock())
+            log.info("demo_pod_on_quarantined_gpu", node=node, pod=f"{namespace}/{name}", gpus=sorted(bad))
         running = RunningPod(uid, namespace, name, node, gpus, labels.get(LABEL_JOB, name))
         try:
             duration = float(annotations.get(ANNOTATION_DURATION, "60"))
@@ -147,11 +201,23 @@ class StandInKubelet:
         if gpus:
             self._on_gpus(running.node, gpus, 1)
 
+    def _admit(self, node: str, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> tuple[int, ...] | None:
+        """The GPUs the node's device manager gives the pod (without one: gpuwarden's assignment)."""
+        if self._devices is None:
+            return decode_assignment(annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT, ""), node=node) or ()
+        return self._devices.admit(node, pod)
+
     def _stopped(self, uid: str) -> RunningPod | None:
         with self._lock:
             running = self._running.pop(uid, None)
-        if running is not None and running.gpus:
-            self._on_gpus(running.node, running.gpus, -1)
+        if running is not None:
+            if running.gpus:
+                self._on_gpus(running.node, running.gpus, -1)
+            if self._devices is not None:
+                self._devices.release(running.node, running.namespace, running.name)
+            landing = self.landed.get(running.uid)
+            if landing is not None and landing.left_at is None:
+                landing.left_at = self._clock()
         return running
 
     # ------------------------------------------------------------ finish

@@ -12,9 +12,13 @@ its poll interval on this machine.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes import client
 
@@ -26,6 +30,8 @@ from agent.publish.settings import DaemonSettings
 from agent.samples import NodeSample
 from agent.sim.node import SimNode
 from agent.sim.scenario import Scenario
+from agent.sources.podresources import KubeletPodResources
+from gpuwarden.localcluster.devices import DeviceManager
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
@@ -79,7 +85,15 @@ class SimulatedNode:
         self.pool = pool
         self.scenario = scenario
         self.sim = SimNode(scenario, identity=name)
-        self.monitor = Monitor(config_from_dict({"poll_interval_s": poll_interval_s}), self.sim.hardware(), name)
+        # The kubelet's device manager for this node, serving PodResources to the agent (see
+        # gpuwarden.localcluster.devices): whole-GPU pods get the GPUs it picks, not gpuwarden's.
+        self._socket_dir = tempfile.mkdtemp(prefix="gw-demo-pr-")
+        socket = f"{self._socket_dir}/kubelet.sock"
+        self.devices = DeviceManager(self.sim.device_plugin_devices, socket, node=name)
+        config = config_from_dict({"poll_interval_s": poll_interval_s, "pod_resources": {"socket": socket}})
+        hardware = self.sim.hardware()
+        hardware.pod_resources = KubeletPodResources(socket, config.pod_resources.timeout_s)
+        self.monitor = Monitor(config, hardware, name)
         # Its own client (connection pool), as a separate agent process would have.
         self.api = client.ApiClient(configuration)
         self.daemon = TimedAgentDaemon(
@@ -91,12 +105,27 @@ class SimulatedNode:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        self.devices.start()
         self.daemon.start()
 
     def stop(self) -> None:
         self.daemon.stop()
         self.monitor.close()
+        self.devices.stop()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
         self.api.close()  # type: ignore[no-untyped-call]
+
+    def admit(self, pod: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The GPU indices the node's device manager gives ``pod``; None when it cannot (the pod fails)."""
+        admitted = self.devices.admit(pod)
+        if admitted is None:
+            return None
+        index = {g.uuid: g.index for g in self.sim.sample_gpus()}
+        return tuple(sorted(index[d] for d in admitted.devices if d in index))
+
+    def release(self, namespace: str, pod: str) -> None:
+        """The pod's containers stopped: its devices are free for the next."""
+        self.devices.release(namespace, pod)
 
     @property
     def published(self) -> bool:

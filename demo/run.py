@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -108,6 +108,32 @@ def apply_manifests(plane: ControlPlane) -> None:
     plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     plane.kubectl("apply", "-f", str(DEMO_MANIFESTS / "pytorchjob-crd.yaml"))
     plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+class NodeDevices:
+    """The simulated nodes' device managers, for the stand-in kubelet (:class:`demo.kubelet.Devices`)."""
+
+    def __init__(self, api: client.ApiClient, nodes: Mapping[str, SimulatedNode]) -> None:
+        self._core = client.CoreV1Api(api)
+        self._nodes = nodes
+
+    def admit(self, node: str, pod: Mapping[str, Any]) -> tuple[int, ...] | None:
+        found = self._nodes.get(node)
+        return found.admit(pod) if found is not None else ()
+
+    def release(self, node: str, namespace: str, name: str) -> None:
+        found = self._nodes.get(node)
+        if found is not None:
+            found.release(namespace, name)
+
+    def quarantined(self, node: str) -> frozenset[int]:
+        try:
+            meta = self._core.read_node(node).metadata
+        except client.ApiException:
+            return frozenset()
+        annotations = (meta.annotations if meta is not None else None) or {}
+        listed = str(annotations.get(contract.ANNOTATION_QUARANTINED_GPUS, ""))
+        return frozenset(int(p) for p in listed.split(",") if p.strip().isdigit())
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -254,7 +280,7 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
         if node in by_name:
             by_name[node].using(gpus, delta)
 
-    kubelet = StandInKubelet(api, on_gpus, clock=observer.elapsed)
+    kubelet = StandInKubelet(api, on_gpus, clock=observer.elapsed, devices=NodeDevices(api, by_name))
     kubelet.start()
     stack.callback(kubelet.stop)
     operator = StandInOperator(api, workload.namespaces)
@@ -301,6 +327,7 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
                 history=observer.snapshot_history(),
                 repairs=people.repairs,
                 evicted=kubelet.evicted,
+                landed=list(kubelet.landed.values()),
                 final=final,
                 performance=Performance(lag, polls, worst, sc.cluster.poll_interval_s, len(nodes)),
                 kubeconfig=str(plane.kubeconfig),

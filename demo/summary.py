@@ -5,7 +5,9 @@ and the last read of it: the faults injected with when their condition,
 quarantine and return showed; the escalations people took; the work evicted
 from faulty nodes and placed again; GPU-hours each queue held against its
 fair share, and the work lost to faults from each Queue's
-``status.gpuSecondsLostToFaults``; and the worst lag of scheduler cycles
+``status.gpuSecondsLostToFaults``; the whole-GPU pods the kubelet's device
+manager started on a quarantined GPU (the gap of device-plugin nodes) and
+how fast the scheduler moved them off; and the worst lag of scheduler cycles
 and agent polls against their periods, which says whether this machine
 kept up in real time.
 """
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from demo.faults import Injected, Repair
+from demo.kubelet import Landing
 from demo.observe import History, Snapshot, Span
 from demo.view import ordered_queues
 from scheduler.remediation.steps import EventReason
@@ -110,6 +113,23 @@ def fault_lines(injected: Sequence[Injected], history: History, repairs: Sequenc
     return lines
 
 
+def landing_line(landed: Sequence[Landing]) -> str:
+    """How many pods the device manager put on a quarantined GPU, and how long each stayed there."""
+    if not landed:
+        return "device manager: no pod started on a quarantined GPU"
+    stays = sorted(x.left_at - x.at for x in landed if x.left_at is not None)
+    still = len(landed) - len(stays)
+    moved = (
+        f"moved off in {stays[len(stays) // 2]:.1f} s (median), {stays[-1]:.1f} s at worst"
+        if stays
+        else "none moved off yet"
+    )
+    return (
+        f"device manager: {len(landed)} pods started on a quarantined GPU (the device plugin still offered it); "
+        f"{moved}" + (f"; {still} still there" if still else "")
+    )
+
+
 def render_summary(
     *,
     duration_s: float,
@@ -123,6 +143,7 @@ def render_summary(
     final: Snapshot,
     performance: Performance,
     kubeconfig: str,
+    landed: Sequence[Landing] = (),
 ) -> str:
     out = [f"== gpuwarden demo: summary after {duration_s:.0f} s, {nodes} nodes x {gpus_per_node} GPUs =="]
     out.append("faults (when injected; condition, quarantine and return after it):")
@@ -141,6 +162,7 @@ def render_summary(
         f"work: {len(evicted_here)} pods of {len(jobs)} jobs evicted from faulty nodes, {len(replaced)} of those jobs "
         f"placed again on other nodes; {len(evicted)} evictions in all"
     )
+    out.append(landing_line(landed))
     out.append("remediation states recorded on the Nodes:")
     per_node: dict[str, list[str]] = {}
     for _, node, before, after in history.states:

@@ -27,6 +27,10 @@ GPUNODE_PLURAL: Final = "gpunodes"
 # by the scheduler) and the agent's answers (status.remediation): resets and
 # validations, each answer echoing its request's requestedAt.
 GPUNODE_REMEDIATION: Final = "remediation"
+# The Warning Event (reason) on a whole-GPU pod that the kubelet's device
+# manager started on a GPU out of service (quarantined, or faulted) while
+# gpuwarden had assigned it another; the scheduler evicts it at once.
+EVENT_POD_ON_QUARANTINED_GPU: Final = "PodOnQuarantinedGpu"
 # Who holds each GPU, as the node's kubelet assigned it (its PodResources
 # API), written by the agent per GPU in GPUNode status.gpus[]: "pods" lists
 # the holders (namespace, name, uid, container, resource, schedulerName; uid

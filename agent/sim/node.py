@@ -192,6 +192,19 @@ class SimNode:
             self._advance()
             return self._state.gpu({"gpu": index}).pids()
 
+    def device_plugin_devices(self) -> tuple[str, ...]:
+        """The GPUs (UUIDs, in index order) NVIDIA's device plugin would list Healthy to the kubelet.
+
+        It checks only XIDs (those it does not skip) and whether the GPU is
+        there: a row-remap failure, a downed NVLink or a degraded PCIe link
+        leave the GPU offered, which is the gap gpuwarden's quarantine has on
+        device-plugin nodes. A GPU in MIG mode is offered as MIG devices,
+        not whole.
+        """
+        with self._cond:
+            self._advance()
+            return tuple(g.uuid for g in self._state.gpus if not (g.lost or g.mig or g.plugin_unhealthy))
+
     def reset_gpu(self, index: int) -> str:
         """What ``nvidia-smi --gpu-reset`` does to the simulated GPU ``index``.
 

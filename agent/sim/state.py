@@ -42,6 +42,11 @@ class SimLink:
     crc_data: int = 0
 
 
+# The XIDs NVIDIA's device plugin does not take as a sign of a sick GPU
+# (application errors; k8s-device-plugin's health check skips them by default).
+DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
 @dataclass(slots=True)
 class SimGpu:
     index: int
@@ -70,6 +75,9 @@ class SimGpu:
     lost: bool = False
     # Processes using the GPU (compute or graphics): a reset waits for none.
     processes: int = 0
+    # The NVIDIA device plugin saw a critical XID on it and lists it Unhealthy
+    # (until a reset: a plugin restarted after repair lists it again).
+    plugin_unhealthy: bool = False
 
     def pids(self) -> tuple[int, ...]:
         """The PIDs NVML would list for the GPU's processes (made up, stable per GPU)."""
@@ -219,7 +227,13 @@ class SimNodeState:
         )
 
     def xid(self, g: SimGpu, xid: int, message: str) -> None:
-        """An XID as the driver reports it: an NVML event and a kernel-log line."""
+        """An XID as the driver reports it: an NVML event and a kernel-log line.
+
+        The device plugin watches the same events: any XID but the ones it
+        skips as application errors makes it list the GPU Unhealthy.
+        """
+        if xid not in DEVICE_PLUGIN_SKIPPED_XIDS:
+            g.plugin_unhealthy = True
         # As the NVML backend reads XID 154's recovery action from NVML, the
         # simulated NVML knows the one the injected driver text names.
         self.event(g, GpuEventKind.XID, xid, parse_recovery_action(message) if xid == XID_RECOVERY_ACTION else None)

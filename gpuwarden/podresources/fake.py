@@ -23,6 +23,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -58,6 +59,10 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
 
     def _begin(self, method: str, context: grpc.ServicerContext) -> _State:
         owner = self._owner
+        answers = owner.answers
+        if answers is not None:
+            listed, allocatable = answers()
+            owner.set_answers(listed, allocatable)
         with owner._lock:
             state = owner._state
             state.calls[method] = state.calls.get(method, 0) + 1
@@ -107,9 +112,17 @@ def _junk_handler(owner: FakePodResources) -> grpc.GenericRpcHandler:
 class FakePodResources:
     """The service on ``path``; a context manager that always stops it and removes the socket."""
 
-    def __init__(self, path: str, behaviour: Behaviour = Behaviour.SERVE) -> None:
+    def __init__(
+        self,
+        path: str,
+        behaviour: Behaviour = Behaviour.SERVE,
+        answers: Callable[[], tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]]
+        | None = None,
+    ) -> None:
+        """``answers``, when given, is asked at every call (a stand-in kubelet whose pods come and go)."""
         self.path = path
         self.behaviour = behaviour
+        self.answers = answers
         self._lock = threading.Lock()
         self._state = _State()
         self._released = threading.Event()

@@ -61,6 +61,11 @@ from gpuwarden.contract import (
     ANNOTATION_POD_GROUP,
     ANNOTATION_QUARANTINED_GPUS,
     DEFAULT_NODE_POOL,
+    GPUNODE_GPU_ALLOCATABLE,
+    GPUNODE_GPU_PODS,
+    HOLDER_NAME,
+    HOLDER_NAMESPACE,
+    HOLDER_UID,
     LABEL_NODE_POOL,
     RESOURCE_NVIDIA_GPU,
     SCHEDULER_NAME,
@@ -82,6 +87,7 @@ from scheduler.cluster.quantity import (
 )
 from scheduler.cluster.sliceadmission import SliceAdmission, has_sharing_annotation
 from scheduler.engine.health import judge
+from scheduler.engine.holders import holder_key, kubelet_gpus, reported_gpus
 from scheduler.engine.model import (
     NON_PREEMPTIBLE_PRIORITY,
     UNLIMITED,
@@ -227,6 +233,8 @@ class _GpuInventory:
     by_bus: dict[str, int]
     # GPU indices whose GPUNode faults name each condition type.
     faulted: dict[str, set[int]]
+    # Per pod (UID, or namespace/name), the GPUs the kubelet reports it holding; None: not published.
+    holders: dict[str, tuple[int, ...]] | None = None
 
 
 def _bus_key(bus: str) -> str:
@@ -249,6 +257,7 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
     by_uuid: dict[str, int] = {}
     by_bus: dict[str, int] = {}
     faulted: dict[str, set[int]] = {}
+    holders: dict[str, list[int]] | None = None
     for entry in entries:
         if not isinstance(entry, dict):
             warn.warning("gpunode gpu malformed", (ident, "entry"), gpunode=ident, value=repr(entry)[:200])
@@ -289,9 +298,44 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
             for fault in _list(faults, f"status.gpus[{index}].faults", ident):
                 if isinstance(fault, dict) and isinstance(fault.get("condition"), str):
                     faulted.setdefault(fault["condition"], set()).add(index)
-        gpus.append(Gpu(index=index, uuid=uuid, memory_mib=memory, healthy=healthy, mig_enabled=mig))
+        if GPUNODE_GPU_PODS in entry:
+            holders = {} if holders is None else holders
+            _read_holders(entry[GPUNODE_GPU_PODS], index, holders, ident)
+        offered = entry.get(GPUNODE_GPU_ALLOCATABLE)
+        gpus.append(
+            Gpu(
+                index=index,
+                uuid=uuid,
+                memory_mib=memory,
+                healthy=healthy,
+                mig_enabled=mig,
+                offered=offered if isinstance(offered, bool) else None,
+            )
+        )
     gpus.sort(key=_gpu_index)
-    return _GpuInventory(tuple(gpus), by_uuid, by_bus, faulted)
+    held = None if holders is None else {k: tuple(sorted(v)) for k, v in holders.items()}
+    return _GpuInventory(tuple(gpus), by_uuid, by_bus, faulted, held)
+
+
+def _read_holders(raw: object, index: int, out: dict[str, list[int]], ident: str) -> None:
+    """Add one GPU's holders (the kubelet's word, published by the agent) to ``out``, keyed as :mod:`.holders` reads.
+
+    A holder is keyed by its UID, or by ``namespace/name`` when the agent
+    could not read the UID. The holders stand even while the agent's last
+    PodResources read failed (``status.podResources.ok`` false): they are
+    as last read, and a container keeps its devices for its life, so a pod
+    still listed still holds them; a pod started since is simply not listed.
+    """
+    for holder in _list(raw, f"status.gpus[{index}].pods", ident):
+        if not isinstance(holder, dict):
+            continue
+        uid = _str(holder.get(HOLDER_UID))
+        key = uid or holder_key(_str(holder.get(HOLDER_NAMESPACE)), _str(holder.get(HOLDER_NAME)))
+        if key == "/":
+            continue
+        found = out.setdefault(key, [])
+        if index not in found:
+            found.append(index)
 
 
 def _gpu_index(gpu: Gpu) -> int:
@@ -454,6 +498,7 @@ def node_from_objects(
         draining=annotations.get(ANNOTATION_DRAINING) == "true",
         extended=extended,
         max_pods=max_pods,
+        kubelet_holders=inventory.holders,
     )
 
 
@@ -816,19 +861,32 @@ def with_external_queues(queues: Sequence[Queue], pools: Iterable[str]) -> tuple
 
 
 def _seat_external(tasks: list[Task], node: Node, held: set[int]) -> list[Task]:
-    """Name GPUs for other schedulers' pods: those no pod of ours holds, healthy ones first.
+    """Name GPUs for other schedulers' pods: the kubelet's where it reports them, else a guess.
 
-    The device plugin, not gpuwarden, chose them, and it does not say which;
-    the count is what matters, and naming them here keeps the engine from
-    warning about every such pod every cycle. The device plugin hands out
-    healthy devices, so those are assumed taken first.
+    The device plugin, not gpuwarden, chose them. Where the node's agent
+    publishes the kubelet's PodResources answers, a pod listed there holds
+    exactly the GPUs listed (:mod:`scheduler.engine.holders`), so a fault on
+    one of them is known to hit it. Any other pod gets a guess: GPUs no pod
+    of ours holds and the kubelet reports nobody holding, healthy ones first
+    (the device plugin hands out healthy devices); the count is what
+    matters, and naming them keeps the engine from warning about every such
+    pod every cycle.
     """
-    free = [g.index for g in node.gpus if g.index not in held and g.healthy and not g.mig_enabled]
-    free += [g.index for g in node.gpus if g.index not in held and not (g.healthy and not g.mig_enabled)]
+    real: dict[int, tuple[int, ...]] = {}
+    if node.kubelet_holders:
+        for i, task in enumerate(tasks):
+            found = kubelet_gpus(node, task) if task.gpus else None
+            if found is not None:
+                real[i] = found
+    taken = held | reported_gpus(node)
+    free = [g.index for g in node.gpus if g.index not in taken and g.healthy and not g.mig_enabled]
+    free += [g.index for g in node.gpus if g.index not in taken and not (g.healthy and not g.mig_enabled)]
     out: list[Task] = []
-    for original in tasks:
+    for i, original in enumerate(tasks):
         task = original
-        if task.gpus and free:
+        if i in real:
+            task = replace(task, gpu_indices=real[i])
+        elif task.gpus and free:
             take, free = free[: task.gpus], free[task.gpus :]
             task = replace(task, gpu_indices=tuple(take))
         out.append(task)

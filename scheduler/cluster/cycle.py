@@ -50,6 +50,7 @@ from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
+from scheduler.cluster.misplaced import Misplaced, MisplacedEvents, misplaced_evictions
 from scheduler.cluster.owners import OwnerResolver
 from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
@@ -151,6 +152,8 @@ class CycleResult:
     reservations: tuple[Reservation, ...] = ()
     # GPU-seconds of running work this cycle's health evictions took, per queue.
     lost_gpu_seconds: Mapping[str, float] = field(default_factory=dict)
+    # Evictions of whole-GPU pods the kubelet's device manager put on a GPU out of service (:mod:`.misplaced`).
+    misplaced: tuple[Misplaced, ...] = ()
     # Seconds per stage of the cycle, to tell where a slow cycle went when
     # the engine was not it: prepare (grouping and the Snapshot), engine
     # (the session), execute (evictions and binds), bookkeeping (PodGroups,
@@ -215,6 +218,7 @@ class SchedulingCycle:
         self.status = status or StatusWriter(api)
         self.reservations = reservations or ReservationWriter(api)
         self.ungrouped = UngroupedPodNotifier(api)
+        self.misplaced = MisplacedEvents(api)
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
         self._short_gangs = ShortGangs()
@@ -558,6 +562,9 @@ class SchedulingCycle:
         self._tell_ungrouped(view)
         evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
+        misplaced = tuple(misplaced_evictions(evicted, snapshot, decisions.reservations)) if evicted else ()
+        if misplaced:
+            self.misplaced.write(misplaced)
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
         executed = clock()
@@ -612,4 +619,6 @@ class SchedulingCycle:
             pending=len(pending),
             seconds=round(seconds, 3),
         )
-        return CycleResult(snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost, stages)
+        return CycleResult(
+            snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost, misplaced, stages
+        )

@@ -2,7 +2,9 @@
 
 For every pod the scheduler's health eviction removed (an eviction that
 went through, or found the pod already gone), its GPUs times how long it
-had run (from ``status.startTime``). A slice counts as its share of a GPU.
+had run (from ``status.startTime``). A slice counts as its share of a GPU;
+a whole-GPU pod that the node's kubelet reports holding GPUs counts those
+(:mod:`scheduler.engine.holders`), not its request.
 The cycle adds these to the Queue's ``status.gpuSecondsLostToFaults`` and
 to ``gpuwarden_queue_gpu_seconds_lost_to_faults_total``, so a team can see
 that a failing GPU, not the scheduler, took its hours.
@@ -16,6 +18,7 @@ from typing import Any
 
 from gpuwarden.contract import QUEUE_STATUS_GPU_SECONDS_LOST, EvictionAction
 from scheduler.cluster.evict import EvictResult
+from scheduler.engine.holders import kubelet_gpus
 from scheduler.engine.model import Snapshot
 from scheduler.engine.resources import MILLI, parse_gpu_request
 
@@ -36,6 +39,7 @@ def gpu_seconds_lost(
 ) -> dict[str, float]:
     """Per queue, GPU-seconds of the pods health eviction removed this cycle (``pods`` by UID)."""
     jobs = {job.key: job for job in snapshot.jobs}
+    nodes = {n.name: n for n in snapshot.nodes}
     memory = {n.name: max((g.memory_mib for g in n.gpus), default=0) for n in snapshot.nodes}
     out: dict[str, float] = {}
     for result in results:
@@ -51,6 +55,10 @@ def gpu_seconds_lost(
         if isinstance(request, str):
             continue
         gpus = request.milli_gpus(memory.get(ev.node, 0)) / MILLI
+        node = nodes.get(ev.node)
+        real = kubelet_gpus(node, task) if node is not None and not request.is_slice else None
+        if real is not None:
+            gpus = float(len(real))
         if gpus > 0:
             out[job.queue] = out.get(job.queue, 0.0) + gpus * max(0.0, now - started)
     return out

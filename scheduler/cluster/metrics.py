@@ -75,6 +75,13 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "Pod evictions by the action that decided them and by outcome (Evicted, Gone, Refused, Failed).",
         ["action", "outcome"],
     ),
+    _doc(
+        "pods_on_quarantined_gpu_total",
+        "counter",
+        "Whole-GPU pods the kubelet's device manager started on a GPU out of service that gpuwarden had not "
+        "assigned them (the device plugin still offered it), by the outcome of their eviction.",
+        ["outcome"],
+    ),
     _doc("pending_pods", "gauge", "Pods of the queue still pending after the latest cycle (leader only).", ["queue"]),
     _doc(
         "reservations",
@@ -158,6 +165,7 @@ class SchedulerMetrics:
         self._cycles = {"ok": 0, "error": 0}
         self._binds = {o.value: 0 for o in BindOutcome}
         self._evictions = {(a.value, o.value): 0 for a in EvictionAction for o in EvictOutcome}
+        self._misplaced = {o.value: 0 for o in EvictOutcome}
         self._last: CycleResult | None = None
         self._last_finished: float | None = None
         self.registry.register(_Collector(self))
@@ -178,6 +186,8 @@ class SchedulerMetrics:
             for e in result.evictions:
                 key = (e.eviction.action.value, e.outcome.value)
                 self._evictions[key] = self._evictions.get(key, 0) + 1
+            for m in result.misplaced:
+                self._misplaced[m.outcome.value] = self._misplaced.get(m.outcome.value, 0) + 1
             self._last = result
             self._last_finished = time.time()
 
@@ -202,6 +212,7 @@ class SchedulerMetrics:
             cycles = dict(self._cycles)
             binds = dict(self._binds)
             evictions = dict(self._evictions)
+            misplaced = dict(self._misplaced)
             last = self._last
             finished = self._last_finished
         leading = self._leader()
@@ -221,6 +232,10 @@ class SchedulerMetrics:
         family = counter("evictions_total")
         for (action, outcome), n in sorted(evictions.items()):
             family.add_metric([action, outcome], n)
+        yield family
+        family = counter("pods_on_quarantined_gpu_total")
+        for outcome, n in sorted(misplaced.items()):
+            family.add_metric([outcome], n)
         yield family
 
         if leading and last is not None:

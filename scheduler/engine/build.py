@@ -14,6 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
+from scheduler.engine.holders import held_gpus
 from scheduler.engine.model import UNLIMITED, Job, Node, PendingReason, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
@@ -82,6 +83,7 @@ def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
         node_fatal=verdict.node_fatal,
         degraded=verdict.degraded,
         tier=TIER_DEGRADED if verdict.degraded else TIER_HEALTHY,
+        trap=any(r is not None and g.offered is True for r, g in zip(bad_reason, spec.gpus, strict=True)),
     )
 
 
@@ -402,6 +404,9 @@ def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
 def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
     """Put a running pod where the snapshot says it is; None if it cannot be.
 
+    Where the node's kubelet reports the GPUs a whole-GPU pod holds, those
+    are where it is, not the assignment (:mod:`scheduler.engine.holders`).
+
     True when some of its GPUs had to be guessed (:func:`_complete_assignment`).
     """
     spec = task.spec
@@ -409,7 +414,9 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
     if node is None:
         log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
         return None
-    indices = spec.gpu_indices
+    gpu = task.gpu
+    # The kubelet's word over the assignment for whole GPUs (scheduler.engine.holders).
+    indices = held_gpus(node.spec, spec, not gpu.is_slice) if node.spec.kubelet_holders else spec.gpu_indices
     positions: tuple[int, ...] = indices
     # Fast path: devices numbered 0..n-1 (as they nearly always are), so an
     # index is its own position.
@@ -422,7 +429,6 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
                 continue
             found.append(p)
         positions = tuple(found)
-    gpu = task.gpu
     wanted = gpu.devices if gpu.is_slice else gpu.whole
     count = len(positions)
     guessed = count < wanted or (count > 1 and len(set(positions)) < count)

@@ -218,11 +218,21 @@ class NodeCondition:
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
+    """One GPU of a node.
+
+    ``offered`` is whether the device plugin offers it to the kubelet
+    (PodResources ``GetAllocatableResources``, published by the agent); None
+    where nobody said. A GPU out of service that is still offered is a trap
+    on a device-plugin node: the kubelet's device manager may hand it to the
+    next whole-GPU pod, whatever gpuwarden assigned.
+    """
+
     index: int
     uuid: str = ""
     memory_mib: int = 81920
     healthy: bool = True
     mig_enabled: bool = False
+    offered: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +258,14 @@ class Node:
     # the kubelet admits (0: not said).
     extended: Mapping[str, int] = field(default_factory=dict)
     max_pods: int = 0
+    # Which GPUs each pod really holds, as the node's kubelet reports it (the
+    # agent publishes its PodResources answers in the GPUNode): pod UID, or
+    # ``namespace/name`` for a holder the agent could not read the UID of,
+    # to GPU indices. It wins over a pod's assignment annotation, which is
+    # only gpuwarden's guess for whole GPUs on a device-plugin node (see
+    # :mod:`scheduler.engine.holders`). None where the node publishes no
+    # such mapping (an older agent, a PodResources socket never read).
+    kubelet_holders: Mapping[str, tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,19 @@ predicates (:mod:`scheduler.engine.predicates`) are consulted per node as a
 precomputed verdict, and the rules that read the pods around a node
 (:mod:`scheduler.engine.rules`) as one verdict per pod and state.
 
+A node with a GPU out of service that the device plugin still offers (a
+quarantine the plugin does not know of) is a trap for whole-GPU pods: the
+kubelet's device manager picks among offered GPUs, whatever gpuwarden
+assigned, and once every healthy one is taken the bad one is all it can
+give. So for a whole-GPU pod such nodes come after every node without one
+(among the next ``TRAP_LOOKAHEAD`` candidates once one fits, so that the
+walk stays short), and among them a placement that would leave the node no
+free healthy GPU comes last: the node's whole-GPU load stays below its
+healthy count while anything else fits. This lowers the odds, it cannot remove them: the device
+manager may still choose the bad GPU while healthy ones are free (health
+eviction then moves the pod, :mod:`scheduler.engine.actions.health_evict`);
+only DRA, where the scheduler names the device, removes the gap.
+
 A pod with preferred terms (node affinity, pod affinity or anti-affinity,
 soft topology spread) is placed on the node those terms rank highest among
 the first ``SCORED_CANDIDATES`` nodes that fit, in the strategy's order
@@ -31,6 +44,9 @@ from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskSta
 
 # How many fitting nodes a pod with preferences is scored over (module docstring).
 SCORED_CANDIDATES = 32
+# How many further candidates a whole-GPU pod looks at for a node without a trap once
+# one with a trap fits: the preference must not turn placement into a scan of the pool.
+TRAP_LOOKAHEAD = 64
 
 Place = tuple[NodeState, tuple[int, ...], tuple[int, ...]]
 
@@ -166,8 +182,16 @@ def _fail_key(task: TaskState, verdict: Verdict | None) -> tuple[object, ...] | 
     return rules_key(task, verdict)
 
 
-def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Place | None:
-    """The best node and GPU positions for ``task`` now, or None."""
+def find_place(
+    cluster: Cluster, caches: SessionCaches, task: TaskState, avoid: NodeState | None = None
+) -> Place | None:
+    """The best node and GPU positions for ``task`` now, or None; never on ``avoid``.
+
+    ``avoid`` is for a pod the kubelet's device manager put on a GPU out of
+    service there: its room is found elsewhere, since that node's device
+    manager may do it again (:mod:`scheduler.engine.actions.health_evict`).
+    A failure with a node avoided is not cached: the node might have fit.
+    """
     pool = task.job.pool
     if pool is None:
         return None
@@ -185,8 +209,11 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
     elig = eligibility(pool_caches, pool, task)
     placement = task.spec.placement
     scored = placement is not None and placement.scored
+    if avoid is not None:
+        fail_key = None
     if elig.few is not None:
-        best = _best_of(cluster, caches, elig.few, task, verdict)
+        nodes = elig.few if avoid is None else [n for n in elig.few if n is not avoid]
+        best = _best_of(cluster, caches, nodes, task, verdict)
         if best is None and fail_key is not None:
             cache[fail_key] = cluster.release_version
         return best
@@ -195,9 +222,21 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
     gpu = task.gpu
     strategy = pool.strategy
     found: list[Place] = []
+    # The first placement on a trap node that keeps a healthy GPU free, and the first that
+    # would not (module docstring): tried after every other node, in that order.
+    on_trap: Place | None = None
+    last_resort: Place | None = None
+    whole = 0 if gpu.is_slice else gpu.whole
+    looked = 0
     for node in _candidates(pool, task):
+        if last_resort is not None or on_trap is not None:
+            looked += 1
+            if looked > TRAP_LOOKAHEAD:
+                break
         # short_of_room and _pods_full written out: this loop is the hottest of placement.
         if not ok[node.pidx] or (cpu > 0 and node.free_cpu < cpu) or (mem > 0 and node.free_mem < mem):
+            continue
+        if node is avoid:
             continue
         limit = node.spec.max_pods
         if limit and len(node.tasks) >= limit:
@@ -211,6 +250,12 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
             place: Place = (node, *fit)
         else:
             place = (node, _whole_positions(node, gpu.whole), ())
+            if whole and node.trap:
+                if node.free_whole - whole >= 1:
+                    on_trap = on_trap or place
+                else:
+                    last_resort = last_resort or place
+                continue
         if not scored:
             return place
         if all(p[0] is not node for p in found):
@@ -219,6 +264,8 @@ def find_place(cluster: Cluster, caches: SessionCaches, task: TaskState) -> Plac
             break
     if found:
         return _preferred(cluster, caches, task, found)
+    if on_trap is not None or last_resort is not None:
+        return on_trap or last_resort
     if fail_key is not None:
         cache[fail_key] = cluster.release_version
     return None
@@ -238,14 +285,17 @@ def _best_of(
 ) -> Place | None:
     """Score a short list of nodes the way the buckets order a pool (then by preference)."""
     spread = task.job.pool is not None and task.job.pool.strategy is PlacementStrategy.SPREAD
-    ranked: list[tuple[tuple[int, int, int], Place]] = []
+    whole = 0 if task.gpu.is_slice else task.gpu.whole
+    ranked: list[tuple[tuple[int, int, int, int], Place]] = []
     for node in nodes:
         if verdict is not None and verdict.problem(node) is not None:
             continue
         fit = fit_on_node(node, task)
         if fit is None:
             continue
-        score = (node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
+        # Trap nodes after the others, one left with no free healthy GPU last (module docstring).
+        trap = 0 if not (whole and node.trap) else 1 if node.free_whole - whole >= 1 else 2
+        score = (trap, node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
         ranked.append((score, (node, *fit)))
     if not ranked:
         return None

@@ -66,6 +66,10 @@ class NodeState:
     degraded: tuple[str, ...]
     tier: int
     tasks: list[TaskState] = field(default_factory=list)
+    # A GPU out of service that the device plugin still offers: the kubelet
+    # may hand it to a whole-GPU pod (scheduler.engine.scoring keeps a free
+    # healthy GPU on such a node where it can).
+    trap: bool = False
     evicted_here: bool = False
     bucket: int | None = None  # key in pool.whole_buckets[tier], when accepting
     shared_key: int | None = None  # key in pool.shared_buckets[tier]

@@ -15,7 +15,8 @@ quiet, and its last transition stands):
 1. Observe (:func:`observe`): the faults the engine's health judge calls
    fatal, from the Node's conditions with their start times from the
    GPUNode; the cordon and gpuwarden's taint; how many pods are left on each
-   draining scope and what holds them; the agent's reset and validation
+   draining scope and what holds them (on one GPU: the pods the kubelet
+   reports there where the GPUNode lists its holders, else by assignment); the agent's reset and validation
    answers from ``GPUNode.status.remediation``; a person's
    ``gpuwarden.io/escalation-cleared``; the pool's breaker verdict.
 2. :func:`scheduler.remediation.machine.advance` (pure).
@@ -27,14 +28,14 @@ How a fence reaches placement: the quarantined GPUs go into
 ``gpuwarden.io/draining``, which the scheduler's conversion reads: the GPU
 (or node) takes no new gpuwarden work from the next cycle on, and the
 engine's health eviction drains gpuwarden's own pods through the Eviction
-API, gang-aware and rate-limited, exactly as for any fault. Pods of other
-schedulers see a quarantined GPU only through the device plugin's own
-health: a ``nvidia.com/gpu`` request placed by kube-scheduler can still
-land on a node with a fenced GPU while the device plugin lists it healthy,
-which is why a node-level fault cordons the node (that stops every
-scheduler). A node drain also evicts the pods no gpuwarden action owns
-(other schedulers', bare pods), by their namespace's drain policy; DaemonSet
-and mirror pods stay.
+API, gang-aware and rate-limited, exactly as for any fault. The device
+plugin knows nothing of the fence: while it lists the GPU healthy, the
+kubelet's device manager can give it to a whole-GPU pod, gpuwarden's
+(which health eviction then moves at once, see
+:mod:`scheduler.cluster.misplaced`) or another scheduler's, which is why a
+node-level fault cordons the node (that stops every scheduler). A node
+drain also evicts the pods no gpuwarden action owns (other schedulers', bare
+pods), by their namespace's drain policy; DaemonSet and mirror pods stay.
 
 The carry-out contract: steps first, then the record. A step that fails is
 logged and retried next cycle (holds are re-issued every cycle); the record
@@ -76,6 +77,7 @@ from scheduler.cluster.convert import node_from_objects
 from scheduler.cluster.evict import Evictor, EvictOutcome
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.logonce import WarnOnce
+from scheduler.engine.holders import holder_key
 from scheduler.engine.model import Eviction
 from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
 from scheduler.remediation.machine import Transition, advance
@@ -213,8 +215,24 @@ def _answer_time(entry: Mapping[str, Any]) -> float | None:
     return max(finished, requested + 1e-6)
 
 
-def _gpus_of_pod(pod: Mapping[str, Any], node: str) -> tuple[int, ...]:
-    annotations = _map(_meta(pod), "annotations")
+def _gpus_of_pod(
+    pod: Mapping[str, Any], node: str, holders: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[int, ...]:
+    """The GPUs a pod holds: the kubelet's word where the node publishes it, else the assignment.
+
+    The same rule as the engine's (:mod:`scheduler.engine.holders`): a drain
+    of one GPU must wait for the pod the device manager really put there,
+    not for the one gpuwarden meant for it.
+    """
+    meta = _meta(pod)
+    if holders:
+        uid = meta.get("uid")
+        real = holders.get(uid) if isinstance(uid, str) and uid else None
+        if real is None:
+            real = holders.get(holder_key(str(meta.get("namespace") or "default"), str(meta.get("name") or "")))
+        if real:
+            return real
+    annotations = _map(meta, "annotations")
     text = annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT)
     decoded = decode_assignment(text, node=node) if isinstance(text, str) else None
     return tuple(decoded or ())
@@ -232,13 +250,21 @@ def _holds_node(pod: Mapping[str, Any]) -> bool:
     return _map(pod, "status").get("phase") not in _TERMINAL
 
 
-def pods_on(pods: Collection[Mapping[str, Any]], node: str, gpus: tuple[int, ...]) -> list[Mapping[str, Any]]:
-    """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave."""
+def pods_on(
+    pods: Collection[Mapping[str, Any]],
+    node: str,
+    gpus: tuple[int, ...],
+    holders: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[Mapping[str, Any]]:
+    """Pods a drain of ``node`` (all of it when ``gpus`` is empty, else those GPUs) must see leave.
+
+    ``holders`` is the node's kubelet mapping (:attr:`scheduler.engine.model.Node.kubelet_holders`).
+    """
     out = []
     for pod in pods:
         if _map(pod, "spec").get("nodeName") != node or not _holds_node(pod) or _stays(pod):
             continue
-        if gpus and not set(gpus).intersection(_gpus_of_pod(pod, node)):
+        if gpus and not set(gpus).intersection(_gpus_of_pod(pod, node, holders)):
             continue
         out.append(pod)
     return out
@@ -272,7 +298,7 @@ def observe(
     for scope in record.scopes:
         if scope.state is not State.DRAINING:
             continue
-        left = pods_on(pods, name, () if scope.scope.is_node else scope.gpus)
+        left = pods_on(pods, name, () if scope.scope.is_node else scope.gpus, engine_node.kubelet_holders)
         blockers = tuple(f"{_pod_key(p)}: {blocked[_pod_key(p)]}" for p in left if _pod_key(p) in blocked)
         drains.append(DrainProgress(scope.scope.key, len(left), blockers))
     resets, validations = agent_answers(gpunode)

@@ -194,6 +194,8 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     # GPU slices are admitted and run (nothing in the demo's cluster refuses them).
     assert seen.slices_run, output
     assert "summary after" in output and "worst lag" in output and "lost" in output
+    # ... and whether the kubelets' device managers started pods on a quarantined GPU.
+    assert re.search(r"device manager: (no pod|\d+ pods) started on a quarantined GPU", output), output[-3000:]
     assert "nothing left running" in output
     # The logs went to the demo's log file, also while everything stopped after the summary.
     assert not [line for line in lines if line.startswith("{")], output[-3000:]

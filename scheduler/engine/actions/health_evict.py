@@ -7,7 +7,11 @@ fatal fault (see :mod:`scheduler.engine.health` for which faults are fatal).
 A gang (``min_member`` > 1) hit anywhere loses all its pods: the survivors
 could not make progress without the lost member, and room for it is held on
 healthy GPUs at once (the job's reservation) so its recreated pods are
-placed again without queueing. A member still terminating
+placed again without queueing. A pod the kubelet's device manager put on
+a GPU that is out of service while gpuwarden had assigned it another (the
+device plugin still offered the bad one: gpuwarden cannot steer a
+device-plugin node's kubelet) is evicted the same way, its reason says so,
+and its job gets room elsewhere, gang or not. A member still terminating
 on the failed hardware counts as a hit too: when a disruption budget refused
 some of the gang's evictions, the rest are asked again every session until
 they go, instead of waiting for the stale-gang grace.
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches
+from scheduler.engine.holders import misplaced_gpus
 from scheduler.engine.scoring import find_place
-from scheduler.engine.state import Cluster, JobState, TaskState
+from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import evictable
 
@@ -28,6 +33,8 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
     hit: dict[int, tuple[TaskState, str]] = {}
     jobs: dict[int, JobState] = {}
     gone: dict[int, str] = {}  # gangs with a member already leaving the failed hardware
+    # Jobs with a pod the device manager put on a GPU out of service, and that node.
+    misplaced: dict[int, NodeState] = {}
     for node in cluster.nodes.values():
         if node.node_fatal is not None:
             why = f"node {node.name}: {node.node_fatal}"
@@ -50,6 +57,13 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                     if task.releasing:
                         gone.setdefault(id(task.job), why)
                     else:
+                        wrong = misplaced_gpus(node.spec, task.spec) if node.spec.kubelet_holders else ()
+                        if wrong:
+                            why = (
+                                f"{why}; the kubelet's device manager gave it this GPU, gpuwarden assigned "
+                                f"GPU {', '.join(map(str, task.spec.gpu_indices))}"
+                            )
+                            misplaced.setdefault(id(task.job), node)
                         hit[id(task)] = (task, why)
                         jobs.setdefault(id(task.job), task.job)
                     break
@@ -66,23 +80,32 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, why, None)
             elif job.spec.min_member > 1:
                 stmt.evict(task, EvictionAction.HEALTH_EVICTION, f"gang member lost to a fault ({first})", None)
-        if job.spec.min_member > 1 and id(job) not in gone:
-            _keep_room(cluster, caches, stmt, job)
+        if id(job) in gone:
+            continue
+        if job.spec.min_member > 1 or id(job) in misplaced:
+            _keep_room(cluster, caches, stmt, job, misplaced.get(id(job)))
     stmt.commit()
 
 
-def _keep_room(cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState) -> None:
+def _keep_room(
+    cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, avoid: NodeState | None = None
+) -> None:
     """Hold room on healthy GPUs for a gang that lost its place, whole or not at all.
 
     Its controller recreates the pods; the room found here becomes the job's
     reservation (scheduler.engine.reservations), so the gang is placed again
     at once instead of queueing behind everyone else. A gang with a member
-    still terminating is left to find room when it comes back.
+    still terminating is left to find room when it comes back. A job whose
+    pod the device manager put on a GPU out of service gets room too, gang
+    or not, and off that node (``avoid``) where any other fits: its device
+    manager, which gpuwarden cannot steer, may choose that GPU again.
     """
     mark = stmt.mark()
     for task in job.tasks:
         if task.was_running and task.node is None and task.eviction is not None:
-            found = find_place(cluster, caches, task)
+            found = find_place(cluster, caches, task, avoid) if avoid is not None else None
+            if found is None:
+                found = find_place(cluster, caches, task)
             if found is None:
                 stmt.rollback(mark)
                 return

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpuwarden import contract
+from gpuwarden.localcluster.devices import DeviceManager
 from tests.harness import complete_pod_deletion, mark_pod_finished, mark_pod_running
 from tests.scheduler.cluster.owner_crds import JOBSET, LEADERWORKERSET, PYTORCHJOB, RAYCLUSTER, TRAINJOB, OwnerKind
 from tests.waiting import wait_for
@@ -196,31 +197,51 @@ class Kubelet:
     an initializer or a finished worker does. A deleted pod (by its operator)
     is removed for good, as a kubelet does once its containers stopped; the
     names are kept in :attr:`deleted`, so a test can tell them from evictions.
+
+    ``devices`` gives a node its kubelet's device manager
+    (:class:`gpuwarden.localcluster.devices.DeviceManager`): a pod bound
+    there gets its GPUs from it, chosen among those the device plugin
+    offers and never from gpuwarden's assignment, and one it cannot serve
+    fails at admission as on a real kubelet. Nodes without one run every
+    bound pod, as these operator tests need (they have no sim hardware).
     """
 
     def __init__(
-        self, api: client.ApiClient, namespace: str, finishes: Callable[[JSON], bool] = lambda _pod: False
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        finishes: Callable[[JSON], bool] = lambda _pod: False,
+        devices: Mapping[str, DeviceManager] | None = None,
     ) -> None:
         self.api = api
         self.kube = Kube(api, namespace)
         self.finishes = finishes
+        self.devices = dict(devices or {})
         self.deleted: set[str] = set()
 
     def step(self) -> None:
         ns = self.kube.namespace
         for pod in self.kube.pods():
             name = pod["metadata"]["name"]
+            manager = self.devices.get(str(pod["spec"].get("nodeName") or ""))
             if pod["metadata"].get("deletionTimestamp"):
                 self.deleted.add(name)
                 complete_pod_deletion(self.api, name, ns)
+                if manager is not None:
+                    manager.release(ns, name)
             elif not is_bound(pod):
                 continue
             elif phase(pod) == "Pending":
                 with contextlib.suppress(client.ApiException):  # deleted meanwhile
+                    if manager is not None and manager.admit(pod) is None:
+                        mark_pod_finished(self.api, name, ns, succeeded=False)
+                        continue
                     mark_pod_running(self.api, name, ns)
             elif phase(pod) == "Running" and self.finishes(pod):
                 with contextlib.suppress(client.ApiException):
                     mark_pod_finished(self.api, name, ns)
+                    if manager is not None:
+                        manager.release(ns, name)  # its containers stopped
 
 
 # -- JobSet and Trainer v2 ------------------------------------------------------
