@@ -10,7 +10,9 @@ cap and the failure memo are written once, here.
 
 Cost is bounded: a plan is not retried for a beneficiary of the same shape
 once one failed and nothing was committed since (``FailureMemo``), and each
-action plans for ``MAX_BENEFICIARIES`` jobs per session at most.
+action plans for ``MAX_BENEFICIARIES`` jobs per session at most. Across
+sessions, a plan that failed is not searched again while the session's
+input stays the same (:mod:`scheduler.engine.backlog`).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
     what earlier actions tried for it no longer matters.
     """
     memo = FailureMemo()
+    backlog = caches.backlog
     tried = 0
     index = victim_index(cluster, caches)
     for job in beneficiaries(cluster):
@@ -135,25 +138,33 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             continue
         tried += 1
         stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            caches,
-            stmt,
-            job,
-            victims=plan.victims,
-            is_candidate=plan.is_candidate,
-            admissible=plan.admissible,
-            action=plan.action,
-            reason=plan.reason,
-            within_limits=plan.within_limits,
-            step=plan.step,
-            screen=plan.screen,
-        ) and (plan.finish is None or plan.finish(cluster, caches, stmt)):
+        # A plan the same input already saw fail fails again: it counts as
+        # tried and leaves what a failure leaves, without the search.
+        if backlog is not None and backlog.plan_failed_before(plan.action, job):
+            made = False
+        else:
+            made = make_room(
+                cluster,
+                caches,
+                stmt,
+                job,
+                victims=plan.victims,
+                is_candidate=plan.is_candidate,
+                admissible=plan.admissible,
+                action=plan.action,
+                reason=plan.reason,
+                within_limits=plan.within_limits,
+                step=plan.step,
+                screen=plan.screen,
+            ) and (plan.finish is None or plan.finish(cluster, caches, stmt))
+        if made:
             stmt.commit()
             job.reasons = []
             job.notes = []
         else:
             stmt.rollback()
             memo.remember(cluster, key)
+            if backlog is not None:
+                backlog.plan_failed(plan.action, job)
             if plan.failure_note is not None:
                 job.notes.append(plan.failure_note)
