@@ -7,9 +7,15 @@ allocate walks the pool for every gang, and reclaim, preempt and
 consolidate search for victims for the first of them. :class:`BacklogMemo`
 keeps two kinds of verdict, each with the argument that makes skipping it
 safe; a skipped attempt is one the full attempt would also have lost, so a
-session decides exactly what it decides without the memo (a property test
-holds it to that). Nothing else changes: every job still takes its turn,
+session decides exactly what it decides without the memo (property tests
+hold it to that). Nothing else changes: every job still takes its turn,
 gets its reason and its explanation against the session's final state.
+
+A skipped attempt must also leave the state exactly as the attempt would
+have, down to the order of placement's buckets and of a node's pods: an
+attempt that placed or evicted and then rolled back moves the nodes it
+touched to the end of their buckets, and a later pod then lands elsewhere.
+So only attempts that changed nothing are remembered.
 
 **No room for a gang.** Allocate places a gang of ``k`` identical pods (one
 shape: same requests, node selector, tolerations, node affinity, extended
@@ -17,23 +23,28 @@ resources; whole GPUs, no GPUs, or a slice of one GPU) greedily, pod by pod,
 or not at all. Each such pod fits a node ``c(n)`` times over, ``c`` the
 smallest of what its free whole GPUs (or the slices its GPUs' free memory
 holds), free CPU, free memory and pod slots allow, and placing one lowers
-exactly that node's ``c`` by one, whatever node the strategy picks. So the
-gang fails exactly when the sum of ``c(n)`` is below ``k``, a figure that can
-only drop while room only shrinks. A failure is therefore remembered per
-(pool, shape, ``k``) -- for every job of that shape, which is how identical
-pods are judged once -- and stands while the pool's room has not grown:
+exactly that node's ``c`` by one, whatever node the strategy picks. A gang
+whose first pod found no node had every ``c(n)`` at 0, and they stay at 0
+while room only shrinks; a gang refused by the pool's count of free whole
+GPUs (``gangs.quick_reject``) stays refused while no node gains a free
+GPU. Either way the attempt placed nothing, and would again. Such a
+failure is remembered per (pool, shape, ``k``) -- for every job of that
+shape, which is how identical pods are judged once -- and stands while the
+pool's room has not grown:
 
 - within a session, while ``PoolState.growth`` is unchanged (every release
   bumps it, except a rollback undoing the statement's own placements:
   failures are recorded only with no statement open, so a rollback returns
   to a state no roomier than any recorded one);
 - from one session to the next, by comparing each node's room at the start
-  of allocate with its room at the end of the last allocate: a node whose
+  of allocate with its room at the end of the last allocate. A node whose
   room grew in any way (a pod left, a GPU came back, its object changed, it
-  is new) drops the failures of every shape that could now fit one pod
-  there; a node that grew but still cannot hold a single pod of the shape
-  adds nothing to its sum.
+  is new) drops the "first pod found no node" of every shape that could now
+  fit one pod there (a node that grew but still cannot hold a single pod of
+  the shape keeps its ``c`` at 0), and, if it gained free whole GPUs, the
+  count's refusals that the count no longer makes.
 
+Gangs that placed some pods before failing are searched again each time.
 Pods with rules that read the pods around them (affinity, anti-affinity,
 spread, host ports, extended resources, or any running pod's
 anti-affinity), slices over several GPUs, jobs with reserved room and
@@ -41,16 +52,18 @@ gangs of mixed pods are never memoised: their outcome is not monotone in
 room, or not judged per pod alone. Limits and quotas are checked live before
 the memo is read, so a changed quota or allocation gives its own reason.
 
-**A plan that made no room.** The victim searches read the whole pool:
-running victims, queue shares, reservations. Their failures are kept only
-while the session's input is the same as the one that recorded them: the
-same node, job and queue objects, the same reservations, bystanders and
-config, and the same verdict of every check that reads the clock (a
-reservation's expiry, a short gang's grace). A session is a function of its
-input, so with the same input it reaches every plan in the same state as
-before and the plan fails again. Anything at all changing clears them all:
-each action tries at most ``MAX_BENEFICIARIES`` plans, so a changing
-cluster pays a bounded cost, and an unchanged one pays none.
+**A plan that failed on paper.** The victim searches read the whole pool:
+running victims, queue shares, reservations. A plan that failed without
+evicting anything (no release during it) is kept only while the session's
+input is the same as the one that recorded it: the same node, job and
+queue objects, the same reservations, bystanders and config, and the same
+verdict of every check that reads the clock (a reservation's expiry, a
+short gang's grace). A session is a function of its input, so with the
+same input it reaches every plan in the same state as before and the plan
+fails on paper again. Anything at all changing clears them all: each
+action tries at most ``MAX_BENEFICIARIES`` plans, so a changing cluster
+pays a bounded cost, and an unchanged one pays only for the plans that
+evicted before they failed.
 
 Not thread-safe: one scheduling loop owns a memo, and hands it to each
 session.
@@ -63,6 +76,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
 from gpuwarden.logconfig import get_logger
+from scheduler.engine.gangs import quick_reject
 from scheduler.engine.model import Job, Node, Snapshot
 from scheduler.engine.predicates import static_exclusion
 from scheduler.engine.rules import needs_verdict
@@ -71,10 +85,10 @@ from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, Task
 
 log = get_logger(__name__)
 
-# A node's room as placement can use it: its object, free CPU and memory,
-# how many pods it holds, per GPU whether it is free whole and whether a
-# whole-GPU pod holds it, and each GPU's free memory.
-_Room = tuple[Node, int, int, int, tuple[bool, ...], tuple[bool, ...], tuple[int, ...]]
+# A node's room as placement can use it: its object, whether it takes work,
+# free CPU and memory, how many pods it holds, per GPU whether it is free
+# whole and whether a whole-GPU pod holds it, and each GPU's free memory.
+_Room = tuple[Node, bool, int, int, int, tuple[bool, ...], tuple[bool, ...], tuple[int, ...]]
 # (pod shape, gang size): see predicates.shape_of.
 _GangKey = tuple[tuple[object, ...], int]
 
@@ -85,6 +99,7 @@ def _room(node: NodeState) -> _Room:
     slices = node.gpu_slices
     return (
         node.spec,
+        node.accepts,
         node.free_cpu,
         node.free_mem,
         len(node.tasks),
@@ -98,17 +113,24 @@ def _no_roomier(now: _Room, then: _Room) -> bool:
     """Whether no pod of any shape fits ``now`` more often than ``then`` (see the module docstring)."""
     if now == then:
         return True
-    if now[0] is not then[0] or now[1] > then[1] or now[2] > then[2] or now[3] < then[3]:
+    if now[0] is not then[0] or now[2] > then[2] or now[3] > then[3] or now[4] < then[4]:
         return False
-    free_now, free_then = now[4], then[4]
-    held_now, held_then = now[5], then[5]
-    mem_now, mem_then = now[6], then[6]
+    free_now, free_then = now[5], then[5]
+    held_now, held_then = now[6], then[6]
+    mem_now, mem_then = now[7], then[7]
     if len(free_now) != len(free_then):
         return False
     for p in range(len(free_now)):
         if (free_now[p] and not free_then[p]) or (held_then[p] and not held_now[p]) or mem_now[p] > mem_then[p]:
             return False
     return True
+
+
+def _more_free_gpus(node: NodeState, then: _Room | None) -> bool:
+    """Whether ``node`` adds to the free whole GPUs the pool's quick count sees (see ``gangs.quick_reject``)."""
+    if not node.accepts:
+        return False
+    return then is None or not then[1] or node.free_whole > sum(then[5])
 
 
 def _grew(node: NodeState, then: _Room | None) -> bool:
@@ -130,14 +152,21 @@ def _detached(task: TaskState) -> TaskState:
 
 
 @dataclass(slots=True, eq=False)
+class _NoRoom:
+    """A gang found without room, and how: refused by the quick count, or no node for its first pod."""
+
+    pod: TaskState  # detached, of the gang's shape
+    counted: bool
+
+
+@dataclass(slots=True, eq=False)
 class _PoolMemo:
     """One pool's gangs known not to fit, and the room they were judged against."""
 
     # PoolState.growth at which ``no_room`` holds (another session's pool
     # state counts from its own start, so this is set again each allocate).
     valid_at: int = -1
-    # (shape, gang size) -> a detached pod of that shape.
-    no_room: dict[_GangKey, TaskState] = field(default_factory=dict)
+    no_room: dict[_GangKey, _NoRoom] = field(default_factory=dict)
     # Node name -> its room at the end of the last allocate, while ``no_room`` is not empty.
     reference: dict[str, _Room] | None = None
 
@@ -242,10 +271,15 @@ class BacklogMemo:
             reference = memo.reference
             grown = [node for node in pool.nodes if _grew(node, reference.get(node.name))]
             if grown:
+                more_gpus = any(_more_free_gpus(node, reference.get(node.name)) for node in grown)
                 dropped = [
                     key
-                    for key, pod in memo.no_room.items()
-                    if any(static_exclusion(node, pod) is None and fit_on_node(node, pod) for node in grown)
+                    for key, verdict in memo.no_room.items()
+                    if (
+                        more_gpus and not quick_reject(pool, [verdict.pod] * key[1])
+                        if verdict.counted
+                        else _could_take_one(grown, verdict.pod)
+                    )
                 ]
                 for key in dropped:
                     del memo.no_room[key]
@@ -278,8 +312,12 @@ class BacklogMemo:
         self.counts.placements_tried += 1
         return False
 
-    def found_no_room(self, cluster: Cluster, job: JobState, gang: list[TaskState]) -> None:
-        """Allocate found no room for ``job``'s gang, with no statement left open."""
+    def found_no_room(self, cluster: Cluster, job: JobState, gang: list[TaskState], *, counted: bool) -> None:
+        """Allocate found no room for ``job``'s gang without placing any of it, with no statement open.
+
+        ``counted``: the pool's count of free whole GPUs refused it
+        (``gangs.quick_reject``); else no node had room for its first pod.
+        """
         pool = job.pool
         key = _gang_key(cluster, job, gang)
         if pool is None or key is None:
@@ -287,10 +325,10 @@ class BacklogMemo:
         memo = self._pools.get(pool.name)
         if memo is None:
             memo = self._pools[pool.name] = _PoolMemo(valid_at=pool.growth)
-        self._current(memo, pool)[key] = _detached(gang[0])
+        self._current(memo, pool)[key] = _NoRoom(_detached(gang[0]), counted)
 
     @staticmethod
-    def _current(memo: _PoolMemo, pool: PoolState) -> dict[_GangKey, TaskState]:
+    def _current(memo: _PoolMemo, pool: PoolState) -> dict[_GangKey, _NoRoom]:
         """The pool's failures that still stand: none once room was released since they were judged."""
         if memo.valid_at != pool.growth:
             memo.no_room.clear()
@@ -309,6 +347,11 @@ class BacklogMemo:
 
     def plan_failed(self, action: EvictionAction, job: JobState) -> None:
         self._plans.add((action, job.key))
+
+
+def _could_take_one(nodes: list[NodeState], pod: TaskState) -> bool:
+    """Whether one of ``nodes`` has room for one pod of ``pod``'s shape now (static predicates and fit)."""
+    return any(static_exclusion(node, pod) is None and fit_on_node(node, pod) is not None for node in nodes)
 
 
 def _gang_key(cluster: Cluster, job: JobState, gang: list[TaskState]) -> _GangKey | None:

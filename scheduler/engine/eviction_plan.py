@@ -138,8 +138,9 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             continue
         tried += 1
         stmt = Statement(cluster)
-        # A plan the same input already saw fail fails again: it counts as
-        # tried and leaves what a failure leaves, without the search.
+        # A plan the same input already saw fail on paper fails so again:
+        # it counts as tried and leaves what that failure left, without the search.
+        released = cluster.release_version
         if backlog is not None and backlog.plan_failed_before(plan.action, job):
             made = False
         else:
@@ -164,7 +165,10 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
         else:
             stmt.rollback()
             memo.remember(cluster, key)
-            if backlog is not None:
+            # Only a plan that failed on paper is remembered: one that
+            # evicted and rolled back moved nodes and pods within
+            # placement's order, which skipping it would not.
+            if backlog is not None and cluster.release_version == released:
                 backlog.plan_failed(plan.action, job)
             if plan.failure_note is not None:
                 job.notes.append(plan.failure_note)

@@ -18,7 +18,7 @@ from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskStat
 from scheduler.engine.statement import Statement
 
 
-def _quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
+def quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
     """True when the pool cannot possibly hold ``tasks`` (ignores predicates)."""
     need_whole = 0
     shapes: dict[int, int] = {}
@@ -98,11 +98,11 @@ def place_job(
     # The job's reserved room is its own: freed first, so the gang check
     # and the placement below count it (a rollback seats it again).
     release_for(stmt, job)
-    if gang and _quick_reject(pool, gang):
+    if gang and quick_reject(pool, gang):
         stmt.rollback(mark)
         job.unplaced = gang[0]
         if memo is not None:
-            memo.found_no_room(cluster, job, gang)
+            memo.found_no_room(cluster, job, gang, counted=True)
         return _no_room()
     for i, task in enumerate(pending):
         in_gang = i < required
@@ -113,8 +113,11 @@ def place_job(
             continue
         if in_gang:
             stmt.rollback(mark)
-            if memo is not None and problem == _no_room():
-                memo.found_no_room(cluster, job, gang)
+            # Only a gang that placed nothing is remembered: undoing placed
+            # pods moves their nodes within placement's order, which a
+            # skipped attempt would not, and later pods could land elsewhere.
+            if memo is not None and i == 0 and problem == _no_room():
+                memo.found_no_room(cluster, job, gang, counted=False)
             return problem
         break
     job.unplaced = None
