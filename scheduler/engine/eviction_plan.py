@@ -72,13 +72,22 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
         and not job.awaiting_room
         and job.needs_gang()
     ]
-    jobs.sort(key=_allocate_order)
+    # A queue's key depends only on the queue and what the job asks for: a
+    # backlog of thousands has a few dozen distinct ones, worked out once each.
+    keys: dict[tuple[str, int, int, int], tuple[tuple[int, float, str], ...]] = {}
+
+    def allocate_order(job: JobState) -> tuple[object, ...]:
+        queue = job.queue
+        assert queue is not None and job.pool is not None  # kept only such jobs
+        need = gang_need(job)
+        asked = (queue.name, need[0], need[1], need[2])
+        key = keys.get(asked)
+        if key is None:
+            key = keys[asked] = queue_key(queue, job.pool.capacity, need)
+        return (key, job_key(job))
+
+    jobs.sort(key=allocate_order)
     return jobs
-
-
-def _allocate_order(job: JobState) -> tuple[object, ...]:
-    assert job.queue is not None and job.pool is not None  # beneficiaries() keeps only such jobs
-    return (queue_key(job.queue, job.pool.capacity, gang_need(job)), job_key(job))
 
 
 @dataclass(slots=True)
