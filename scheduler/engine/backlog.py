@@ -71,7 +71,7 @@ session.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
@@ -183,21 +183,33 @@ class BacklogCounts:
 
 @dataclass(slots=True, eq=False)
 class _Inputs:
-    """What a session's plans read of its snapshot, kept to tell whether the next one is the same."""
+    """What a session's plans read of its snapshot, kept to tell whether the next one is the same.
+
+    Nodes and jobs are compared by name and identity, not by position: the
+    session orders them itself, and the cycle hands over an unchanged
+    object as the very same object but not always in the same place.
+    """
 
     snapshot: Snapshot
     clock: tuple[bool, ...]
+    nodes: dict[str, Node]
+    jobs: dict[str, Job]
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> _Inputs:
-        return cls(snapshot, _clock_verdicts(snapshot))
+        return cls(
+            snapshot,
+            _clock_verdicts(snapshot),
+            {node.name: node for node in snapshot.nodes},
+            {job.key: job for job in snapshot.jobs},
+        )
 
     def same(self, other: _Inputs) -> bool:
         old, new = self.snapshot, other.snapshot
         return (
             self.clock == other.clock
-            and _same_objects(old.nodes, new.nodes)
-            and _same_objects(old.jobs, new.jobs)
+            and _same_objects(self.nodes, other.nodes, len(new.nodes))
+            and _same_objects(self.jobs, other.jobs, len(new.jobs))
             and old.config == new.config
             and old.queues == new.queues
             and old.invalid_queues == new.invalid_queues
@@ -206,9 +218,9 @@ class _Inputs:
         )
 
 
-def _same_objects(old: Sequence[object], new: Sequence[object]) -> bool:
-    """The very same objects in the same order (the cycle hands unchanged ones over by identity)."""
-    return len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True))
+def _same_objects(old: Mapping[str, object], new: Mapping[str, object], listed: int) -> bool:
+    """The very same object under every name, and no name listed twice (``listed`` entries in all)."""
+    return len(old) == len(new) == listed and all(old.get(name) is obj for name, obj in new.items())
 
 
 def _clock_verdicts(snapshot: Snapshot) -> tuple[bool, ...]:
