@@ -181,41 +181,24 @@ class BacklogCounts:
     plans_skipped: int = 0
 
 
-@dataclass(slots=True, eq=False)
-class _Inputs:
-    """What a session's plans read of its snapshot, kept to tell whether the next one is the same.
+def _same_input(old: Snapshot, new: Snapshot) -> bool:
+    """Whether a session over ``new`` reads what one over ``old`` read (see the module docstring).
 
     Nodes and jobs are compared by name and identity, not by position: the
     session orders them itself, and the cycle hands over an unchanged
     object as the very same object but not always in the same place.
+    Worked out only while a failed plan is remembered.
     """
-
-    snapshot: Snapshot
-    clock: tuple[bool, ...]
-    nodes: dict[str, Node]
-    jobs: dict[str, Job]
-
-    @classmethod
-    def of(cls, snapshot: Snapshot) -> _Inputs:
-        return cls(
-            snapshot,
-            _clock_verdicts(snapshot),
-            {node.name: node for node in snapshot.nodes},
-            {job.key: job for job in snapshot.jobs},
-        )
-
-    def same(self, other: _Inputs) -> bool:
-        old, new = self.snapshot, other.snapshot
-        return (
-            self.clock == other.clock
-            and _same_objects(self.nodes, other.nodes, len(new.nodes))
-            and _same_objects(self.jobs, other.jobs, len(new.jobs))
-            and old.config == new.config
-            and old.queues == new.queues
-            and old.invalid_queues == new.invalid_queues
-            and old.reservations == new.reservations
-            and old.bystanders == new.bystanders
-        )
+    return (
+        _clock_verdicts(old) == _clock_verdicts(new)
+        and _same_objects({n.name: n for n in old.nodes}, {n.name: n for n in new.nodes}, len(new.nodes))
+        and _same_objects({j.key: j for j in old.jobs}, {j.key: j for j in new.jobs}, len(new.jobs))
+        and old.config == new.config
+        and old.queues == new.queues
+        and old.invalid_queues == new.invalid_queues
+        and old.reservations == new.reservations
+        and old.bystanders == new.bystanders
+    )
 
 
 def _same_objects(old: Mapping[str, object], new: Mapping[str, object], listed: int) -> bool:
@@ -242,7 +225,7 @@ class BacklogMemo:
 
     def __init__(self) -> None:
         self._pools: dict[str, _PoolMemo] = {}
-        self._inputs: _Inputs | None = None
+        self._last: Snapshot | None = None
         self._plans: set[tuple[EvictionAction, str]] = set()
         self.counts = BacklogCounts()
         self.totals = BacklogCounts()
@@ -252,16 +235,15 @@ class BacklogMemo:
     def begin(self, snapshot: Snapshot) -> None:
         """A session over ``snapshot`` starts: failed plans stand only if its input is the last one's."""
         self._fold()
-        inputs = _Inputs.of(snapshot)
-        if self._plans and (self._inputs is None or not self._inputs.same(inputs)):
+        if self._plans and (self._last is None or not _same_input(self._last, snapshot)):
             self._plans.clear()
-        self._inputs = inputs
+        self._last = snapshot
 
     def abandon(self) -> None:
         """The session failed half-way: nothing it learned, nor anything before, is trusted."""
         self._pools.clear()
         self._plans.clear()
-        self._inputs = None
+        self._last = None
 
     def _fold(self) -> None:
         c, t = self.counts, self.totals
