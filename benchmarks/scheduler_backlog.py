@@ -191,7 +191,7 @@ def run_sequence(name: str, first: Snapshot, rounds: int, step: Callable[[Snapsh
         f"median {statistics.median(without) * 1000:7.1f} ms | with memo min {min(with_memo) * 1000:7.1f} ms "
         f"median {statistics.median(with_memo) * 1000:7.1f} ms  (last session: gang searches "
         f"{c.placements_tried} tried, {c.placements_skipped} skipped; victim plans {c.plans_tried} tried, "
-        f"{c.plans_skipped} skipped)"
+        f"{c.plans_skipped} skipped, {c.no_plans_skipped} jobs' lack of a plan replayed)"
     )
 
 

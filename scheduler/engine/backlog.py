@@ -52,15 +52,16 @@ gangs of mixed pods are never memoised: their outcome is not monotone in
 room, or not judged per pod alone. Limits and quotas are checked live before
 the memo is read, so a changed quota or allocation gives its own reason.
 
-**A plan that failed on paper.** The victim searches read the whole pool:
-running victims, queue shares, reservations. A plan that failed without
-evicting anything (no release during it) is kept only while the session's
-input is the same as the one that recorded it: the same node, job and
+**A plan that failed on paper, or none at all.** The victim searches read
+the whole pool: running victims, queue shares, reservations. A plan that
+failed without evicting anything (no release during it), and a job an
+action made no plan for (with the notes it left, replayed), are kept only
+while the session's input is the same as the one that recorded them: the same node, job and
 queue objects, the same reservations, bystanders and config, and the same
 verdict of every check that reads the clock (a reservation's expiry, a
 short gang's grace). A session is a function of its input, so with the
-same input it reaches every plan in the same state as before and the plan
-fails on paper again. Anything at all changing clears them all: each
+same input it reaches every job in the same state as before: it gets no
+plan again, or its plan fails on paper again. Anything at all changing clears them all: each
 action tries at most ``MAX_BENEFICIARIES`` plans, so a changing cluster
 pays a bounded cost, and an unchanged one pays only for the plans that
 evicted before they failed.
@@ -179,6 +180,8 @@ class BacklogCounts:
     placements_skipped: int = 0
     plans_tried: int = 0
     plans_skipped: int = 0
+    # Jobs an action would again make no plan for (its notes are replayed).
+    no_plans_skipped: int = 0
 
 
 def _same_input(old: Snapshot, new: Snapshot) -> bool:
@@ -227,6 +230,8 @@ class BacklogMemo:
         self._pools: dict[str, _PoolMemo] = {}
         self._last: Snapshot | None = None
         self._plans: set[tuple[EvictionAction, str]] = set()
+        # Jobs an action made no plan for, with the notes it left them.
+        self._no_plans: dict[tuple[EvictionAction, str], tuple[str, ...]] = {}
         self.counts = BacklogCounts()
         self.totals = BacklogCounts()
 
@@ -235,14 +240,16 @@ class BacklogMemo:
     def begin(self, snapshot: Snapshot) -> None:
         """A session over ``snapshot`` starts: failed plans stand only if its input is the last one's."""
         self._fold()
-        if self._plans and (self._last is None or not _same_input(self._last, snapshot)):
+        if (self._plans or self._no_plans) and (self._last is None or not _same_input(self._last, snapshot)):
             self._plans.clear()
+            self._no_plans.clear()
         self._last = snapshot
 
     def abandon(self) -> None:
         """The session failed half-way: nothing it learned, nor anything before, is trusted."""
         self._pools.clear()
         self._plans.clear()
+        self._no_plans.clear()
         self._last = None
 
     def _fold(self) -> None:
@@ -251,6 +258,7 @@ class BacklogMemo:
         t.placements_skipped += c.placements_skipped
         t.plans_tried += c.plans_tried
         t.plans_skipped += c.plans_skipped
+        t.no_plans_skipped += c.no_plans_skipped
         self.counts = BacklogCounts()
 
     # -- allocation ---------------------------------------------------------------
@@ -341,6 +349,16 @@ class BacklogMemo:
 
     def plan_failed(self, action: EvictionAction, job: JobState) -> None:
         self._plans.add((action, job.key))
+
+    def no_plan_before(self, action: EvictionAction, job: JobState) -> tuple[str, ...] | None:
+        """The notes ``action`` left ``job`` when the same input gave it no plan, else None."""
+        found = self._no_plans.get((action, job.key))
+        if found is not None:
+            self.counts.no_plans_skipped += 1
+        return found
+
+    def no_plan(self, action: EvictionAction, job: JobState, notes: tuple[str, ...]) -> None:
+        self._no_plans[(action, job.key)] = notes
 
 
 def _could_take_one(nodes: list[NodeState], pod: TaskState) -> bool:

@@ -103,6 +103,10 @@ class Backlog(Protocol):
 
     def plan_failed(self, action: EvictionAction, job: JobState) -> None: ...
 
+    def no_plan_before(self, action: EvictionAction, job: JobState) -> tuple[str, ...] | None: ...
+
+    def no_plan(self, action: EvictionAction, job: JobState, notes: tuple[str, ...]) -> None: ...
+
 
 @dataclass(slots=True, eq=False)
 class SessionCaches:

@@ -124,11 +124,12 @@ class EvictionPlan:
 PlanFor = Callable[[JobState, VictimIndex], EvictionPlan | None]
 
 
-def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) -> None:
+def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor, action: EvictionAction) -> None:
     """Try ``plan_for``'s plan for each beneficiary; commit the ones that succeed.
 
     A committed plan clears the job's reasons and notes: it is placed, and
-    what earlier actions tried for it no longer matters.
+    what earlier actions tried for it no longer matters. ``action`` names
+    the caller's plans for the backlog memo.
     """
     memo = FailureMemo()
     backlog = caches.backlog
@@ -137,8 +138,18 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
+        # With the same input as before, a job that got no plan gets none
+        # again, with the same notes: most of a backlog, every session.
+        if backlog is not None:
+            notes = backlog.no_plan_before(action, job)
+            if notes is not None:
+                job.notes.extend(notes)
+                continue
+        noted = len(job.notes)
         plan = plan_for(job, index)
         if plan is None:
+            if backlog is not None:
+                backlog.no_plan(action, job, tuple(job.notes[noted:]))
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
@@ -150,7 +161,7 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
         # A plan the same input already saw fail on paper fails so again:
         # it counts as tried and leaves what that failure left, without the search.
         released = cluster.release_version
-        if backlog is not None and backlog.plan_failed_before(plan.action, job):
+        if backlog is not None and backlog.plan_failed_before(action, job):
             made = False
         else:
             made = make_room(
@@ -178,6 +189,6 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             # evicted and rolled back moved nodes and pods within
             # placement's order, which skipping it would not.
             if backlog is not None and cluster.release_version == released:
-                backlog.plan_failed(plan.action, job)
+                backlog.plan_failed(action, job)
             if plan.failure_note is not None:
                 job.notes.append(plan.failure_note)

@@ -192,6 +192,8 @@ def test_an_unchanged_backlog_is_not_searched_again() -> None:
     assert second == run_session(again)
     assert (memo.counts.placements_tried, memo.counts.placements_skipped) == (0, 40)
     assert (memo.counts.plans_tried, memo.counts.plans_skipped) == (0, 1)
+    # Reclaim had no plan for b's jobs (a is within its quota): not asked again either.
+    assert memo.counts.no_plans_skipped > 0
 
 
 def test_a_plan_that_evicted_before_it_failed_is_searched_again() -> None:
