@@ -61,6 +61,7 @@ from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
 from scheduler.cluster.volumes import VolumeJudge
+from scheduler.engine.backlog import BacklogMemo
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
@@ -231,8 +232,10 @@ class SchedulingCycle:
         self._snapshots = SnapshotAssembler(slice_admission)
         self._volumes = VolumeJudge()
         # The engine's working state kept from session to session (undone
-        # and updated by the jobs and nodes that changed) when incremental.
-        self._engine = Engine() if incremental else None
+        # and updated by the jobs and nodes that changed) when incremental,
+        # with what its sessions learned of the backlog, so that jobs that
+        # still cannot fit are not searched for again every cycle.
+        self._engine = Engine(memo=BacklogMemo()) if incremental else None
         # Derived PodGroups found missing that wait for a cycle with no binds (_podgroups_to_create).
         self._deferred_groups: dict[tuple[str, str], GroupSpec] = {}
         self._max_defer_s = bookkeeping_max_defer_s

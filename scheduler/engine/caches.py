@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from gpuwarden.contract import EvictionAction
 from scheduler.engine.model import PendingReason
 from scheduler.engine.rules import DomainCache
-from scheduler.engine.state import JobState, NodeState, PoolState
+from scheduler.engine.state import Cluster, JobState, NodeState, PoolState, TaskState
 
 # What makes two pods interchangeable for placement (see predicates.shape_of).
 Shape = tuple[object, ...]
@@ -82,6 +84,30 @@ class NodeGroups:
     groups: list[tuple[NodeState, int]]  # (representative, how many alike)
 
 
+class Backlog(Protocol):
+    """What the actions ask of :class:`scheduler.engine.backlog.BacklogMemo`.
+
+    Written here as an interface because the memo itself reads placement,
+    which reads these caches.
+    """
+
+    def allocate_begins(self, cluster: Cluster) -> None: ...
+
+    def allocate_ends(self, cluster: Cluster) -> None: ...
+
+    def no_room(self, cluster: Cluster, job: JobState, gang: list[TaskState]) -> bool: ...
+
+    def found_no_room(self, cluster: Cluster, job: JobState, gang: list[TaskState], *, counted: bool) -> None: ...
+
+    def plan_failed_before(self, action: EvictionAction, job: JobState) -> bool: ...
+
+    def plan_failed(self, action: EvictionAction, job: JobState) -> None: ...
+
+    def no_plan_before(self, action: EvictionAction, job: JobState) -> tuple[str, ...] | None: ...
+
+    def no_plan(self, action: EvictionAction, job: JobState, notes: tuple[str, ...]) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class SessionCaches:
     """Everything one session caches; a fresh one per session."""
@@ -98,6 +124,9 @@ class SessionCaches:
     gpus_in_all: dict[str, int] = field(default_factory=dict)
     # Placement rules: eligible nodes per spread constraint, verdicts per pod.
     rules: DomainCache = field(default_factory=DomainCache)
+    # What earlier sessions learned of the backlog (scheduler.engine.backlog),
+    # when the caller keeps one: the only thing here that outlives the session.
+    backlog: Backlog | None = None
 
     def pool(self, pool: PoolState) -> PoolCaches:
         found = self.pools.get(pool.name)

@@ -10,7 +10,9 @@ cap and the failure memo are written once, here.
 
 Cost is bounded: a plan is not retried for a beneficiary of the same shape
 once one failed and nothing was committed since (``FailureMemo``), and each
-action plans for ``MAX_BENEFICIARIES`` jobs per session at most.
+action plans for ``MAX_BENEFICIARIES`` jobs per session at most. Across
+sessions, a plan that failed is not searched again while the session's
+input stays the same (:mod:`scheduler.engine.backlog`).
 """
 
 from __future__ import annotations
@@ -70,13 +72,22 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
         and not job.awaiting_room
         and job.needs_gang()
     ]
-    jobs.sort(key=_allocate_order)
+    # A queue's key depends only on the queue and what the job asks for: a
+    # backlog of thousands has a few dozen distinct ones, worked out once each.
+    keys: dict[tuple[str, int, int, int], tuple[tuple[int, float, str], ...]] = {}
+
+    def allocate_order(job: JobState) -> tuple[object, ...]:
+        queue = job.queue
+        assert queue is not None and job.pool is not None  # kept only such jobs
+        need = gang_need(job)
+        asked = (queue.name, need[0], need[1], need[2])
+        key = keys.get(asked)
+        if key is None:
+            key = keys[asked] = queue_key(queue, job.pool.capacity, need)
+        return (key, job_key(job))
+
+    jobs.sort(key=allocate_order)
     return jobs
-
-
-def _allocate_order(job: JobState) -> tuple[object, ...]:
-    assert job.queue is not None and job.pool is not None  # beneficiaries() keeps only such jobs
-    return (queue_key(job.queue, job.pool.capacity, gang_need(job)), job_key(job))
 
 
 @dataclass(slots=True)
@@ -113,22 +124,34 @@ class EvictionPlan:
 PlanFor = Callable[[JobState, VictimIndex], EvictionPlan | None]
 
 
-def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) -> None:
+def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor, action: EvictionAction) -> None:
     """Try ``plan_for``'s plan for each beneficiary; commit the ones that succeed.
 
     A committed plan clears the job's reasons and notes: it is placed, and
-    what earlier actions tried for it no longer matters.
+    what earlier actions tried for it no longer matters. ``action`` names
+    the caller's plans for the backlog memo.
     """
     memo = FailureMemo()
+    backlog = caches.backlog
     tried = 0
     index: VictimIndex | None = None  # built for the first beneficiary: most sessions have none
     for job in beneficiaries(cluster):
         if tried >= MAX_BENEFICIARIES:
             break
+        # With the same input as before, a job that got no plan gets none
+        # again, with the same notes: most of a backlog, every session.
+        if backlog is not None:
+            notes = backlog.no_plan_before(action, job)
+            if notes is not None:
+                job.notes.extend(notes)
+                continue
+        noted = len(job.notes)
         if index is None:
             index = victim_index(cluster, caches)
         plan = plan_for(job, index)
         if plan is None:
+            if backlog is not None:
+                backlog.no_plan(action, job, tuple(job.notes[noted:]))
             continue
         key = memo_key(job)
         if memo.known_failure(cluster, key):
@@ -137,25 +160,37 @@ def run_evictions(cluster: Cluster, caches: SessionCaches, plan_for: PlanFor) ->
             continue
         tried += 1
         stmt = Statement(cluster)
-        if make_room(
-            cluster,
-            caches,
-            stmt,
-            job,
-            victims=plan.victims,
-            is_candidate=plan.is_candidate,
-            admissible=plan.admissible,
-            action=plan.action,
-            reason=plan.reason,
-            within_limits=plan.within_limits,
-            step=plan.step,
-            screen=plan.screen,
-        ) and (plan.finish is None or plan.finish(cluster, caches, stmt)):
+        # A plan the same input already saw fail on paper fails so again:
+        # it counts as tried and leaves what that failure left, without the search.
+        released = cluster.release_version
+        if backlog is not None and backlog.plan_failed_before(action, job):
+            made = False
+        else:
+            made = make_room(
+                cluster,
+                caches,
+                stmt,
+                job,
+                victims=plan.victims,
+                is_candidate=plan.is_candidate,
+                admissible=plan.admissible,
+                action=plan.action,
+                reason=plan.reason,
+                within_limits=plan.within_limits,
+                step=plan.step,
+                screen=plan.screen,
+            ) and (plan.finish is None or plan.finish(cluster, caches, stmt))
+        if made:
             stmt.commit()
             job.reasons = []
             job.notes = []
         else:
             stmt.rollback()
             memo.remember(cluster, key)
+            # Only a plan that failed on paper is remembered: one that
+            # evicted and rolled back moved nodes and pods within
+            # placement's order, which skipping it would not.
+            if backlog is not None and cluster.release_version == released:
+                backlog.plan_failed(action, job)
             if plan.failure_note is not None:
                 job.notes.append(plan.failure_note)

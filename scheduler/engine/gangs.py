@@ -9,7 +9,7 @@ on a statement that is rolled back if the gang falls short.
 from __future__ import annotations
 
 from gpuwarden.contract import UnschedulableReason
-from scheduler.engine.caches import SessionCaches
+from scheduler.engine.caches import Backlog, SessionCaches
 from scheduler.engine.limits import limit_problem
 from scheduler.engine.model import PendingReason
 from scheduler.engine.reservations import release_for, reserved_place
@@ -18,7 +18,7 @@ from scheduler.engine.state import TIERS, Cluster, JobState, PoolState, TaskStat
 from scheduler.engine.statement import Statement
 
 
-def _quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
+def quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
     """True when the pool cannot possibly hold ``tasks`` (ignores predicates)."""
     need_whole = 0
     shapes: dict[int, int] = {}
@@ -44,7 +44,13 @@ def _quick_reject(pool: PoolState, tasks: list[TaskState]) -> bool:
 
 
 def place_job(
-    cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+    cluster: Cluster,
+    caches: SessionCaches,
+    stmt: Statement,
+    job: JobState,
+    *,
+    beyond_gang: bool = True,
+    memo: Backlog | None = None,
 ) -> PendingReason | None:
     """Place the job's pending tasks: at least enough for its gang, or none.
 
@@ -54,6 +60,11 @@ def place_job(
     task is one beyond it (a Job whose last pods are fewer than its
     parallelism still places them). Returns None on success, else the
     reason it failed; on failure every placement made here is rolled back.
+
+    ``memo`` is given only with a fresh statement and none other open: a
+    gang it knows has no room is refused without a search (limits are
+    checked first, so their reasons stay live), and a gang found without
+    room is recorded there.
     """
     if job.error is not None:
         return job.error
@@ -78,13 +89,20 @@ def place_job(
         problem = limit_problem(queue, cluster.job_request(gang), job.preemptible)
         if problem is not None:
             return problem
+    if memo is not None:
+        assert stmt.mark() == 0, "the memo judges a gang against the state with no statement open"
+        if gang and memo.no_room(cluster, job, gang):
+            job.unplaced = gang[0]  # its pods are alike: any of them explains it
+            return _no_room()
     mark = stmt.mark()
     # The job's reserved room is its own: freed first, so the gang check
     # and the placement below count it (a rollback seats it again).
     release_for(stmt, job)
-    if gang and _quick_reject(pool, gang):
+    if gang and quick_reject(pool, gang):
         stmt.rollback(mark)
         job.unplaced = gang[0]
+        if memo is not None:
+            memo.found_no_room(cluster, job, gang, counted=True)
         return _no_room()
     for i, task in enumerate(pending):
         in_gang = i < required
@@ -95,6 +113,11 @@ def place_job(
             continue
         if in_gang:
             stmt.rollback(mark)
+            # Only a gang that placed nothing is remembered: undoing placed
+            # pods moves their nodes within placement's order, which a
+            # skipped attempt would not, and later pods could land elsewhere.
+            if memo is not None and i == 0 and problem == _no_room():
+                memo.found_no_room(cluster, job, gang, counted=False)
             return problem
         break
     job.unplaced = None

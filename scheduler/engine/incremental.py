@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from gpuwarden.logconfig import get_logger
+from scheduler.engine.backlog import BacklogMemo
 from scheduler.engine.build import JobBuilder, add_capacity, build_state, make_node, seat_running, share_out
 from scheduler.engine.fairshare import QueueTree
 from scheduler.engine.model import Decisions, Job, Node, Reservation, Snapshot
@@ -68,10 +69,12 @@ class Engine:
 
     Not thread-safe: one scheduling loop owns it. ``rebuilds`` and
     ``updates`` count how each session's state came about (for metrics and
-    benchmarks).
+    benchmarks). ``memo``, when given, is what its sessions learn of the
+    backlog and skip next time (:mod:`scheduler.engine.backlog`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memo: BacklogMemo | None = None) -> None:
+        self.memo = memo
         self._kept: _Kept | None = None
         self.rebuilds = 0
         self.updates = 0
@@ -85,12 +88,14 @@ class Engine:
                 kept = self._prepare(snapshot)
                 cluster = kept.cluster
                 built = clock()
-                result = act(cluster, [("build", built - start)], timings)
+                result = act(cluster, [("build", built - start)], timings, snapshot, self.memo)
                 start = clock()
                 if not self._undo(kept):
                     self._kept = None
             except BaseException:
                 self._kept = None  # half applied or half undone: the next session builds afresh
+                if self.memo is not None:
+                    self.memo.abandon()
                 raise
             if timings is not None:
                 timings["undo"] = clock() - start

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
+from scheduler.engine.backlog import BacklogMemo
 from scheduler.engine.build import build_cluster
 from scheduler.engine.caches import SessionCaches
 from scheduler.engine.decisions import decisions
@@ -38,9 +39,13 @@ ACTIONS: tuple[tuple[str, SessionAction], ...] = (
 )
 
 
-def run_session(snapshot: Snapshot, timings: dict[str, float] | None = None) -> Decisions:
+def run_session(
+    snapshot: Snapshot, timings: dict[str, float] | None = None, memo: BacklogMemo | None = None
+) -> Decisions:
     """One cycle; ``timings``, when given, receives seconds per phase
     (``build``, each action, ``decisions``) for metrics and benchmarks.
+    ``memo`` is what earlier sessions learned of the backlog
+    (:mod:`scheduler.engine.backlog`); the decisions are the same without it.
 
     The cyclic garbage collector is paused while it runs: a session
     allocates hundreds of thousands of small objects that all live until it
@@ -50,13 +55,26 @@ def run_session(snapshot: Snapshot, timings: dict[str, float] | None = None) -> 
     with collector_paused():
         start = time.perf_counter()
         cluster = build_cluster(snapshot)
-        return act(cluster, [("build", time.perf_counter() - start)], timings)
+        return act(cluster, [("build", time.perf_counter() - start)], timings, snapshot, memo)
 
 
-def act(cluster: Cluster, phases: list[tuple[str, float]], timings: dict[str, float] | None) -> Decisions:
-    """The actions in their order over a built state, then its decisions."""
+def act(
+    cluster: Cluster,
+    phases: list[tuple[str, float]],
+    timings: dict[str, float] | None,
+    snapshot: Snapshot | None = None,
+    memo: BacklogMemo | None = None,
+) -> Decisions:
+    """The actions in their order over a built state (of ``snapshot``), then its decisions.
+
+    An exception drops everything ``memo`` knew: the session that taught
+    it may have been left half done.
+    """
     clock = time.perf_counter
-    caches = SessionCaches()
+    caches = SessionCaches(backlog=memo)
+    if memo is not None:
+        assert snapshot is not None, "a memo compares each session's snapshot with the last"
+        memo.begin(snapshot)
     # The index of bound pods (scheduler.engine.rules) is the session's: a
     # state kept for the next session is changed outside take and release.
     cluster.pod_index = None
@@ -68,6 +86,10 @@ def act(cluster: Cluster, phases: list[tuple[str, float]], timings: dict[str, fl
         start = clock()
         result = decisions(cluster, caches)
         phases.append(("decisions", clock() - start))
+    except BaseException:
+        if memo is not None:
+            memo.abandon()
+        raise
     finally:
         cluster.pod_index = None
     if timings is not None:

@@ -96,6 +96,10 @@ class PoolState:
     max_gpus: int = 0
     granule: int = 1024  # MiB per shared bucket
     free_whole_total: int = 0
+    # Bumped by every release of room on its nodes except a rollback undoing
+    # its own statement's placements: a remembered "no room" stands while it
+    # is unchanged (scheduler.engine.backlog).
+    growth: int = 0
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
 
@@ -338,10 +342,16 @@ class Cluster:
                 n[CPU] += cpu
                 n[MEMORY] += mem
 
-    def release(self, task: TaskState) -> None:
-        """Undo :meth:`take`: ``task`` no longer holds anything."""
+    def release(self, task: TaskState, *, undo: bool = False) -> None:
+        """Undo :meth:`take`: ``task`` no longer holds anything.
+
+        ``undo``: a rollback takes back a placement of its own statement,
+        which leaves no more room than there was when the statement began.
+        """
         node = task.node
         assert node is not None
+        if not undo:
+            node.pool.growth += 1
         if self.dirty is not None:
             self.dirty.add(node)
         node.free_cpu += task.cpu

@@ -77,7 +77,7 @@ class Statement:
             entry = log.pop()
             cluster.applied -= 1
             if entry.kind == _ALLOCATE:
-                cluster.release(entry.task)
+                cluster.release(entry.task, undo=True)
             else:
                 assert entry.node is not None
                 cluster.take(entry.task, entry.node, entry.positions, entry.slices)

@@ -42,8 +42,13 @@ _Turn = Callable[[QueueState, list[JobState]], None]
 
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
+    memo = caches.backlog
+    if memo is not None:
+        memo.allocate_begins(cluster)
     for pool_name in sorted(cluster.pools):
         _allocate_pool(cluster, caches, pool_name)
+    if memo is not None:
+        memo.allocate_ends(cluster)
 
 
 def _allocate_pool(cluster: Cluster, caches: SessionCaches, pool_name: str) -> None:
@@ -113,7 +118,9 @@ def _place_within_share(cluster: Cluster, caches: SessionCaches, queue: QueueSta
     """Place the job's gang, then its further pods while its queue is below
     fair share; True when it has pods left for the second round."""
     stmt = Statement(cluster)
-    problem = place_job(cluster, caches, stmt, job, beyond_gang=False)
+    # A fresh statement and no other open: what the backlog memo needs to
+    # trust and to record a "no room" (scheduler.engine.backlog).
+    problem = place_job(cluster, caches, stmt, job, beyond_gang=False, memo=caches.backlog)
     if problem is not None:
         job.reasons = [problem]
         return False

@@ -173,7 +173,7 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
             ),
         )
 
-    run_evictions(cluster, caches, plan)
+    run_evictions(cluster, caches, plan, EvictionAction.CONSOLIDATE)
 
 
 def _whole_gpus_can_land(cluster: Cluster, node: NodeState, task: TaskState, evicted: Sequence[TaskState]) -> bool:

@@ -42,7 +42,7 @@ def _always(_victim: JobState, _tasks: Sequence[TaskState]) -> bool:
 
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
-    run_evictions(cluster, caches, _plan)
+    run_evictions(cluster, caches, _plan, EvictionAction.PREEMPT)
 
 
 def _plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:

@@ -153,7 +153,7 @@ class _FromQueues:
 
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
-    run_evictions(cluster, caches, _plan)
+    run_evictions(cluster, caches, _plan, EvictionAction.RECLAIM)
 
 
 def _plan(job: JobState, index: VictimIndex) -> EvictionPlan | None:

@@ -158,3 +158,34 @@ def test_a_view_past_the_change_log_says_it_cannot_tell() -> None:
         cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
     assert cache.view(since=start).changed is None  # the first change was dropped from the log
     assert cache.view(since=start + 1).changed == {PODS: frozenset({"team-a/p1", "team-a/p2", "team-a/p3"})}
+
+
+def test_a_cycle_over_an_unchanged_backlog_searches_for_none_of_it() -> None:
+    """The scheduler's cycle keeps a backlog memo: the same view twice, and the second session searches for nothing.
+
+    Counted through the cycle's own engine (attempts, never time): the
+    snapshot the assembler hands over for an unchanged view is the same
+    objects, which is what lets the memo's verdicts stand.
+    """
+    cache = _cache(64)
+    _fill(cache)
+    for name in NODE_NAMES:
+        obj = node_json(name)
+        cache.apply(NODES, WatchEvent(EventType.ADDED, object_key(obj), obj))
+        obj = gpunode_json(report(name))
+        cache.apply(GPUNODES, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    for name in POD_NAMES:  # each wants more cores than a node has
+        obj = pod_json(name, gpus=1, cpu="200", labels={contract.LABEL_QUEUE: "team-a"})
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
+    cycle = SchedulingCycle(api)
+    views = ClusterViews()
+    engine = cycle._engine
+    assert engine is not None and engine.memo is not None
+    first = cycle.decide(cycle.prepare(views.next(cache.view(since=None)), NOW))
+    assert len(first.pending) == len(POD_NAMES) and not first.binds
+    assert engine.memo.counts.placements_tried == 1  # eight pods alike: judged once
+    second = cycle.decide(cycle.prepare(views.next(cache.view(since=views.generation)), NOW + 1))
+    assert second.pending == first.pending
+    assert engine.memo.counts.placements_tried == 0
+    assert engine.memo.counts.placements_skipped == len(POD_NAMES)

@@ -58,7 +58,7 @@ def test_a_plan_that_makes_room_is_committed_and_clears_the_jobs_reasons() -> No
     cluster = _cluster("a")
     a = _by_name(cluster, "a")
     a.notes = ["tried before"]
-    run_evictions(cluster, SessionCaches(), lambda _job, _index: _plan(cluster))
+    run_evictions(cluster, SessionCaches(), lambda _job, _index: _plan(cluster), EvictionAction.PREEMPT)
     low = _by_name(cluster, "low").tasks[0]
     assert a.tasks[0].node is cluster.nodes["n0"]
     assert low.node is None and low.eviction is not None
@@ -75,7 +75,7 @@ def test_a_failed_finish_rolls_back_and_the_same_shape_is_not_tried_again() -> N
         finished.append(len(stmt.log))
         return False
 
-    run_evictions(cluster, SessionCaches(), lambda _job, _index: _plan(cluster, finish=finish))
+    run_evictions(cluster, SessionCaches(), lambda _job, _index: _plan(cluster, finish=finish), EvictionAction.PREEMPT)
     # The plan made room (an eviction and a placement) before finish refused it.
     assert finished == [2]
     assert _by_name(cluster, "low").tasks[0].node is cluster.nodes["n0"]
@@ -101,7 +101,7 @@ def test_plans_per_action_are_capped_and_passed_over_jobs_do_not_count(monkeypat
 
         return _plan(cluster, victims=victims, is_candidate=_never)
 
-    run_evictions(cluster, SessionCaches(), plan_for)
+    run_evictions(cluster, SessionCaches(), plan_for, EvictionAction.PREEMPT)
     assert sorted(set(tried)) == ["b", "c"]
     assert _by_name(cluster, "a").notes == []
     assert _by_name(cluster, "d").notes == []
