@@ -290,10 +290,17 @@ class _NaivePlacement:
         return _naive_best(pool.nodes, task, pool.strategy is PlacementStrategy.SPREAD)
 
     def place_job(
-        self, cluster: Cluster, caches: SessionCaches, stmt: Statement, job: JobState, *, beyond_gang: bool = True
+        self,
+        cluster: Cluster,
+        caches: SessionCaches,
+        stmt: Statement,
+        job: JobState,
+        *,
+        beyond_gang: bool = True,
+        memo: Any = None,
     ) -> Any:
         self.jobs_seen += 1
-        return _ENGINE_PLACE_JOB(cluster, caches, stmt, job, beyond_gang=beyond_gang)
+        return _ENGINE_PLACE_JOB(cluster, caches, stmt, job, beyond_gang=beyond_gang, memo=memo)
 
 
 _ENGINE_PLACE_JOB = gangs.place_job
