@@ -63,6 +63,7 @@ from gpuwarden.contract import (
     DEFAULT_NODE_POOL,
     GPUNODE_GPU_ALLOCATABLE,
     GPUNODE_GPU_PODS,
+    GPUNODE_POD_RESOURCES,
     HOLDER_NAME,
     HOLDER_NAMESPACE,
     HOLDER_UID,
@@ -73,6 +74,7 @@ from gpuwarden.contract import (
     ConditionType,
 )
 from gpuwarden.logconfig import get_logger
+from gpuwarden.timefmt import parse_epoch
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.placement import UnreadableError, node_other, other_requests, read_placement
@@ -258,6 +260,10 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
     by_bus: dict[str, int] = {}
     faulted: dict[str, set[int]] = {}
     holders: dict[str, list[int]] | None = None
+    read = status.get(GPUNODE_POD_RESOURCES)
+    # The holders are as last read while the agent's reads fail: a pod listed
+    # then may have gone and another taken its name since.
+    stale = isinstance(read, dict) and read.get("ok") is not True
     for entry in entries:
         if not isinstance(entry, dict):
             warn.warning("gpunode gpu malformed", (ident, "entry"), gpunode=ident, value=repr(entry)[:200])
@@ -294,13 +300,17 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
         if bus:
             by_bus[_bus_key(bus)] = index
         faults = entry.get("faults")
+        since: float | None = None
         if faults:
             for fault in _list(faults, f"status.gpus[{index}].faults", ident):
                 if isinstance(fault, dict) and isinstance(fault.get("condition"), str):
                     faulted.setdefault(fault["condition"], set()).add(index)
+                    at = parse_epoch(fault.get("since"))
+                    if at is not None and (since is None or at < since):
+                        since = at
         if GPUNODE_GPU_PODS in entry:
             holders = {} if holders is None else holders
-            _read_holders(entry[GPUNODE_GPU_PODS], index, holders, ident)
+            _read_holders(entry[GPUNODE_GPU_PODS], index, holders, ident, stale)
         offered = entry.get(GPUNODE_GPU_ALLOCATABLE)
         gpus.append(
             Gpu(
@@ -310,6 +320,7 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
                 healthy=healthy,
                 mig_enabled=mig,
                 offered=offered if isinstance(offered, bool) else None,
+                faulted_since=since,
             )
         )
     gpus.sort(key=_gpu_index)
@@ -317,19 +328,24 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
     return _GpuInventory(tuple(gpus), by_uuid, by_bus, faulted, held)
 
 
-def _read_holders(raw: object, index: int, out: dict[str, list[int]], ident: str) -> None:
+def _read_holders(raw: object, index: int, out: dict[str, list[int]], ident: str, stale: bool = False) -> None:
     """Add one GPU's holders (the kubelet's word, published by the agent) to ``out``, keyed as :mod:`.holders` reads.
 
     A holder is keyed by its UID, or by ``namespace/name`` when the agent
-    could not read the UID. The holders stand even while the agent's last
-    PodResources read failed (``status.podResources.ok`` false): they are
-    as last read, and a container keeps its devices for its life, so a pod
-    still listed still holds them; a pod started since is simply not listed.
+    could not read the UID. The holders with a UID stand even while the
+    agent's last PodResources read failed (``stale``: ``status.podResources.ok``
+    false): they are as last read, and a container keeps its devices for its
+    life, so a pod still listed still holds them; a pod started since is
+    simply not listed. A holder without a UID is dropped then: the pod read
+    under that name may have been deleted and recreated (a StatefulSet's
+    pod keeps its name) since, and the new pod must not inherit its GPUs.
     """
     for holder in _list(raw, f"status.gpus[{index}].pods", ident):
         if not isinstance(holder, dict):
             continue
         uid = _str(holder.get(HOLDER_UID))
+        if not uid and stale:
+            continue
         key = uid or holder_key(_str(holder.get(HOLDER_NAMESPACE)), _str(holder.get(HOLDER_NAME)))
         if key == "/":
             continue
@@ -709,6 +725,11 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
         refusal = _refusal(pod, gpus, annotations, admission)
     selector = spec.get("nodeSelector")
     tolerations = spec.get("tolerations")
+    started = ""
+    if node is not None:
+        status_obj = pod.get("status")
+        if isinstance(status_obj, dict):
+            started = _str(status_obj.get("startTime"))
     return Task(
         name=name,
         namespace=namespace,
@@ -729,6 +750,7 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
         terminating=terminating,
         unplaceable=unplaceable if status is TaskStatus.PENDING else "",
         claims=_claims(spec, name) if status is TaskStatus.PENDING else (),
+        started=started,
     )
 
 

@@ -21,6 +21,7 @@ accounting of other schedulers' pods and the work lost to faults all agree:
 
 from __future__ import annotations
 
+from gpuwarden.timefmt import parse_epoch
 from scheduler.engine.health import judge
 from scheduler.engine.model import Node, Task
 
@@ -61,15 +62,42 @@ def reported_gpus(node: Node) -> frozenset[int]:
 def misplaced_on(node: Node, task: Task, usable: frozenset[int]) -> tuple[int, ...]:
     """GPUs out of service that the kubelet gave ``task`` although gpuwarden assigned others.
 
-    Not a GPU that failed under the pod (it was assigned that one): one the
-    device plugin still offered and the device manager chose, so the pod
-    should never have started there. ``usable`` are the node's GPUs in service.
+    Not a GPU that failed under the pod: one the device plugin still offered
+    and the device manager chose while it was already out of service, so the
+    pod should never have started there. A kubelet's choice that differs
+    from the assignment is not wrong in itself (the device manager chooses
+    as it likes among healthy devices); it is misplaced only when the GPU's
+    fault is older than the pod (:func:`failed_under`). ``usable`` are the
+    node's GPUs in service.
     """
     real = kubelet_gpus(node, task)
     if real is None or not task.gpu_indices:
         return ()
     assigned = set(task.gpu_indices)
-    return tuple(i for i in real if i not in assigned and i not in usable)
+    wrong = [i for i in real if i not in assigned and i not in usable]
+    if not wrong:
+        return ()
+    since = {g.index: g.faulted_since for g in node.gpus}
+    started = parse_epoch(task.started)
+    return tuple(i for i in wrong if not failed_under(started, since.get(i)))
+
+
+def failed_under(started: float | None, faulted_since: float | None) -> bool:
+    """Whether a GPU's fault came after the pod that holds it had started: it failed under the pod.
+
+    Both times are the node's clock (the kubelet writes ``startTime``, the
+    agent its fault's ``since``). The kubelet gives a container its devices
+    at admission, a moment before it writes ``startTime`` (whole seconds),
+    so a fault within a second of the start is taken as older than the pod:
+    the device manager could have been told. Unknown times say nothing, and
+    a GPU out of service with no fault listed (a quarantine that outlived
+    its fault, through reset and validation) has been out since before any
+    pod that holds it now could start, since the fault evicted the ones
+    before it.
+    """
+    if started is None or faulted_since is None:
+        return False
+    return faulted_since >= started + 1.0
 
 
 def misplaced_gpus(node: Node, task: Task) -> tuple[int, ...]:

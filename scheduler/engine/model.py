@@ -225,6 +225,12 @@ class Gpu:
     where nobody said. A GPU out of service that is still offered is a trap
     on a device-plugin node: the kubelet's device manager may hand it to the
     next whole-GPU pod, whatever gpuwarden assigned.
+
+    ``faulted_since`` is when the agent first reported a fault still listed
+    on this GPU (the earliest GPUNode fault ``since``, in seconds since the
+    epoch, on the node's clock); None when it lists none or did not say.
+    It tells a pod the device manager started on a GPU already faulted
+    from one whose GPU failed under it (:mod:`scheduler.engine.holders`).
     """
 
     index: int
@@ -233,6 +239,7 @@ class Gpu:
     healthy: bool = True
     mig_enabled: bool = False
     offered: bool | None = None
+    faulted_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +369,10 @@ class Task:
     # ephemeral volumes), which the Kubernetes side judges before the
     # engine sees the pod (scheduler.cluster.volumes).
     claims: tuple[str, ...] = ()
+    # A running pod's ``status.startTime`` as the API server has it (the
+    # kubelet's clock, RFC 3339; "" when not said). Read only where a
+    # holder must be dated (scheduler.engine.holders), so kept unparsed.
+    started: str = ""
 
 
 @dataclass(frozen=True, slots=True)
