@@ -14,7 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
-from scheduler.engine.holders import held_gpus
+from scheduler.engine.holders import kubelet_gpus, reported_gpus
 from scheduler.engine.model import UNLIMITED, Job, Node, PendingReason, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
@@ -177,8 +177,12 @@ def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
         reservation_ttl_s=snapshot.config.reservation_ttl_s,
     )
     builder = JobBuilder(cluster, tree.errors, invalid=frozenset(name for name, _ in snapshot.invalid_queues))
+    deferred: list[Deferred] = []
+    builder.deferred = deferred
     for key, spec in _unique_jobs(snapshot):
         builder.add(key, spec)
+    builder.deferred = None
+    seat_deferred(deferred)
     share_out(cluster, tree)
     seat_reservations(cluster, snapshot.reservations)
     cluster.set_bystanders(snapshot.bystanders)
@@ -228,6 +232,9 @@ class JobBuilder:
         self.seen_pods: set[tuple[str, str]] = set()
         self.seen_uids: set[str] = set()
         self.irregular = 0
+        # While a build adds its jobs: running pods whose GPUs are guessed
+        # once all the others are seated (seat_running).
+        self.deferred: list[Deferred] | None = None
 
     def add(self, key: str, spec: Job) -> JobState:
         """Add one job; the caller keeps ``cluster.jobs`` and ``queue.jobs`` in key order."""
@@ -319,7 +326,7 @@ class JobBuilder:
                 if never is not None and job.error is None:
                     job.error = PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, f"pod {tspec.name} {never}")
             else:
-                seated = seat_running(nodes, task)
+                seated = seat_running(nodes, task, self.deferred)
                 if seated is not None:
                     held_gpu += milli
                     held_cpu += cpu
@@ -401,13 +408,22 @@ def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
     return [(key, chosen[key]) for key in sorted(chosen)]
 
 
-def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
+# A running pod whose GPUs must be guessed, held back until every other
+# running pod is seated: (its node, the pod, the positions the snapshot names,
+# why the rest are guessed).
+Deferred = tuple[NodeState, TaskState, tuple[int, ...], str]
+
+
+def seat_running(nodes: dict[str, NodeState], task: TaskState, deferred: list[Deferred] | None = None) -> bool | None:
     """Put a running pod where the snapshot says it is; None if it cannot be.
 
     Where the node's kubelet reports the GPUs a whole-GPU pod holds, those
     are where it is, not the assignment (:mod:`scheduler.engine.holders`).
 
     True when some of its GPUs had to be guessed (:func:`_complete_assignment`).
+    With ``deferred`` the guess waits there (:func:`seat_deferred`): a guess
+    made before every pod that names its GPUs is seated could take one of
+    theirs, and seat two pods on one GPU while another looks free.
     """
     spec = task.spec
     node = nodes.get(spec.node) if spec.node is not None else None
@@ -415,8 +431,22 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
         log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
         return None
     gpu = task.gpu
-    # The kubelet's word over the assignment for whole GPUs (scheduler.engine.holders).
-    indices = held_gpus(node.spec, spec, not gpu.is_slice) if node.spec.kubelet_holders else spec.gpu_indices
+    indices = spec.gpu_indices
+    why = "its GPU assignment names fewer GPUs than it requests"
+    if node.spec.kubelet_holders and not gpu.is_slice:
+        # The kubelet's word over the assignment for whole GPUs (scheduler.engine.holders).
+        real = kubelet_gpus(node.spec, spec)
+        if real is not None:
+            indices = real
+        elif indices:
+            # Not listed (started since the agent's last read): its assignment
+            # less the GPUs the kubelet reports other pods holding, which keep
+            # their devices for life. The pod it swapped with is listed there.
+            reported = reported_gpus(node.spec)
+            kept = tuple(i for i in indices if i not in reported)
+            if len(kept) < len(indices):
+                why = f"the kubelet reports another pod on its assigned GPU {', '.join(map(str, indices))}"
+                indices = kept
     positions: tuple[int, ...] = indices
     # Fast path: devices numbered 0..n-1 (as they nearly always are), so an
     # index is its own position.
@@ -433,29 +463,47 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState) -> bool | None:
     count = len(positions)
     guessed = count < wanted or (count > 1 and len(set(positions)) < count)
     if guessed:
-        positions = _complete_assignment(node, task, positions, wanted)
+        if deferred is not None:
+            deferred.append((node, task, positions, why))
+            return True
+        positions = _complete_assignment(node, task, positions, why)
+    _seat(node, task, positions)
+    return guessed
+
+
+def seat_deferred(deferred: list[Deferred]) -> None:
+    """Seat the pods :func:`seat_running` held back, their missing GPUs taken from what is left."""
+    for node, task, positions, why in deferred:
+        _seat(node, task, _complete_assignment(node, task, positions, why))
+    deferred.clear()
+
+
+def _seat(node: NodeState, task: TaskState, positions: tuple[int, ...]) -> None:
+    gpu = task.gpu
     if gpu.is_slice:
         mem = node.gpu_mem
         Cluster.seat(task, node, positions, tuple([gpu.slice_on(mem[p]) for p in positions]))
     else:
         Cluster.seat(task, node, positions, ())
-    return guessed
 
 
-def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], wanted: int) -> tuple[int, ...]:
+def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], why: str) -> tuple[int, ...]:
     """A running pod's GPUs when the snapshot names too few (or one twice).
 
     The pod holds the devices it asked for whatever the snapshot says;
     leaving them free would let this session bind a second pod onto a GPU in
     use. The missing ones are taken from GPUs nobody holds (usable ones
-    first, then the most free memory for a slice): the count is right even
-    if the indices are a guess, and the log says so.
+    first, then the most free memory for a slice; for a whole GPU, ones the
+    kubelet reports nobody on first): the count is right even if the
+    indices are a guess, and the log says so.
     """
+    gpu = task.gpu
+    wanted = gpu.devices if gpu.is_slice else gpu.whole
     distinct = list(dict.fromkeys(positions))
     missing = wanted - len(distinct)
     if missing > 0:
         taken = set(distinct)
-        if task.gpu.is_slice:
+        if gpu.is_slice:
             spare = [p for p in range(len(node.gpu_mem)) if p not in taken and not node.gpu_whole[p]]
             spare.sort(key=lambda p: (not node.gpu_ok[p], -node.gpu_free[p], p))
         else:
@@ -464,10 +512,12 @@ def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int,
                 for p in range(len(node.gpu_mem))
                 if p not in taken and not node.gpu_whole[p] and not node.gpu_slices[p]
             ]
-            spare.sort(key=lambda p: (not node.gpu_ok[p], p))
+            reported = reported_gpus(node.spec)
+            spare.sort(key=lambda p: (not node.gpu_ok[p], node.gpu_index[p] in reported, p))
         distinct.extend(spare[:missing])
         log.warning(
-            "running pod's GPU assignment names fewer GPUs than it requests; counting unassigned GPUs as held",
+            "running pod's GPUs partly unknown; counting unassigned GPUs as held",
+            why=why,
             job=task.job.key,
             pod=task.spec.name,
             node=node.name,

@@ -77,6 +77,37 @@ def test_holders_kept_through_a_failed_read_still_count() -> None:
     assert node_from_objects(node_json("n1"), failed).kubelet_holders == {"uid-a": (5,)}
 
 
+def test_holders_without_a_uid_are_dropped_while_reads_fail() -> None:
+    # The agent could not read b's UID; then its PodResources reads failed. b
+    # may have been recreated under its name since: the new pod must not
+    # inherit the old one's GPUs.
+    first = _gpunode("n1", {("team-a", "a"): (5,), ("team-a", "b"): (2,)}, uids={("team-a", "a"): "uid-a"})
+    assert node_from_objects(node_json("n1"), first).kubelet_holders == {"uid-a": (5,), "team-a/b": (2,)}
+    failed = _gpunode("n1", {}, previous=first["status"], failure=PodResourcesFailure.REFUSED)
+    assert node_from_objects(node_json("n1"), failed).kubelet_holders == {"uid-a": (5,)}
+
+
+def test_a_gpus_fault_is_dated_by_its_earliest_since() -> None:
+    gpunode = _gpunode("n1", {})
+    gpus = gpunode["status"]["gpus"]
+    gpus[3]["faults"] = [
+        {"condition": "GpuNvlinkDegraded", "reason": "NvlinkDown", "action": "NONE", "since": "2026-12-01T10:05:00Z"},
+        {"condition": "GpuPcieDegraded", "reason": "PcieDowngraded", "action": "NONE", "since": "2026-12-01T10:00:00Z"},
+        {"condition": "GpuXidError", "reason": "Xid79", "action": "RESET_GPU", "since": "not a time"},
+    ]
+    n = node_from_objects(node_json("n1"), gpunode)
+    assert n.gpus[3].faulted_since == 1_796_119_200.0
+    assert [g.faulted_since for g in n.gpus if g.index != 3] == [None] * 7
+
+
+def test_a_running_pod_carries_its_start_time() -> None:
+    pod = pod_json("a", gpus=1, node="n1", group="g", assignment="n1:1")
+    pod["status"] = {"phase": "Running", "startTime": "2026-12-01T10:00:00Z"}
+    snap = _snapshot(_gpunode("n1", {}), raw(pod))
+    (task,) = [t for j in snap.jobs for t in j.tasks if t.name == "a"]
+    assert task.started == "2026-12-01T10:00:00Z"
+
+
 def _snapshot(gpunode: JSON, *pods: JSON) -> Snapshot:
     return snapshot_from(
         {"n1": node_json("n1")},

@@ -72,7 +72,11 @@ def test_running_pod_without_gpu_assignment_still_holds_its_gpus() -> None:
     with capture_logs() as logs:
         d = run_session(snap)
     assert not d.binds, "both GPUs of n1 are in use by r-0"
-    assert any("names fewer GPUs than it requests" in w for w in _warnings(logs))
+    assert any(
+        e["event"].startswith("running pod's GPUs partly unknown") and "names fewer GPUs than it requests" in e["why"]
+        for e in logs
+        if e["log_level"] == "warning"
+    )
     assert d.pending[0].reasons[0].message.startswith("each pod needs 1 GPU")
 
 
@@ -151,3 +155,19 @@ def test_jobs_of_a_queue_that_could_not_be_read_say_so_not_that_it_does_not_exis
         UnschedulableReason.UNKNOWN_QUEUE,
         "queue nowhere does not exist",
     )
+
+
+def test_a_guessed_gpu_is_never_one_a_later_pod_names() -> None:
+    # "a" sorts first and names no GPU; "b" names GPU 0. Guessed first, a would
+    # take GPU 0 too, and GPU 1 would look free.
+    snap = Snapshot(
+        nodes=(node("n1", 2),),
+        queues=(queue("q", 4),),
+        jobs=(
+            job("a", "q", running("a-0", "n1", (), gpus=1)),
+            job("b", "q", running("b-0", "n1", (0,), gpus=1)),
+            job("p", "q", pending("p-0", 1)),
+        ),
+    )
+    d = run_session(snap)
+    assert not d.binds, "a holds GPU 1, b GPU 0"
