@@ -50,7 +50,7 @@ from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
-from scheduler.cluster.misplaced import Misplaced, MisplacedEvents, misplaced_evictions
+from scheduler.cluster.misplaced import Misplaced, MisplacedBackoff, MisplacedEvents, misplaced_evictions
 from scheduler.cluster.owners import OwnerResolver
 from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
@@ -220,6 +220,7 @@ class SchedulingCycle:
         self.reservations = reservations or ReservationWriter(api)
         self.ungrouped = UngroupedPodNotifier(api)
         self.misplaced = MisplacedEvents(api)
+        self.backoff = MisplacedBackoff()
         self._owners = owners or OwnerResolver(api)
         self._clock = clock
         self._short_gangs = ShortGangs()
@@ -529,6 +530,7 @@ class SchedulingCycle:
             )
             reservations = reservations_from(view.podgroups)
         snapshot = self._volumes.apply(snapshot, view.claims, view.volumes)
+        snapshot = self.backoff.apply(snapshot, now)
         return replace(
             self._track_short_gangs(snapshot, now),
             reservations=reservations,
@@ -567,6 +569,7 @@ class SchedulingCycle:
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         misplaced = tuple(misplaced_evictions(evicted, snapshot, decisions.reservations)) if evicted else ()
         if misplaced:
+            misplaced = tuple(self.backoff.record(misplaced, now))
             self.misplaced.write(misplaced)
         nodes = {n.name: n for n in snapshot.nodes}
         bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []

@@ -176,11 +176,15 @@ class Placement:
     preferred_anti_affinity: tuple[tuple[int, PodTerm], ...] = ()
     spread: tuple[SpreadConstraint, ...] = ()
     ports: tuple[HostPort, ...] = ()
+    # Nodes the pod must not go to for now, sorted: their kubelet's device
+    # manager started a pod of its job on a GPU out of service, and may
+    # again (scheduler.cluster.misplaced backs off from them).
+    avoid: tuple[str, ...] = ()
 
     @property
     def static(self) -> tuple[object, ...]:
-        """The part judged once per node (node affinity), for the eligibility cache."""
-        return (self.node_terms, self.volume_terms)
+        """The part judged once per node (node affinity, avoided nodes), for the eligibility cache."""
+        return (self.node_terms, self.volume_terms, self.avoid)
 
     @property
     def dynamic(self) -> bool:

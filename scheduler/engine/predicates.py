@@ -102,6 +102,9 @@ def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) 
             found = set(range(len(pool.nodes)))
         for terms in placement.volume_terms:
             found &= set().union(*(_term_matches(cache, pool, t) for t in terms))
+        if placement.avoid:
+            avoid = placement.avoid
+            found -= {node.pidx for node in pool.nodes if node.name in avoid}
         cache.affinity[key] = found
     return found
 
@@ -130,7 +133,11 @@ def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibil
     spec = task.spec
     selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
     placement = spec.placement
-    static = placement.static if placement is not None and (placement.node_terms or placement.volume_terms) else None
+    static = (
+        placement.static
+        if placement is not None and (placement.node_terms or placement.volume_terms or placement.avoid)
+        else None
+    )
     key: Shape = (selector, spec.tolerations, task.gpu.is_slice, static)
     cached = cache.eligibility.get(key)
     if cached is None:

@@ -124,6 +124,8 @@ def node_affinity_problem(placement: Placement, node: Node) -> str | None:
     for terms in placement.volume_terms:
         if not any(node_term_matches(t, node) for t in terms):
             return "a volume's node affinity does not match"
+    if node.name in placement.avoid:
+        return "avoided for now: its device manager started a pod of this job on a GPU out of service"
     return None
 
 

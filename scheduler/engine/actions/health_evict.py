@@ -97,15 +97,16 @@ def _keep_room(
     at once instead of queueing behind everyone else. A gang with a member
     still terminating is left to find room when it comes back. A job whose
     pod the device manager put on a GPU out of service gets room too, gang
-    or not, and off that node (``avoid``) where any other fits: its device
-    manager, which gpuwarden cannot steer, may choose that GPU again.
+    or not, and only off that node (``avoid``): its device manager, which
+    gpuwarden cannot steer, may choose that GPU again, and room held there
+    would send the pod back into the same eviction. Where no other node
+    fits, no room is held; the Kubernetes side keeps the job off that node
+    for a while (:mod:`scheduler.cluster.misplaced`), so it waits instead.
     """
     mark = stmt.mark()
     for task in job.tasks:
         if task.was_running and task.node is None and task.eviction is not None:
-            found = find_place(cluster, caches, task, avoid) if avoid is not None else None
-            if found is None:
-                found = find_place(cluster, caches, task)
+            found = find_place(cluster, caches, task, avoid)
             if found is None:
                 stmt.rollback(mark)
                 return

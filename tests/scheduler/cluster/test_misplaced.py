@@ -7,8 +7,9 @@ from gpuwarden.kube import RequestStats
 from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.evict import EvictOutcome, EvictResult
 from scheduler.cluster.metrics import SchedulerMetrics
-from scheduler.cluster.misplaced import event_message, misplaced_evictions
-from scheduler.engine.model import Decisions, Eviction, Gpu, Reservation, Snapshot
+from scheduler.cluster.misplaced import Misplaced, MisplacedBackoff, event_message, misplaced_evictions
+from scheduler.engine.model import Decisions, Eviction, Gpu, Node, Reservation, Snapshot, Task, TaskStatus
+from scheduler.engine.session import run_session
 from tests.scheduler.builders import job, node, queue, running
 
 
@@ -47,3 +48,81 @@ def test_the_metric_counts_them_by_outcome() -> None:
         metrics.registry.get_sample_value("gpuwarden_scheduler_pods_on_quarantined_gpu_total", {"outcome": "Evicted"})
         == 0
     )
+
+
+def _strike(backoff: MisplacedBackoff, now: float, job: str = "default/a", node: str = "n1") -> float:
+    ev = Eviction(job, "default", job.split("/")[1], "", node, EvictionAction.HEALTH_EVICTION, "why")
+    item = Misplaced(EvictResult(ev, EvictOutcome.EVICTED), (0,), ("GPU-0",), "why", (1,), "")
+    (done,) = backoff.record([item], now)
+    return done.avoided_s
+
+
+def test_the_backoff_doubles_with_each_repeat_up_to_its_cap_and_forgets_after_a_quiet_hour() -> None:
+    backoff = MisplacedBackoff(first_s=60, max_s=600, forget_s=3600)
+    windows = [_strike(backoff, 1000.0 + 10 * i) for i in range(6)]
+    assert windows == [60, 120, 240, 480, 600, 600]
+    assert backoff.avoided(1100.0) == {"default/a": ("n1",)}
+    assert backoff.avoided(1050.0 + 600) == {}, "the window passed: the node may be tried again"
+    assert _strike(backoff, 2000.0) == 600, "a repeat within the hour keeps doubling"
+    assert backoff.avoided(2000.0 + 3601) == {}
+    assert _strike(backoff, 2000.0 + 3700) == 60, "an hour without one: counted from the start"
+
+
+def test_a_gangs_pods_misplaced_on_one_node_in_one_cycle_are_one_strike() -> None:
+    backoff = MisplacedBackoff(first_s=60)
+    ev = [Eviction("default/g", "default", f"g{i}", "", "n1", EvictionAction.HEALTH_EVICTION, "why") for i in range(3)]
+    items = [Misplaced(EvictResult(e, EvictOutcome.EVICTED), (i,), ("",), "why", (7,), "") for i, e in enumerate(ev)]
+    done = backoff.record(items, 0.0)
+    assert [m.avoided_s for m in done] == [60, 60, 60]
+    assert "kept off node n1 for 60s" in event_message(done[0])
+
+
+def test_an_eviction_refused_is_no_new_strike() -> None:
+    backoff = MisplacedBackoff(first_s=60)
+    assert _strike(backoff, 0.0) == 60
+    ev = Eviction("default/a", "default", "a", "", "n1", EvictionAction.HEALTH_EVICTION, "why")
+    refused = Misplaced(EvictResult(ev, EvictOutcome.REFUSED), (0,), ("",), "why", (1,), "")
+    for t in (10.0, 20.0, 30.0):
+        (done,) = backoff.record([refused], t)
+        assert done.avoided_s == 60 - t
+    assert _strike(backoff, 40.0) == 120
+
+
+def _waiting_snapshot(*nodes: Node) -> Snapshot:
+    pending = Task(name="a-1", uid="uid-a-1", status=TaskStatus.PENDING, gpus=1)
+    other = job("b", "q", Task(name="b-0", uid="uid-b-0", status=TaskStatus.PENDING, gpus=1))
+    return Snapshot(nodes=nodes, queues=(queue("q", 16),), jobs=(job("a", "q", pending), other))
+
+
+def test_a_backed_off_job_waits_while_only_the_avoided_node_fits_and_goes_elsewhere_when_one_does() -> None:
+    backoff = MisplacedBackoff(first_s=60)
+    _strike(backoff, 100.0)
+    alone = backoff.apply(_waiting_snapshot(node("n1")), 110.0)
+    decisions = run_session(alone)
+    assert [b.pod for b in decisions.binds] == ["b-0"], "another job still uses the node"
+    (waiting,) = [p for p in decisions.pending if p.job == "default/a"]
+    assert "avoided for now" in " ".join(r.message for r in waiting.reasons)
+    both = backoff.apply(_waiting_snapshot(node("n1"), node("n2")), 110.0)
+    assert {b.pod: b.node for b in run_session(both).binds}["a-1"] == "n2"
+    later = _waiting_snapshot(node("n1"))
+    assert backoff.apply(later, 161.0) is later, "the window passed"
+    assert {b.pod for b in run_session(later).binds} >= {"a-1"}
+
+
+def test_the_backoff_keeps_a_changed_job_the_same_object_while_nothing_changes() -> None:
+    backoff = MisplacedBackoff(first_s=60)
+    _strike(backoff, 100.0)
+    snap = _waiting_snapshot(node("n1"))
+    first = backoff.apply(snap, 110.0)
+    second = backoff.apply(snap, 120.0)
+    assert first.jobs[0] is not snap.jobs[0] and second.jobs[0] is first.jobs[0]
+    assert second.jobs[1] is snap.jobs[1], "a job without a strike is left alone"
+
+
+def test_room_for_a_misplaced_pod_is_never_held_on_the_node_that_misplaced_it() -> None:
+    gpus = (Gpu(0, healthy=False, offered=True), *(Gpu(i, offered=True) for i in range(1, 8)))
+    n1 = node("n1", gpu_list=gpus, kubelet_holders={"uid-a": (0,)})
+    snap = Snapshot(nodes=(n1,), queues=(queue("q", 16),), jobs=(job("a", "q", running("a", "n1", (1,))),))
+    decisions = run_session(snap)
+    assert [e.pod for e in decisions.evictions] == ["a"]
+    assert decisions.reservations == (), "the only node is the one whose device manager chose the bad GPU"

@@ -206,6 +206,7 @@ def test_a_whole_gpu_pod_the_device_manager_puts_on_a_quarantined_gpu_is_evicted
     (said,) = [e for e in events if e.reason == contract.EVENT_POD_ON_QUARANTINED_GPU]
     assert f"GPU 0 ({sick.sim.sample_gpus()[0].uuid}) of node {sick.name}" in said.message
     assert "GpuNvlinkDegraded/NvlinkDown" in said.message, said.message
+    assert f"its job is kept off node {sick.name} for 60s" in said.message, said.message
     evicted = runner.metrics.registry.get_sample_value(
         "gpuwarden_scheduler_pods_on_quarantined_gpu_total", {"outcome": "Evicted"}
     )
