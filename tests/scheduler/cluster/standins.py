@@ -198,12 +198,16 @@ class Kubelet:
     is removed for good, as a kubelet does once its containers stopped; the
     names are kept in :attr:`deleted`, so a test can tell them from evictions.
 
-    ``devices`` gives a node its kubelet's device manager
+    Every node has its kubelet's device manager
     (:class:`gpuwarden.localcluster.devices.DeviceManager`): a pod bound
     there gets its GPUs from it, chosen among those the device plugin
     offers and never from gpuwarden's assignment, and one it cannot serve
-    fails at admission as on a real kubelet. Nodes without one run every
-    bound pod, as these operator tests need (they have no sim hardware).
+    fails at admission (UnexpectedAdmissionError) as on a real kubelet.
+    ``devices`` names a node's manager (one a sim agent reads over
+    PodResources); a node without one gets a plain manager offering as many
+    devices as the Node's allocatable ``nvidia.com/gpu``. :attr:`refused`
+    counts the pods refused: a test that expects every bound pod to run
+    checks it is 0, i.e. gpuwarden never bound more GPUs than a node has.
     """
 
     def __init__(
@@ -219,11 +223,27 @@ class Kubelet:
         self.devices = dict(devices or {})
         self.deleted: set[str] = set()
 
+    @property
+    def refused(self) -> int:
+        """Pods the nodes' device managers could not serve (failed at admission)."""
+        return sum(m.refused for m in self.devices.values())
+
+    def _manager(self, node: str) -> DeviceManager | None:
+        if not node:
+            return None
+        found = self.devices.get(node)
+        if found is None:
+            obj = client.CoreV1Api(self.api).read_node(node)
+            count = int((obj.status.allocatable or {}).get(contract.RESOURCE_NVIDIA_GPU, "0"))
+            ids = tuple(f"GPU-{node}-{i}" for i in range(count))
+            found = self.devices[node] = DeviceManager(lambda: ids, node=node)
+        return found
+
     def step(self) -> None:
         ns = self.kube.namespace
         for pod in self.kube.pods():
             name = pod["metadata"]["name"]
-            manager = self.devices.get(str(pod["spec"].get("nodeName") or ""))
+            manager = self._manager(str(pod["spec"].get("nodeName") or ""))
             if pod["metadata"].get("deletionTimestamp"):
                 self.deleted.add(name)
                 complete_pod_deletion(self.api, name, ns)

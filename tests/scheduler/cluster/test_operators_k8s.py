@@ -170,6 +170,7 @@ def all_bound(kube: Kube, selector: str, count: int) -> Callable[[], bool]:
 
 def assert_nothing_evicted(found: Scheduler, kube: Kube, kubelet: Kubelet, deleted_by_operator: int = 0) -> None:
     found.assert_evicted_nothing()
+    assert kubelet.refused == 0, "a device manager refused a pod: gpuwarden bound more GPUs than its node has"
     assert len(kubelet.deleted) == deleted_by_operator
     assert [p["metadata"]["name"] for p in kube.pods() if p["metadata"].get("deletionTimestamp")] == []
 
