@@ -61,7 +61,7 @@ from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
 from scheduler.cluster.volumes import VolumeJudge
-from scheduler.engine.backlog import BacklogMemo
+from scheduler.engine.backlog import BacklogCounts, BacklogMemo
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
@@ -161,6 +161,9 @@ class CycleResult:
     # reservations, status handed to the background writer). The runner
     # adds the view.
     stage_seconds: Mapping[str, float] = field(default_factory=dict)
+    # What the session's backlog memo spared it (scheduler.engine.backlog);
+    # None without one (the full-rebuild path).
+    backlog: BacklogCounts | None = None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -625,6 +628,17 @@ class SchedulingCycle:
             pending=len(pending),
             seconds=round(seconds, 3),
         )
+        memo = self._engine.memo if self._engine is not None else None
         return CycleResult(
-            snapshot, decisions, tuple(bound), tuple(evicted), seconds, timings, held, lost, misplaced, stages
+            snapshot,
+            decisions,
+            tuple(bound),
+            tuple(evicted),
+            seconds,
+            timings,
+            held,
+            lost,
+            misplaced,
+            stages,
+            memo.counts if memo is not None else None,
         )

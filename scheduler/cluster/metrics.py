@@ -32,6 +32,7 @@ from scheduler.cluster.bind import BindOutcome
 from scheduler.cluster.convert import is_external_queue
 from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.evict import EvictOutcome
+from scheduler.engine.backlog import BacklogCounts
 from scheduler.engine.model import Resources, TaskStatus
 
 P = f"{METRICS_PREFIX}_scheduler"
@@ -67,6 +68,14 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         ["stage"],
     ),
     _doc("cycles_total", "counter", "Scheduling cycles run by this replica, by result (ok, error).", ["result"]),
+    _doc(
+        "backlog_attempts_total",
+        "counter",
+        "Attempts the sessions made and those their backlog memo spared, since start: kind placement (a "
+        "gang's placement) or plan (a victim plan), outcome tried, skipped (known to fail) or replayed (a "
+        "job known to get no plan, its notes given again).",
+        ["kind", "outcome"],
+    ),
     _doc("last_cycle_timestamp_seconds", "gauge", "Unix time the latest cycle of this replica finished.", []),
     _doc("binds_total", "counter", "Pod binds by outcome (Bound, Deferred, Conflict, Failed).", ["outcome"]),
     _doc(
@@ -130,6 +139,25 @@ def pending_pods(result: CycleResult) -> dict[str, int]:
     return out
 
 
+_BACKLOG_KEYS = (
+    ("placement", "tried"),
+    ("placement", "skipped"),
+    ("plan", "tried"),
+    ("plan", "skipped"),
+    ("plan", "replayed"),
+)
+
+
+def _backlog_counts(c: BacklogCounts) -> dict[tuple[str, str], int]:
+    return {
+        ("placement", "tried"): c.placements_tried,
+        ("placement", "skipped"): c.placements_skipped,
+        ("plan", "tried"): c.plans_tried,
+        ("plan", "skipped"): c.plans_skipped,
+        ("plan", "replayed"): c.no_plans_skipped,
+    }
+
+
 class SchedulerMetrics:
     """The scheduler's registry; :meth:`observe` after each cycle, the rest is read at scrape time."""
 
@@ -166,6 +194,7 @@ class SchedulerMetrics:
         self._binds = {o.value: 0 for o in BindOutcome}
         self._evictions = {(a.value, o.value): 0 for a in EvictionAction for o in EvictOutcome}
         self._misplaced = {o.value: 0 for o in EvictOutcome}
+        self._backlog = dict.fromkeys(_BACKLOG_KEYS, 0)
         self._last: CycleResult | None = None
         self._last_finished: float | None = None
         self.registry.register(_Collector(self))
@@ -188,6 +217,9 @@ class SchedulerMetrics:
                 self._evictions[key] = self._evictions.get(key, 0) + 1
             for m in result.misplaced:
                 self._misplaced[m.outcome.value] = self._misplaced.get(m.outcome.value, 0) + 1
+            if result.backlog is not None:
+                for key, n in _backlog_counts(result.backlog).items():
+                    self._backlog[key] += n
             self._last = result
             self._last_finished = time.time()
 
@@ -213,6 +245,7 @@ class SchedulerMetrics:
             binds = dict(self._binds)
             evictions = dict(self._evictions)
             misplaced = dict(self._misplaced)
+            backlog = dict(self._backlog)
             last = self._last
             finished = self._last_finished
         leading = self._leader()
@@ -236,6 +269,10 @@ class SchedulerMetrics:
         family = counter("pods_on_quarantined_gpu_total")
         for outcome, n in sorted(misplaced.items()):
             family.add_metric([outcome], n)
+        yield family
+        family = counter("backlog_attempts_total")
+        for (kind, outcome), n in sorted(backlog.items()):
+            family.add_metric([kind, outcome], n)
         yield family
 
         if leading and last is not None:

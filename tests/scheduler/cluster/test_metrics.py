@@ -6,6 +6,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,20 @@ def test_http_serves_metrics_and_probes(served: tuple[HealthServer, dict[str, tu
     assert _get(server, "/readyz") == (503, "cache not synced yet\n")
     checks["ready"] = (True, "ok: cache synced")
     assert _get(server, "/readyz") == (200, "ok: cache synced\n")
+
+
+def test_the_backlog_memos_attempts_are_counted_across_cycles() -> None:
+    from scheduler.engine.backlog import BacklogCounts
+
+    metrics = SchedulerMetrics(RequestStats())
+    counts = BacklogCounts(placements_tried=3, placements_skipped=40, plans_tried=1, plans_skipped=2)
+    metrics.observe(replace(_result(), backlog=counts))
+    metrics.observe(replace(_result(), backlog=BacklogCounts(placements_skipped=43, no_plans_skipped=5)))
+    metrics.observe(_result())  # the full-rebuild path has no memo
+    samples = _samples(metrics)
+    name = f"{P}_backlog_attempts_total"
+    assert _value(samples, name, kind="placement", outcome="tried") == 3
+    assert _value(samples, name, kind="placement", outcome="skipped") == 83
+    assert _value(samples, name, kind="plan", outcome="tried") == 1
+    assert _value(samples, name, kind="plan", outcome="skipped") == 2
+    assert _value(samples, name, kind="plan", outcome="replayed") == 5
