@@ -725,11 +725,11 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
         refusal = _refusal(pod, gpus, annotations, admission)
     selector = spec.get("nodeSelector")
     tolerations = spec.get("tolerations")
-    started = ""
+    started: float | None = None
     if node is not None:
         status_obj = pod.get("status")
         if isinstance(status_obj, dict):
-            started = _str(status_obj.get("startTime"))
+            started = parse_epoch(_str(status_obj.get("startTime")))
     return Task(
         name=name,
         namespace=namespace,

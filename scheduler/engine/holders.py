@@ -21,7 +21,6 @@ accounting of other schedulers' pods and the work lost to faults all agree:
 
 from __future__ import annotations
 
-from gpuwarden.timefmt import parse_epoch
 from scheduler.engine.health import judge
 from scheduler.engine.model import Node, Task
 
@@ -78,8 +77,7 @@ def misplaced_on(node: Node, task: Task, usable: frozenset[int]) -> tuple[int, .
     if not wrong:
         return ()
     since = {g.index: g.faulted_since for g in node.gpus}
-    started = parse_epoch(task.started)
-    return tuple(i for i in wrong if not failed_under(started, since.get(i)))
+    return tuple(i for i in wrong if not failed_under(task.started, since.get(i)))
 
 
 def failed_under(started: float | None, faulted_since: float | None) -> bool:

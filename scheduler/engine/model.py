@@ -373,10 +373,11 @@ class Task:
     # ephemeral volumes), which the Kubernetes side judges before the
     # engine sees the pod (scheduler.cluster.volumes).
     claims: tuple[str, ...] = ()
-    # A running pod's ``status.startTime`` as the API server has it (the
-    # kubelet's clock, RFC 3339; "" when not said). Read only where a
-    # holder must be dated (scheduler.engine.holders), so kept unparsed.
-    started: str = ""
+    # A running pod's ``status.startTime`` (the kubelet's clock) as seconds
+    # since the epoch, parsed at the edge (scheduler.cluster.convert); None
+    # when not said or unreadable. Read only where a holder must be dated
+    # (scheduler.engine.holders).
+    started: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,7 @@ def test_a_running_pod_carries_its_start_time() -> None:
     pod["status"] = {"phase": "Running", "startTime": "2026-12-01T10:00:00Z"}
     snap = _snapshot(_gpunode("n1", {}), raw(pod))
     (task,) = [t for j in snap.jobs for t in j.tasks if t.name == "a"]
-    assert task.started == "2026-12-01T10:00:00Z"
+    assert task.started == 1_796_119_200.0  # 2026-12-01T10:00:00Z
 
 
 def _snapshot(gpunode: JSON, *pods: JSON) -> Snapshot:

@@ -172,7 +172,7 @@ def test_a_pod_whose_assigned_gpu_failed_under_it_gets_no_misplacement_note() ->
 
 def test_a_gpu_that_failed_after_the_kubelet_chose_it_is_not_a_misplacement() -> None:
     # The kubelet chose GPU 0 (healthy then) for a pod gpuwarden had assigned GPU 1; GPU 0 failed later.
-    started = "2026-12-01T10:00:00Z"  # 1_796_119_200
+    started = 1_796_119_200.0  # 2026-12-01T10:00:00Z
     later = Gpu(0, healthy=False, offered=True, faulted_since=1_796_119_200.0 + 600)
     n1 = node("n1", gpu_list=(later, *(Gpu(i, offered=True) for i in range(1, 8))), kubelet_holders={"uid-a": (0,)})
     pod = replace(running("a", "n1", (1,)), started=started)
@@ -193,7 +193,7 @@ def test_a_misplacement_is_a_fault_older_than_the_pod(offset: float, dated: bool
     since = start + offset if dated else None
     gpus = (Gpu(0, healthy=False, offered=True, faulted_since=since), *(Gpu(i) for i in range(1, 8)))
     n = node("n1", gpu_list=gpus, kubelet_holders={"uid-a": (0,)})
-    pod = replace(running("a", "n1", (1,)), started="2026-12-01T10:00:00Z" if started else "")
+    pod = replace(running("a", "n1", (1,)), started=start if started else None)
     usable = frozenset(range(1, 8))
     # Unknown either way, or a fault from before the pod (or within the second
     # the kubelet rounds its start to): the device manager chose a GPU out of service.
