@@ -31,13 +31,17 @@ Snapshot file::
         memory: 512Gi
         gpus: 8                    # a count (uniform GPUs) ...
         gpuMemory: 80Gi            # ... with their memory, or a list:
-        # gpus: [{index: 0, memory: 80Gi, healthy: true, mig: false, uuid: GPU-...}]
+        # gpus: [{index: 0, memory: 80Gi, healthy: true, mig: false, uuid: GPU-...,
+        #         offered: true,            # the device plugin offers it (null: not said)
+        #         faultedSince: 1699999000}]  # its oldest fault still listed
         labels: {zone: a}
         taints: [{key: dedicated, value: infer, effect: NoSchedule}]
         schedulable: true          # false = cordoned
         draining: false            # true = remediation is draining it
         conditions:
           - {type: GpuXidError, status: "True", reason: Xid79, action: REBOOT, gpus: [3]}
+        kubeletHolders:            # optional: the GPUs the kubelet reports each pod holding,
+          uid-1234: [0]            # by pod UID (or namespace/name); absent: the node said nothing
     queues:                        # see the fair-share file below
       - {name: research, gpu: {quota: 8, limit: -1, overQuotaWeight: 1}}
     jobs:
@@ -60,6 +64,7 @@ Snapshot file::
             status: Pending        # Pending | Running | Releasing
             node: node-a           # running pods: where, and which GPUs
             gpuIndices: [0]
+            started: 1699995000    # a running pod's status.startTime
             nodeSelector: {}
             tolerations: [{key: dedicated, operator: Equal, value: infer, effect: NoSchedule}]
 
@@ -87,7 +92,8 @@ problem:
   (``queues[0].gpu.limt: unknown key 'limt' (did you mean 'limit'?)``): a
   misspelt quota or priority would otherwise silently be zero. Labels,
   annotations, node selectors and the names under ``poolStrategies``,
-  ``capacity`` and ``demand`` are the user's own and take any key;
+  ``kubeletHolders``, ``capacity`` and ``demand`` are the user's own and
+  take any key;
 - a number that is not finite (``.nan``, ``.inf``), negative, or beyond any
   cluster (over a million GPUs or 10^8 cores, 1Ei of memory, 1024 GPUs on
   one node or pod, a million replicas or gang members, an over-quota weight
@@ -175,9 +181,10 @@ _KEYS: dict[str, frozenset[str]] = {
             "schedulable",
             "draining",
             "conditions",
+            "kubeletHolders",
         }
     ),
-    "gpu": frozenset({"index", "memory", "healthy", "mig", "uuid"}),
+    "gpu": frozenset({"index", "memory", "healthy", "mig", "uuid", "offered", "faultedSince"}),
     "taint": frozenset({"key", "value", "effect"}),
     "condition": frozenset({"type", "status", "reason", "message", "action", "gpus"}),
     "queue": frozenset({"name", "parent", "priority", "pool", "gpu", "cpu", "memory"}),
@@ -213,6 +220,7 @@ _KEYS: dict[str, frozenset[str]] = {
             "tolerations",
             "node",
             "gpuIndices",
+            "started",
         }
     ),
     "toleration": frozenset({"key", "operator", "value", "effect"}),
@@ -484,6 +492,8 @@ class _Reader:
                         memory_mib=self.memory(g.get("memory", "80Gi"), f"{gw}.memory"),
                         healthy=self.boolean(g, "healthy", gw, True),
                         mig_enabled=self.boolean(g, "mig", gw, False),
+                        offered=None if g.get("offered") is None else self.boolean(g, "offered", gw, True),
+                        faulted_since=self.time(g, "faultedSince", gw, None),
                     )
                 )
         taints: list[Taint] = []
@@ -525,7 +535,29 @@ class _Reader:
             schedulable=self.boolean(data, "schedulable", where, True),
             conditions=tuple(conditions),
             draining=self.boolean(data, "draining", where, False),
+            kubelet_holders=self.holders(data.get("kubeletHolders"), f"{where}.kubeletHolders"),
         )
+
+    def holders(self, value: Any, where: str) -> dict[str, tuple[int, ...]] | None:
+        """A node's kubelet holders: pod (UID or ``namespace/name``) to GPU indices; None when absent.
+
+        An empty mapping is kept as written: the kubelet said no pod holds a
+        GPU, which is not the same as saying nothing.
+        """
+        if value is None:
+            return None
+        out: dict[str, tuple[int, ...]] = {}
+        for key, raw in self.mapping(value, where).items():
+            indices: list[int] = []
+            for i, x in enumerate(self.sequence(raw, f"{where}.{key}")):
+                if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < _MAX_GPUS_PER_NODE:
+                    self.fail(
+                        f"{where}.{key}[{i}]", f"expected a GPU index from 0 to {_MAX_GPUS_PER_NODE - 1}, got {x!r}"
+                    )
+                    continue
+                indices.append(x)
+            out[str(key)] = tuple(indices)
+        return out
 
     def tasks(self, data: Any, where: str) -> list[Task]:
         data = self.mapping(data, where, "task")
@@ -558,6 +590,7 @@ class _Reader:
             "gpu_indices": tuple(
                 int(x) for x in self.sequence(data.get("gpuIndices"), f"{where}.gpuIndices") if isinstance(x, int)
             ),
+            "started": self.time(data, "started", where, None),
         }
         replicas = data.get("replicas")
         name = self.string(data, "name", where)

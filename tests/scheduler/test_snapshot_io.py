@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.contract import Action
 from scheduler.engine.model import UNLIMITED, PlacementStrategy, TaintEffect, TaskStatus
+from scheduler.engine.session import run_session
 from scheduler.snapshot_io import KNOWN_KEYS, SnapshotError, parse_fairshare, parse_snapshot
 
 
@@ -240,11 +241,12 @@ def _examples() -> list[tuple[str, Callable[[Mapping[str, Any]], object], Any]]:
     return [
         ("fairshare.yaml", parse_fairshare, yaml.safe_load(root.joinpath("fairshare.yaml").read_text())),
         ("snapshot.yaml", parse_snapshot, yaml.safe_load(root.joinpath("snapshot.yaml").read_text())),
+        ("the kubelet's word", parse_snapshot, yaml.safe_load(_KUBELET_WORD)),
     ]
 
 
 # Mappings whose keys are names the user chose (pools, queues, labels), not the format's keys.
-_FREE_FORM = {"labels", "annotations", "nodeSelector", "poolStrategies", "capacity", "demand"}
+_FREE_FORM = {"labels", "annotations", "nodeSelector", "poolStrategies", "kubeletHolders", "capacity", "demand"}
 
 
 def _mappings(value: Any, path: str, free: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -291,3 +293,100 @@ def test_any_misspelt_key_is_refused_by_name(data: st.DataObject) -> None:
     with pytest.raises(SnapshotError) as info:
         parse(document)
     assert f"{dotted}: unknown key {typo!r}" in str(info.value), name
+
+
+# A device-plugin node as its GPUNode tells it: GPU 0 faulted (an NVLink the
+# plugin does not check, so still offered) before pod a started, and the
+# kubelet reports pod a there although gpuwarden assigned it GPU 1.
+_KUBELET_WORD = """
+now: 1700000100
+nodes:
+  - name: n1
+    cpu: 64
+    memory: 512Gi
+    gpus:
+      - {index: 0, healthy: false, offered: true, faultedSince: 1699999000}
+      - {index: 1, offered: true}
+      - {index: 2, offered: false}
+      - {index: 3}
+    conditions:
+      - {type: GpuNvlinkDegraded, status: "True", reason: NvlinkDown, action: RESET_GPU, gpus: [0]}
+    kubeletHolders:
+      uid-a: [0]
+      other/theirs: [3]
+  - {name: n2, cpu: 64, memory: 512Gi, gpus: 4}
+queues:
+  - {name: q, gpu: {quota: 8}}
+jobs:
+  - name: a
+    queue: q
+    created: 1699990000
+    tasks:
+      - {name: a, uid: uid-a, status: Running, node: n1, gpus: 1, gpuIndices: [1], started: 1699999500}
+"""
+
+
+def test_the_kubelets_word_is_read_as_the_gpunode_gives_it() -> None:
+    snap = parse_snapshot(yaml.safe_load(_KUBELET_WORD))
+    n1, n2 = snap.nodes
+    assert [g.offered for g in n1.gpus] == [True, True, False, None]
+    assert [g.faulted_since for g in n1.gpus] == [1699999000.0, None, None, None]
+    assert n1.kubelet_holders == {"uid-a": (0,), "other/theirs": (3,)}
+    assert n2.kubelet_holders is None, "a node that says nothing is not one that says no pod holds a GPU"
+    (task,) = snap.jobs[0].tasks
+    assert task.started == 1699999500.0
+
+
+def test_an_empty_holder_mapping_is_kept_apart_from_none() -> None:
+    data = yaml.safe_load(_KUBELET_WORD)
+    data["nodes"][1]["kubeletHolders"] = {}
+    assert parse_snapshot(data).nodes[1].kubelet_holders == {}
+
+
+def test_a_snapshot_with_the_kubelets_word_is_scheduled_by_it() -> None:
+    # The device manager started pod a on GPU 0 after GPU 0 had faulted: a
+    # misplacement. The pod the kubelet reports on the bad GPU goes, with a reason
+    # naming that GPU (not GPU 1, which gpuwarden meant).
+    (ev,) = run_session(parse_snapshot(yaml.safe_load(_KUBELET_WORD))).evictions
+    assert ev.pod == "a" and "GPU 0 on node n1" in ev.reason, ev.reason
+
+
+def test_a_pod_started_before_its_gpu_failed_is_not_a_misplacement() -> None:
+    data = yaml.safe_load(_KUBELET_WORD)
+    data["jobs"][0]["tasks"][0]["started"] = 1699998000  # before the fault
+    (ev,) = run_session(parse_snapshot(data)).evictions
+    assert "device manager" not in ev.reason, ev.reason
+
+
+@pytest.mark.parametrize(
+    ("holders", "message"),
+    [
+        ({"uid-a": [-1]}, "nodes[0].kubeletHolders.uid-a[0]: expected a GPU index from 0 to 1023, got -1"),
+        ({"uid-a": ["0"]}, "nodes[0].kubeletHolders.uid-a[0]: expected a GPU index from 0 to 1023, got '0'"),
+        ({"uid-a": [True]}, "nodes[0].kubeletHolders.uid-a[0]: expected a GPU index from 0 to 1023, got True"),
+        ({"uid-a": 0}, "nodes[0].kubeletHolders.uid-a: expected a list"),
+        ([0], "nodes[0].kubeletHolders: expected a mapping, got list"),
+    ],
+)
+def test_unreadable_holders_are_refused_by_place(holders: Any, message: str) -> None:
+    data = yaml.safe_load(_KUBELET_WORD)
+    data["nodes"][0]["kubeletHolders"] = holders
+    with pytest.raises(SnapshotError) as info:
+        parse_snapshot(data)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("offered", "maybe", "nodes[0].gpus[0].offered: expected true or false, got 'maybe'"),
+        ("faultedSince", math.inf, "nodes[0].gpus[0].faultedSince: must be a finite number"),
+        ("faultedSince", "yesterday", "nodes[0].gpus[0].faultedSince: expected seconds since the epoch"),
+    ],
+)
+def test_unreadable_gpu_truth_is_refused_by_place(where: str, value: object, message: str) -> None:
+    data = yaml.safe_load(_KUBELET_WORD)
+    data["nodes"][0]["gpus"][0][where] = value
+    with pytest.raises(SnapshotError) as info:
+        parse_snapshot(data)
+    assert message in str(info.value)
