@@ -18,7 +18,9 @@ give. So for a whole-GPU pod such nodes come after every node without one
 (among the next ``TRAP_LOOKAHEAD`` candidates once one fits, so that the
 walk stays short), and among them a placement that would leave the node no
 free healthy GPU comes last: the node's whole-GPU load stays below its
-healthy count while anything else fits. This lowers the odds, it cannot remove them: the device
+healthy count while anything else fits (:func:`trap_rank`, which the victim
+search of reclaim, preempt and consolidation ranks its plans by too, after
+their cost). This lowers the odds, it cannot remove them: the device
 manager may still choose the bad GPU while healthy ones are free (health
 eviction then moves the pod, :mod:`scheduler.engine.actions.health_evict`);
 only DRA, where the scheduler names the device, removes the gap.
@@ -55,6 +57,17 @@ Place = tuple[NodeState, tuple[int, ...], tuple[int, ...]]
 _FREE = 0  # free MiB on the GPU
 _POSITION = 1
 _NEED = 2  # MiB the slice takes there
+
+
+def trap_rank(trap: bool, whole: int, free_after: int) -> int:
+    """How far a placement walks into a trap node (module docstring): 0 not at all, 1 onto one that
+    keeps ``free_after`` >= 1 healthy GPUs free, 2 onto one left none, so the kubelet has only the bad GPU.
+
+    ``whole`` is the pod's whole GPUs (0 for a slice, whose GPU gpuwarden names itself).
+    """
+    if not (whole and trap):
+        return 0
+    return 1 if free_after >= 1 else 2
 
 
 def _slice_positions(
@@ -250,11 +263,12 @@ def find_place(
             place: Place = (node, *fit)
         else:
             place = (node, _whole_positions(node, gpu.whole), ())
-            if whole and node.trap:
-                if node.free_whole - whole >= 1:
-                    on_trap = on_trap or place
-                else:
-                    last_resort = last_resort or place
+            rank = trap_rank(node.trap, whole, node.free_whole - whole)
+            if rank == 1:
+                on_trap = on_trap or place
+                continue
+            if rank == 2:
+                last_resort = last_resort or place
                 continue
         if not scored:
             return place
@@ -294,7 +308,7 @@ def _best_of(
         if fit is None:
             continue
         # Trap nodes after the others, one left with no free healthy GPU last (module docstring).
-        trap = 0 if not (whole and node.trap) else 1 if node.free_whole - whole >= 1 else 2
+        trap = trap_rank(node.trap, whole, node.free_whole - whole)
         score = (trap, node.tier, -node.free_whole if spread else node.free_whole, node.pidx)
         ranked.append((score, (node, *fit)))
     if not ranked:

@@ -74,7 +74,7 @@ from scheduler.engine.limits import limit_problem
 from scheduler.engine.predicates import eligibility
 from scheduler.engine.reservations import release_for, reserved_place
 from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES, GpuRequest
-from scheduler.engine.scoring import fits, place_for
+from scheduler.engine.scoring import fits, place_for, trap_rank
 from scheduler.engine.state import Cluster, JobState, NodeState, TaskState
 from scheduler.engine.statement import Statement
 
@@ -581,30 +581,47 @@ def _views(
 
 
 def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
-    """The cheapest plan over ``views`` (see the module docstring), applied; False if none."""
+    """The cheapest plan over ``views`` (see the module docstring), applied; False if none.
+
+    Among plans of equal cost, one that keeps a whole-GPU pod off a trap
+    node (a GPU out of service the device plugin still offers) wins, and
+    one that leaves a trap node a free healthy GPU beats one that does not
+    (:func:`scheduler.engine.scoring.trap_rank`): the kubelet's device
+    manager may hand the pod the bad GPU whatever gpuwarden assigned.
+    """
     views = sorted(views, key=lambda v: v.bound)  # stable: discovery order among equals
     # The lowest floor from each node on: once the best plan costs no more,
     # no node left has a cheaper one (and the search only replaces a plan
-    # by a strictly cheaper one).
+    # by a strictly cheaper one, or an equal one off a trap).
     floors: list[Cost] = [v.floor for v in views]
     for i in range(len(floors) - 2, -1, -1):
         floors[i] = min(floors[i], floors[i + 1])
-    best: tuple[Cost, _NodeView] | None = None
+    task = search.task
+    whole = 0 if task.gpu.is_slice else task.gpu.whole
+    best: tuple[Cost, int, _NodeView] | None = None
     applied = False
     stmt = search.stmt
     mark = stmt.mark()
     for i, view in enumerate(views):
-        if best is not None and best[0] <= floors[i]:
-            break  # no plan on this node or any later one can cost less
+        below: Cost | None = None
+        if best is not None:
+            cost, rank = best[0], best[1]
+            if cost < floors[i] or (cost == floors[i] and rank == 0):
+                break  # no plan on this node or any later one can cost less, nor as little off a trap
+            off_trap = rank > 0 and trap_rank(view.node.trap, whole, 0) == 0
+            if cost <= view.floor and not off_trap:
+                continue  # nothing here costs less, and an equal plan would not be better
+            # An equal cost wins on a node that is no trap (costs are integers).
+            below = (cost[0], cost[1], cost[2] + 1) if off_trap else cost
         if applied:
             stmt.rollback(mark)
             applied = False
-        cost = _search_node(search, view, best[0] if best is not None else None)
-        if cost is not None:
-            best = (cost, view)
+        found = _search_node(search, view, below)
+        if found is not None:
+            best = (found, trap_rank(view.node.trap, whole, view.node.free_whole), view)
             applied = True
     if best is not None and not applied:
-        applied = _search_node(search, best[1], None) is not None
+        applied = _search_node(search, best[2], None) is not None
     return applied
 
 
