@@ -74,13 +74,18 @@ class Devices(Protocol):
 
 @dataclass(slots=True)
 class Landing:
-    """A pod the device manager started on a quarantined GPU, and when it left it (None: still there)."""
+    """A pod the device manager started on a quarantined GPU, and when it left it (None: still there).
+
+    ``evicted`` says how it left: deleted (the scheduler's eviction, what
+    the summary times) or finished on its own before anyone moved it.
+    """
 
     node: str
     pod: str
     gpus: tuple[int, ...]
     at: float
     left_at: float | None = None
+    evicted: bool = False
 
 
 class StandInKubelet:
@@ -150,10 +155,10 @@ class StandInKubelet:
         metadata, spec, status = meta(pod), sub(pod, "spec"), sub(pod, "status")
         uid, name, namespace = str(metadata.get("uid")), str(metadata.get("name")), str(metadata.get("namespace"))
         if kind == "DELETED":
-            self._stopped(uid)
+            self._stopped(uid, evicted=True)
             return
         if metadata.get("deletionTimestamp"):
-            running = self._stopped(uid)
+            running = self._stopped(uid, evicted=True)
             if running is not None:
                 self.evicted.append((self._clock(), running.node, running.job))
                 # The containers were killed: the pod failed (as a kubelet reports it before the
@@ -207,7 +212,7 @@ class StandInKubelet:
             return decode_assignment(annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT, ""), node=node) or ()
         return self._devices.admit(node, pod)
 
-    def _stopped(self, uid: str) -> RunningPod | None:
+    def _stopped(self, uid: str, *, evicted: bool = False) -> RunningPod | None:
         with self._lock:
             running = self._running.pop(uid, None)
         if running is not None:
@@ -218,6 +223,7 @@ class StandInKubelet:
             landing = self.landed.get(running.uid)
             if landing is not None and landing.left_at is None:
                 landing.left_at = self._clock()
+                landing.evicted = evicted
         return running
 
     # ------------------------------------------------------------ finish

@@ -114,20 +114,33 @@ def fault_lines(injected: Sequence[Injected], history: History, repairs: Sequenc
 
 
 def landing_line(landed: Sequence[Landing]) -> str:
-    """How many pods the device manager put on a quarantined GPU, and how long each stayed there."""
+    """How many pods the device manager put on a quarantined GPU, and how fast evictions moved them off.
+
+    Only the pods that left by eviction are timed: one that finished its
+    work first was not moved, and timing it would flatter the scheduler.
+    """
     if not landed:
         return "device manager: no pod started on a quarantined GPU"
-    stays = sorted(x.left_at - x.at for x in landed if x.left_at is not None)
-    still = len(landed) - len(stays)
+    stays = sorted(x.left_at - x.at for x in landed if x.left_at is not None and x.evicted)
+    finished = sum(1 for x in landed if x.left_at is not None and not x.evicted)
+    still = sum(1 for x in landed if x.left_at is None)
     moved = (
-        f"moved off in {stays[len(stays) // 2]:.1f} s (median), {stays[-1]:.1f} s at worst"
+        f"{len(stays)} evicted off it in {_median(stays):.1f} s (median), {stays[-1]:.1f} s at worst"
         if stays
-        else "none moved off yet"
+        else "none evicted off it yet"
     )
     return (
         f"device manager: {len(landed)} pods started on a quarantined GPU (the device plugin still offered it); "
-        f"{moved}" + (f"; {still} still there" if still else "")
+        f"{moved}"
+        + (f"; {finished} finished there first" if finished else "")
+        + (f"; {still} still there" if still else "")
     )
+
+
+def _median(values: Sequence[float]) -> float:
+    """The median of sorted ``values`` (the mean of the middle two for an even count)."""
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def render_summary(
