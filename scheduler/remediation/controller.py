@@ -35,7 +35,9 @@ kubelet's device manager can give it to a whole-GPU pod, gpuwarden's
 :mod:`scheduler.cluster.misplaced`) or another scheduler's, which is why a
 node-level fault cordons the node (that stops every scheduler). A node
 drain also evicts the pods no gpuwarden action owns (other schedulers', bare
-pods), by their namespace's drain policy; DaemonSet and mirror pods stay.
+pods), by their namespace's drain policy; DaemonSet and mirror pods stay. A
+drain of one GPU does the same for the pods the kubelet reports on that GPU
+(the GPUNode's holders): nothing else can name them there.
 
 The carry-out contract: steps first, then the record. A step that fails is
 logged and retried next cycle (holds are re-issued every cycle); the record
@@ -668,9 +670,14 @@ class RemediationController:
         if patch_spec:
             patch["spec"] = patch_spec
         self._request_agent(name, gpunode, steps)
-        for step in steps:
-            if isinstance(step, Drain) and step.scope.is_node:
-                report.evicted += self._drain(name, pods, step, now)
+        drains = [s for s in steps if isinstance(s, Drain)]
+        if any(s.scope.is_node for s in drains):
+            # The node's drain takes every pod; its GPUs' drains add nothing.
+            drains = [s for s in drains if s.scope.is_node]
+        holders = node_from_objects(node_obj, gpunode).kubelet_holders if drains else None
+        taken: set[str] = set()  # a pod on two draining GPUs is evicted once
+        for step in drains:
+            report.evicted += self._drain(name, pods, step, now, holders, taken)
         for step in steps:
             if isinstance(step, EmitEvent):
                 self._event(name, meta, step)
@@ -778,18 +785,41 @@ class RemediationController:
         # in the process; the agent never resets a GPU that runs work.
         self._api.patch_gpunode(name, {"spec": {contract.GPUNODE_REMEDIATION: wanted}})
 
-    def _drain(self, name: str, pods: Collection[Mapping[str, Any]], step: Drain, now: float) -> int:
-        """Evict what no gpuwarden action evicts from a drained node, by namespace policy."""
+    def _drain(
+        self,
+        name: str,
+        pods: Collection[Mapping[str, Any]],
+        step: Drain,
+        now: float,
+        holders: Mapping[str, tuple[int, ...]] | None,
+        taken: set[str],
+    ) -> int:
+        """Evict what no gpuwarden action evicts from a drained node or GPU, by namespace policy.
+
+        gpuwarden's own pods are the engine's health eviction's (gang-aware,
+        budgeted). The rest (other schedulers' pods, bare pods) only this
+        drain moves. On one GPU those are the pods the kubelet reports there
+        (``holders``, the GPUNode's mapping): such a pod carries no
+        assignment of gpuwarden's, so without the kubelet's word nothing
+        names it, and the GPU's drain would wait on it for ever. ``taken``
+        holds the pods an earlier drain of this pass already dealt with (a
+        pod on two draining GPUs); the ones dealt with here are added.
+        """
         policies = self.settings.machine.drain
         evictions: list[Eviction] = []
         deletions: list[Mapping[str, Any]] = []
-        for pod in pods_on(pods, name, ()):
+        if step.scope.is_node:
+            reason = f"node {name} is drained by remediation"
+        else:
+            reason = f"GPU {step.scope.gpu_index} of node {name} is drained by remediation"
+        for pod in pods_on(pods, name, step.gpus, holders):
             spec = _map(pod, "spec")
             if spec.get("schedulerName") == contract.SCHEDULER_NAME:
                 continue  # the engine's health eviction takes these, gang-aware
             meta = _meta(pod)
-            if meta.get("deletionTimestamp"):
+            if meta.get("deletionTimestamp") or _pod_key(pod) in taken:
                 continue
+            taken.add(_pod_key(pod))
             namespace = str(meta.get("namespace") or "default")
             action = policies.for_namespace(namespace).pod_action(now - step.started_at)
             if action is PodDrainAction.WAIT:
@@ -805,7 +835,7 @@ class RemediationController:
                     uid=str(meta.get("uid") or ""),
                     node=name,
                     action=EvictionAction.REMEDIATION_DRAIN,
-                    reason=f"node {name} is drained by remediation",
+                    reason=reason,
                 )
             )
         done = 0

@@ -428,3 +428,82 @@ def test_a_record_refused_because_someone_changed_what_it_was_decided_from_waits
     errors = _quarantine_pass(k8s, node, person_cordons)
     assert len(errors) == 1 and "409" in errors[0], errors
     assert contract.ANNOTATION_REMEDIATION_STATE not in (_node(k8s, node).metadata.annotations or {})
+
+
+class CountingEvictor(Evictor):
+    """The real Evictor, counting the evictions it is handed per pod."""
+
+    def __init__(self, api: KubeApi) -> None:
+        super().__init__(api, retry=NO_WAIT)
+        self.asked: dict[str, int] = {}
+
+    def evict_all(self, evictions: Any) -> Any:
+        for ev in evictions:
+            key = f"{ev.namespace}/{ev.pod}"
+            self.asked[key] = self.asked.get(key, 0) + 1
+        return super().evict_all(evictions)
+
+
+def _foreign_pod_holding(k8s: client.ApiClient, namespace: str, node: str, name: str, gpus: tuple[int, ...]) -> None:
+    """Another scheduler's pod on ``node``, and the node's GPUNode listing it (as the agent would) on ``gpus``."""
+    core = client.CoreV1Api(k8s)
+    created = core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "default-scheduler",
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/train:1",
+                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: str(len(gpus))}},
+                    }
+                ],
+            },
+        },
+    )
+    mark_pod_running(k8s, name, namespace)
+    status = _gpunode(k8s, node)["status"]
+    holder = {"namespace": namespace, "name": name, "uid": created.metadata.uid, "container": "main"}
+    for gpu in status["gpus"]:
+        held = gpu.setdefault(contract.GPUNODE_GPU_PODS, [])
+        if gpu["index"] in gpus:
+            held.append(holder)
+    status[contract.GPUNODE_POD_RESOURCES] = {"ok": True}
+    client.CustomObjectsApi(k8s).patch_cluster_custom_object_status(
+        contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node, {"status": status}
+    )
+
+
+def test_a_pod_of_another_scheduler_on_two_draining_gpus_is_evicted_once(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]]
+) -> None:
+    (node,) = cluster(1)
+    nodes = {node}
+    publish_health(
+        k8s,
+        node,
+        replace(xid_fault(2, 48), action=Action.RESET_GPU),
+        replace(xid_fault(3, 48), action=Action.RESET_GPU),
+    )
+    _foreign_pod_holding(k8s, namespace, node, "theirs", (2, 3))
+    _foreign_pod_holding(k8s, namespace, node, "bystander", (5,))
+    clock = Clock()
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    evictor = CountingEvictor(api)
+    for _ in range(3):  # quarantine, then drain
+        new_cycle(k8s).run(view(k8s, nodes))
+        current = view(k8s, nodes)
+        controller = RemediationController(api, evictor, None, clock=clock)
+        report = controller.run(current.nodes, current.gpunodes, list(current.pods.values()))
+        assert report.errors == [], report.errors
+        if evictor.asked:
+            break
+    assert evictor.asked == {f"{namespace}/theirs": 1}, "once, though both its GPUs drain; the bystander stays"
+    stored = client.CoreV1Api(k8s).read_namespaced_pod("theirs", namespace)
+    assert stored.metadata.deletion_timestamp is not None
+    assert _node(k8s, node).spec.unschedulable is not True

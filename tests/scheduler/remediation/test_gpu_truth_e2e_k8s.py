@@ -18,6 +18,7 @@ from kubernetes import client
 
 from gpuwarden import contract
 from scheduler.cluster.assignment import decode_assignment
+from scheduler.remediation.steps import EventReason
 from scheduler.runner import SchedulerRunner
 from tests.harness import wait_for
 from tests.scheduler.cluster.kube_objects import pod, podgroup
@@ -220,3 +221,55 @@ def test_a_whole_gpu_pod_the_device_manager_puts_on_a_quarantined_gpu_is_evicted
     pod(k8s, namespace, "solo-again", group="solo")
     until(kubelet, lambda: bool(well.gpus_of(namespace, "solo-again")), "it runs again, on the healthy node")
     assert core.read_namespaced_pod("solo-again", namespace).spec.node_name == well.name
+
+
+def test_a_drain_of_one_gpu_evicts_the_pod_of_another_scheduler_the_kubelet_reports_there(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    runner: SchedulerRunner,
+    sim_gpu_nodes: Callable[..., SimGpuNode],
+) -> None:
+    gpu_node = sim_gpu_nodes(reversed_offers=True)
+    core = client.CoreV1Api(k8s)
+    kubelet = Kubelet(k8s, namespace, {gpu_node.name: gpu_node.devices})
+    wait_for(lambda: gpu_node.agent.daemon.published_seq > 0, 30, description="the agent publishes")
+    # Another scheduler's pod, bound at creation: it carries no assignment of gpuwarden's.
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "theirs"},
+            "spec": {
+                "schedulerName": "default-scheduler",
+                "nodeName": gpu_node.name,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/train:1",
+                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: "1"}},
+                    }
+                ],
+            },
+        },
+    )
+    until(kubelet, lambda: gpu_node.gpus_of(namespace, "theirs") == (7,), "the device manager gives it GPU 7")
+    podgroup(k8s, namespace, "ours", queue(8), 1)
+    pod(k8s, namespace, "ours", group="ours")
+    until(kubelet, lambda: bool(gpu_node.gpus_of(namespace, "ours")), "ours runs")
+    assert gpu_node.gpus_of(namespace, "ours") != (7,)
+    until(kubelet, lambda: _published(gpu_node, k8s, {7: "theirs"}), "the agent publishes it on GPU 7")
+
+    # A double-bit ECC error on GPU 7: a reset fault, so GPU 7 alone is quarantined and drained.
+    gpu_node.sim.inject("xid", gpu=7, xid=48)
+    until(kubelet, lambda: "theirs" not in _names(core, namespace), "the pod the kubelet reports on GPU 7 is evicted")
+    assert "ours" in _names(core, namespace), "a pod on another GPU runs on"
+    assert core.read_node(gpu_node.name).spec.unschedulable is not True, "one GPU's drain does not cordon the node"
+
+    def reset_asked() -> bool:
+        events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={gpu_node.name}").items
+        return any(e.reason == EventReason.RESET_REQUESTED for e in events)
+
+    # With its only pod gone the drain finishes: the GPU goes on to its reset.
+    until(kubelet, reset_asked, "the drain ends and the GPU's reset is asked for")
