@@ -677,7 +677,7 @@ class RemediationController:
         holders = node_from_objects(node_obj, gpunode).kubelet_holders if drains else None
         taken: set[str] = set()  # a pod on two draining GPUs is evicted once
         for step in drains:
-            report.evicted += self._drain(name, pods, step, now, holders, taken)
+            report.evicted += self._drain(name, pods, step, now, holders=holders, taken=taken)
         for step in steps:
             if isinstance(step, EmitEvent):
                 self._event(name, meta, step)
@@ -791,6 +791,7 @@ class RemediationController:
         pods: Collection[Mapping[str, Any]],
         step: Drain,
         now: float,
+        *,
         holders: Mapping[str, tuple[int, ...]] | None,
         taken: set[str],
     ) -> int:
