@@ -14,7 +14,7 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.fairshare import QueueTree, TreeQueue, build_tree, fair_shares
 from scheduler.engine.health import judge
-from scheduler.engine.holders import kubelet_gpus, reported_gpus
+from scheduler.engine.holders import holder_key, kubelet_gpus, reported_gpus
 from scheduler.engine.model import UNLIMITED, Job, Node, PendingReason, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.predicates import shape_of
 from scheduler.engine.reservations import seat_reservations
@@ -182,7 +182,7 @@ def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
     for key, spec in _unique_jobs(snapshot):
         builder.add(key, spec)
     builder.deferred = None
-    seat_deferred(deferred)
+    builder.irregular += seat_deferred(deferred)
     share_out(cluster, tree)
     seat_reservations(cluster, snapshot.reservations)
     cluster.set_bystanders(snapshot.bystanders)
@@ -232,8 +232,8 @@ class JobBuilder:
         self.seen_pods: set[tuple[str, str]] = set()
         self.seen_uids: set[str] = set()
         self.irregular = 0
-        # While a build adds its jobs: running pods whose GPUs are guessed
-        # once all the others are seated (seat_running).
+        # While a build adds its jobs: running pods seated once all the
+        # others are (seat_running).
         self.deferred: list[Deferred] | None = None
 
     def add(self, key: str, spec: Job) -> JobState:
@@ -408,10 +408,9 @@ def _unique_jobs(snapshot: Snapshot) -> list[tuple[str, Job]]:
     return [(key, chosen[key]) for key in sorted(chosen)]
 
 
-# A running pod whose GPUs must be guessed, held back until every other
-# running pod is seated: (its node, the pod, the positions the snapshot names,
-# why the rest are guessed).
-Deferred = tuple[NodeState, TaskState, tuple[int, ...], str]
+# A running pod whose GPUs depend on the pods around it, held back until
+# every other running pod is seated (seat_running): its node and the pod.
+Deferred = tuple[NodeState, TaskState]
 
 
 def seat_running(nodes: dict[str, NodeState], task: TaskState, deferred: list[Deferred] | None = None) -> bool | None:
@@ -421,18 +420,81 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState, deferred: list[De
     are where it is, not the assignment (:mod:`scheduler.engine.holders`).
 
     True when some of its GPUs had to be guessed (:func:`_complete_assignment`).
-    With ``deferred`` the guess waits there (:func:`seat_deferred`): a guess
-    made before every pod that names its GPUs is seated could take one of
-    theirs, and seat two pods on one GPU while another looks free.
+    With ``deferred`` a pod whose GPUs depend on the others waits there
+    (:func:`seat_deferred`, which counts its guesses): a guess made before
+    every pod that names its GPUs is seated could take one of theirs, and
+    seat two pods on one GPU while another looks free; and whether the pod
+    the kubelet reports on a GPU of an unlisted pod's assignment still
+    exists is known only once every pod is seated.
     """
     spec = task.spec
     node = nodes.get(spec.node) if spec.node is not None else None
     if node is None:
         log.warning("running pod on a node not in the snapshot", job=task.job.key, pod=spec.name, node=spec.node)
         return None
+    positions, why, guessed, unlisted = _where(node, task, None)
+    if deferred is not None and (guessed or unlisted):
+        deferred.append((node, task))
+        return False
+    if guessed:
+        positions = _complete_assignment(node, task, positions, why, None)
+    _seat(node, task, positions)
+    return guessed
+
+
+def seat_deferred(deferred: list[Deferred]) -> int:
+    """Seat the pods :func:`seat_running` held back, their missing GPUs taken from what is left; how many were guessed.
+
+    A GPU the kubelet reports held counts against an unlisted pod's
+    assignment only when the pod reported there is one of the node's
+    running pods: a holder that has finished (or was deleted) since the
+    agent's last read holds nothing, and the pod bound to its GPU since is
+    where gpuwarden put it.
+    """
+    guessed = 0
+    live: dict[int, frozenset[int]] = {}
+    waiting: dict[int, list[TaskState]] = {}
+    for node, task in deferred:
+        waiting.setdefault(id(node), []).append(task)
+    for node, task in deferred:
+        reported = live.get(id(node))
+        if reported is None:
+            reported = live[id(node)] = _live_reported(node, waiting[id(node)])
+        positions, why, was_guessed, _ = _where(node, task, reported)
+        if was_guessed:
+            guessed += 1
+            positions = _complete_assignment(node, task, positions, why, reported)
+        _seat(node, task, positions)
+    deferred.clear()
+    return guessed
+
+
+def _live_reported(node: NodeState, waiting: list[TaskState]) -> frozenset[int]:
+    """The GPUs the node's kubelet reports held by one of its running pods (seated, or ``waiting`` to be)."""
+    held = node.spec.kubelet_holders
+    if not held:
+        return frozenset()
+    keys: set[str] = set()
+    for t in (*node.tasks, *waiting):
+        if t.spec.uid:
+            keys.add(t.spec.uid)
+        keys.add(holder_key(t.spec.namespace, t.spec.name))
+    return frozenset(i for key, indices in held.items() if key in keys for i in indices)
+
+
+def _where(
+    node: NodeState, task: TaskState, reported: frozenset[int] | None
+) -> tuple[tuple[int, ...], str, bool, bool]:
+    """Where the snapshot puts a running pod on ``node``: (GPU positions, why a guess, whether one, whether
+    the kubelet leaves it unlisted while it reports some pod on a GPU of its assignment).
+
+    ``reported`` are the GPUs the kubelet reports held by others (None: every GPU it reports held).
+    """
+    spec = task.spec
     gpu = task.gpu
     indices = spec.gpu_indices
     why = "its GPU assignment names fewer GPUs than it requests"
+    unlisted = False
     if node.spec.kubelet_holders and not gpu.is_slice:
         # The kubelet's word over the assignment for whole GPUs (scheduler.engine.holders).
         real = kubelet_gpus(node.spec, spec)
@@ -442,9 +504,11 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState, deferred: list[De
             # Not listed (started since the agent's last read): its assignment
             # less the GPUs the kubelet reports other pods holding, which keep
             # their devices for life. The pod it swapped with is listed there.
-            reported = reported_gpus(node.spec)
+            if reported is None:
+                reported = reported_gpus(node.spec)
             kept = tuple(i for i in indices if i not in reported)
             if len(kept) < len(indices):
+                unlisted = True
                 why = f"the kubelet reports another pod on its assigned GPU {', '.join(map(str, indices))}"
                 indices = kept
     positions: tuple[int, ...] = indices
@@ -462,20 +526,7 @@ def seat_running(nodes: dict[str, NodeState], task: TaskState, deferred: list[De
     wanted = gpu.devices if gpu.is_slice else gpu.whole
     count = len(positions)
     guessed = count < wanted or (count > 1 and len(set(positions)) < count)
-    if guessed:
-        if deferred is not None:
-            deferred.append((node, task, positions, why))
-            return True
-        positions = _complete_assignment(node, task, positions, why)
-    _seat(node, task, positions)
-    return guessed
-
-
-def seat_deferred(deferred: list[Deferred]) -> None:
-    """Seat the pods :func:`seat_running` held back, their missing GPUs taken from what is left."""
-    for node, task, positions, why in deferred:
-        _seat(node, task, _complete_assignment(node, task, positions, why))
-    deferred.clear()
+    return positions, why, guessed, unlisted
 
 
 def _seat(node: NodeState, task: TaskState, positions: tuple[int, ...]) -> None:
@@ -487,15 +538,18 @@ def _seat(node: NodeState, task: TaskState, positions: tuple[int, ...]) -> None:
         Cluster.seat(task, node, positions, ())
 
 
-def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int, ...], why: str) -> tuple[int, ...]:
+def _complete_assignment(
+    node: NodeState, task: TaskState, positions: tuple[int, ...], why: str, reported: frozenset[int] | None
+) -> tuple[int, ...]:
     """A running pod's GPUs when the snapshot names too few (or one twice).
 
     The pod holds the devices it asked for whatever the snapshot says;
     leaving them free would let this session bind a second pod onto a GPU in
     use. The missing ones are taken from GPUs nobody holds (usable ones
     first, then the most free memory for a slice; for a whole GPU, ones the
-    kubelet reports nobody on first): the count is right even if the
-    indices are a guess, and the log says so.
+    kubelet reports nobody on first; ``reported`` are the GPUs it reports
+    held, None for all it lists): the count is right even if the indices
+    are a guess, and the log says so.
     """
     gpu = task.gpu
     wanted = gpu.devices if gpu.is_slice else gpu.whole
@@ -512,8 +566,8 @@ def _complete_assignment(node: NodeState, task: TaskState, positions: tuple[int,
                 for p in range(len(node.gpu_mem))
                 if p not in taken and not node.gpu_whole[p] and not node.gpu_slices[p]
             ]
-            reported = reported_gpus(node.spec)
-            spare.sort(key=lambda p: (not node.gpu_ok[p], node.gpu_index[p] in reported, p))
+            held = reported if reported is not None else reported_gpus(node.spec)
+            spare.sort(key=lambda p: (not node.gpu_ok[p], node.gpu_index[p] in held, p))
         distinct.extend(spare[:missing])
         log.warning(
             "running pod's GPUs partly unknown; counting unassigned GPUs as held",

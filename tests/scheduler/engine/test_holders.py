@@ -319,3 +319,27 @@ def test_every_running_pod_holds_a_gpu_of_its_own_and_no_listed_gpu_is_given_aga
         assert len(decisions.binds) == 8 - len(running_pods), "each running pod counts one GPU, whatever the guess"
         assert len(set(given_out)) == len(given_out)
         assert not set(given_out) & {g for gpus in known.values() for g in gpus}, "a GPU the kubelet lists is held"
+
+
+def test_a_holder_that_has_ended_does_not_push_the_pod_on_its_gpu_elsewhere() -> None:
+    # Pod "gone" held GPU 1 at the agent's last read and has finished since;
+    # gpuwarden bound b to GPU 1 and b started before the agent read again.
+    # b is on GPU 1: a fault there takes it, in a fresh build and in the kept state.
+    n = node("n1", 2, kubelet_holders={"uid-gone": (1,)})
+    b = running("b", "n1", (1,))
+    snap = Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=(job("jb", "q", b),))
+    faulty = replace(snap, nodes=(replace(n, conditions=(_xid(1),)),))
+    engine = Engine()
+    engine.run(snap)
+    for decisions in (run_session(faulty), engine.run(faulty)):
+        assert [e.pod for e in decisions.evictions] == ["b"], decisions.evictions
+
+
+def test_a_live_holder_still_pushes_an_unlisted_pod_off_its_gpu() -> None:
+    # The pod reported on GPU 1 runs: b (unlisted) cannot be there too, so it is on GPU 0.
+    n = node("n1", 2, kubelet_holders={"uid-a": (1,)})
+    a, b = running("a", "n1", (0,)), running("b", "n1", (1,))
+    snap = Snapshot(nodes=(n,), queues=(queue("q", 8),), jobs=(job("ja", "q", a), job("jb", "q", b)))
+    faulty = replace(snap, nodes=(replace(n, conditions=(_xid(1),)),))
+    for decisions in (run_session(faulty), Engine().run(faulty)):
+        assert [e.pod for e in decisions.evictions] == ["a"], decisions.evictions
