@@ -584,10 +584,11 @@ def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
     """The cheapest plan over ``views`` (see the module docstring), applied; False if none.
 
     Among plans of equal cost, one that keeps a whole-GPU pod off a trap
-    node (a GPU out of service the device plugin still offers) wins, and
-    one that leaves a trap node a free healthy GPU beats one that does not
-    (:func:`scheduler.engine.scoring.trap_rank`): the kubelet's device
-    manager may hand the pod the bad GPU whatever gpuwarden assigned.
+    node (a GPU out of service the device plugin still offers,
+    :func:`scheduler.engine.scoring.trap_rank`) wins over one on a trap
+    node: the kubelet's device manager may hand the pod the bad GPU
+    whatever gpuwarden assigned. Between two trap nodes the search order
+    decides, as between any two nodes.
     """
     views = sorted(views, key=lambda v: v.bound)  # stable: discovery order among equals
     # The lowest floor from each node on: once the best plan costs no more,
@@ -598,18 +599,20 @@ def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
         floors[i] = min(floors[i], floors[i + 1])
     task = search.task
     whole = 0 if task.gpu.is_slice else task.gpu.whole
-    best: tuple[Cost, int, _NodeView] | None = None
+    # The best plan so far: its cost, whether it puts the pod on a trap node, where.
+    best: tuple[Cost, bool, _NodeView] | None = None
     applied = False
     stmt = search.stmt
     mark = stmt.mark()
     for i, view in enumerate(views):
+        trapped = trap_rank(view.node.trap, whole, 0) > 0
         below: Cost | None = None
         if best is not None:
-            cost, rank = best[0], best[1]
-            if cost < floors[i] or (cost == floors[i] and rank == 0):
+            cost, on_trap = best[0], best[1]
+            if cost < floors[i] or (cost == floors[i] and not on_trap):
                 break  # no plan on this node or any later one can cost less, nor as little off a trap
-            off_trap = rank > 0 and trap_rank(view.node.trap, whole, 0) == 0
-            if cost <= view.floor and not off_trap:
+            off_trap = on_trap and not trapped
+            if cost < view.floor or (cost == view.floor and not off_trap):
                 continue  # nothing here costs less, and an equal plan would not be better
             # An equal cost wins on a node that is no trap (costs are integers).
             below = (cost[0], cost[1], cost[2] + 1) if off_trap else cost
@@ -618,7 +621,7 @@ def _place_by_evicting(search: _Search, views: list[_NodeView]) -> bool:
             applied = False
         found = _search_node(search, view, below)
         if found is not None:
-            best = (found, trap_rank(view.node.trap, whole, view.node.free_whole), view)
+            best = (found, trapped, view)
             applied = True
     if best is not None and not applied:
         applied = _search_node(search, best[2], None) is not None
