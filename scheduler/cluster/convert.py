@@ -88,7 +88,7 @@ from scheduler.cluster.quantity import (
     mib_floor,
 )
 from scheduler.cluster.sliceadmission import SliceAdmission, has_sharing_annotation
-from scheduler.engine.health import judge
+from scheduler.engine.health import is_fatal, judge
 from scheduler.engine.holders import holder_key, kubelet_gpus, reported_gpus
 from scheduler.engine.model import (
     NON_PREEMPTIBLE_PRIORITY,
@@ -305,6 +305,11 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
             for fault in _list(faults, f"status.gpus[{index}].faults", ident):
                 if isinstance(fault, dict) and isinstance(fault.get("condition"), str):
                     faulted.setdefault(fault["condition"], set()).add(index)
+                    # Dated by the faults that take it out of service only: one
+                    # that leaves it in (a degraded link) says nothing of when
+                    # the device manager should have stopped choosing it.
+                    if not _fatal_fault(fault):
+                        continue
                     at = parse_epoch(fault.get("since"))
                     if at is not None and (since is None or at < since):
                         since = at
@@ -326,6 +331,16 @@ def _gpus_from_gpunode(gpunode: Mapping[str, Any], ident: str) -> _GpuInventory 
     gpus.sort(key=_gpu_index)
     held = None if holders is None else {k: tuple(sorted(v)) for k, v in holders.items()}
     return _GpuInventory(tuple(gpus), by_uuid, by_bus, faulted, held)
+
+
+def _fatal_fault(fault: Mapping[str, Any]) -> bool:
+    """Whether a GPUNode fault takes its GPU out of service, by the engine's rule (an unknown action: by its type)."""
+    raw = fault.get("action")
+    try:
+        action = Action(raw) if isinstance(raw, str) else Action.NONE
+    except ValueError:
+        action = Action.NONE
+    return is_fatal(str(fault["condition"]), _str(fault.get("reason")), action)
 
 
 def _read_holders(raw: object, index: int, out: dict[str, list[int]], ident: str, stale: bool = False) -> None:

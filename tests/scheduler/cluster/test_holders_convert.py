@@ -87,16 +87,27 @@ def test_holders_without_a_uid_are_dropped_while_reads_fail() -> None:
     assert node_from_objects(node_json("n1"), failed).kubelet_holders == {"uid-a": (5,)}
 
 
-def test_a_gpus_fault_is_dated_by_its_earliest_since() -> None:
+def test_a_gpus_fault_is_dated_by_its_earliest_since_that_takes_it_out_of_service() -> None:
     gpunode = _gpunode("n1", {})
     gpus = gpunode["status"]["gpus"]
     gpus[3]["faults"] = [
-        {"condition": "GpuNvlinkDegraded", "reason": "NvlinkDown", "action": "NONE", "since": "2026-12-01T10:05:00Z"},
+        {
+            "condition": "GpuNvlinkDegraded",
+            "reason": "NvlinkDown",
+            "action": "RESET_GPU",
+            "since": "2026-12-01T10:05:00Z",
+        },
+        # Degraded since 10:00 but in service: a pod the kubelet gave it at 10:02 was not misplaced.
         {"condition": "GpuPcieDegraded", "reason": "PcieDowngraded", "action": "NONE", "since": "2026-12-01T10:00:00Z"},
         {"condition": "GpuXidError", "reason": "Xid79", "action": "RESET_GPU", "since": "not a time"},
+        {"condition": "GpuXidError", "reason": "Xid48", "action": "NOT_AN_ACTION", "since": "2026-12-01T09:00:00Z"},
     ]
     n = node_from_objects(node_json("n1"), gpunode)
-    assert n.gpus[3].faulted_since == 1_796_119_200.0
+    # The XID with an unknown action is still fatal by its type: 09:00.
+    assert n.gpus[3].faulted_since == 1_796_115_600.0
+    gpus[3]["faults"].pop()
+    n = node_from_objects(node_json("n1"), gpunode)
+    assert n.gpus[3].faulted_since == 1_796_119_500.0  # 10:05, not the PCIe downgrade's 10:00
     assert [g.faulted_since for g in n.gpus if g.index != 3] == [None] * 7
 
 
