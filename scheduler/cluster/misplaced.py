@@ -148,7 +148,9 @@ class MisplacedBackoff:
             if key not in counted:  # a gang's pods on one node are one strike
                 strikes = self._strikes.get(key)
                 count = 1 if strikes is None or now - strikes.last > self.forget_s else strikes.count + 1
-                window = min(self.max_s, self.first_s * 2 ** (count - 1))
+                # The exponent stops where any window is past the cap: a float
+                # power of two beyond 2**1023 overflows, after ~1,000 strikes.
+                window = min(self.max_s, self.first_s * 2.0 ** min(count - 1, 64))
                 self._strikes[key] = _Strikes(count, now, now + window)
                 counted[key] = window
             out.append(replace(item, avoided_s=counted[key]))

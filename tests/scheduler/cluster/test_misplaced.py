@@ -68,6 +68,14 @@ def test_the_backoff_doubles_with_each_repeat_up_to_its_cap_and_forgets_after_a_
     assert _strike(backoff, 2000.0 + 3700) == 60, "an hour without one: counted from the start"
 
 
+def test_a_job_misplaced_on_one_node_for_weeks_stays_at_the_cap() -> None:
+    # A strike every half hour never lets the count be forgotten: after ~1,000
+    # strikes a power of two no longer fits a float, and the window must not care.
+    backoff = MisplacedBackoff(first_s=60.0, max_s=1800.0, forget_s=3600.0)
+    windows = {_strike(backoff, 1800.0 * i) for i in range(1, 1100)}
+    assert max(windows) == 1800
+
+
 def test_a_gangs_pods_misplaced_on_one_node_in_one_cycle_are_one_strike() -> None:
     backoff = MisplacedBackoff(first_s=60)
     ev = [Eviction("default/g", "default", f"g{i}", "", "n1", EvictionAction.HEALTH_EVICTION, "why") for i in range(3)]
