@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.contract import RESOURCE_NVIDIA_GPU
@@ -311,18 +311,8 @@ def with_volume_terms(placement: Placement | None, terms: tuple[tuple[NodeTerm, 
     """``placement`` plus the node affinity of the pod's bound volumes."""
     if not terms:
         return placement
-    base = placement or _EMPTY
-    return Placement(
-        node_terms=base.node_terms,
-        volume_terms=terms,
-        preferred_nodes=base.preferred_nodes,
-        affinity=base.affinity,
-        anti_affinity=base.anti_affinity,
-        preferred_affinity=base.preferred_affinity,
-        preferred_anti_affinity=base.preferred_anti_affinity,
-        spread=base.spread,
-        ports=base.ports,
-    )
+    # Every other field kept as it is (the nodes a job is kept off among them).
+    return replace(placement or _EMPTY, volume_terms=terms)
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,19 @@ from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.evict import EvictOutcome, EvictResult
 from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.cluster.misplaced import Misplaced, MisplacedBackoff, event_message, misplaced_evictions
-from scheduler.engine.model import Decisions, Eviction, Gpu, Node, Reservation, Snapshot, Task, TaskStatus
+from scheduler.cluster.placement import with_volume_terms
+from scheduler.engine.model import (
+    Decisions,
+    Eviction,
+    Gpu,
+    Node,
+    NodeTerm,
+    Placement,
+    Reservation,
+    Snapshot,
+    Task,
+    TaskStatus,
+)
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import job, node, queue, running
 
@@ -134,3 +146,9 @@ def test_room_for_a_misplaced_pod_is_never_held_on_the_node_that_misplaced_it() 
     decisions = run_session(snap)
     assert [e.pod for e in decisions.evictions] == ["a"]
     assert decisions.reservations == (), "the only node is the one whose device manager chose the bad GPU"
+
+
+def test_a_volumes_node_affinity_keeps_the_nodes_a_job_is_kept_off() -> None:
+    term = (NodeTerm(),)
+    got = with_volume_terms(Placement(avoid=("n1",)), (term,))
+    assert got is not None and got.avoid == ("n1",) and got.volume_terms == (term,)
