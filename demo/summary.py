@@ -130,7 +130,8 @@ def landing_line(landed: Sequence[Landing]) -> str:
         else "none evicted off it yet"
     )
     return (
-        f"device manager: {len(landed)} pods started on a quarantined GPU (the device plugin still offered it); "
+        f"device manager: {len(landed)} {'pod' if len(landed) == 1 else 'pods'} started on a quarantined GPU "
+        "(the device plugin still offered it); "
         f"{moved}"
         + (f"; {finished} finished there first" if finished else "")
         + (f"; {still} still there" if still else "")

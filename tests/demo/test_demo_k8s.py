@@ -196,7 +196,7 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     assert "summary after" in output and "worst lag" in output and "lost" in output
     # ... and whether the kubelets' device managers started pods on a quarantined GPU.
     gap = re.search(
-        r"device manager: (no pod started on a quarantined GPU|\d+ pods started on a quarantined GPU .*?; "
+        r"device manager: (no pod started on a quarantined GPU|\d+ pods? started on a quarantined GPU .*?; "
         r"(\d+ evicted off it in \d+\.\d s \(median\), \d+\.\d s at worst|none evicted off it yet))",
         output,
     )

@@ -30,6 +30,7 @@ def test_evicted_pods_are_timed_and_the_others_counted_apart() -> None:
 
 def test_none_evicted_yet() -> None:
     line = landing_line([Landing("n3", "ns/a", (6,), at=1.0)])
+    assert line.startswith("device manager: 1 pod started on a quarantined GPU"), line
     assert line.endswith("none evicted off it yet; 1 still there"), line
 
 
@@ -52,7 +53,7 @@ def test_the_counts_add_up_and_the_times_are_the_evicted_ones(raw: list[tuple[fl
         for i, (at, stay, ev) in enumerate(raw)
     ]
     line = landing_line(landed)
-    total = int(re.search(r"(\d+) pods started", line).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) pods? started", line).group(1))  # type: ignore[union-attr]
     evicted = re.search(r"; (\d+) evicted off it in ([0-9.]+) s \(median\), ([0-9.]+) s at worst", line)
     finished = re.search(r"; (\d+) finished there first", line)
     still = re.search(r"; (\d+) still there", line)
