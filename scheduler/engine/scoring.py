@@ -263,12 +263,11 @@ def find_place(
             place: Place = (node, *fit)
         else:
             place = (node, _whole_positions(node, gpu.whole), ())
-            rank = trap_rank(node.trap, whole, node.free_whole - whole)
-            if rank == 1:
-                on_trap = on_trap or place
-                continue
-            if rank == 2:
-                last_resort = last_resort or place
+            if whole and node.trap:  # trap_rank's first test, inline: this is the hot loop
+                if trap_rank(True, whole, node.free_whole - whole) == 1:
+                    on_trap = on_trap or place
+                else:
+                    last_resort = last_resort or place
                 continue
         if not scored:
             return place
