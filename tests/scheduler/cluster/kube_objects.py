@@ -216,3 +216,26 @@ def refusing_pdb(k8s: client.ApiClient, namespace: str, name: str, labels: dict[
         "disruptionsAllowed": 0,
     }
     policy.patch_namespaced_pod_disruption_budget_status(name, namespace, {"status": status})
+
+
+def foreign_pod(k8s: client.ApiClient, namespace: str, node: str, name: str, gpus: int = 1) -> Any:
+    """A pod another scheduler (kube-scheduler, KAI) placed: bound at creation, asking for whole GPUs."""
+    return client.CoreV1Api(k8s).create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "default-scheduler",
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/train:1",
+                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: str(gpus)}},
+                    }
+                ],
+            },
+        },
+    )

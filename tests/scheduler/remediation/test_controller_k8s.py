@@ -29,7 +29,7 @@ from scheduler.remediation.controller import RemediationController
 from scheduler.remediation.policy import ControllerSettings, Settings
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running, unique_name
-from tests.scheduler.cluster.kube_objects import pod, podgroup, publish_health
+from tests.scheduler.cluster.kube_objects import foreign_pod, pod, podgroup, publish_health
 from tests.scheduler.cluster.test_cycle_k8s import new_cycle, view
 
 pytestmark = pytest.mark.k8s
@@ -446,26 +446,7 @@ class CountingEvictor(Evictor):
 
 def _foreign_pod_holding(k8s: client.ApiClient, namespace: str, node: str, name: str, gpus: tuple[int, ...]) -> None:
     """Another scheduler's pod on ``node``, and the node's GPUNode listing it (as the agent would) on ``gpus``."""
-    core = client.CoreV1Api(k8s)
-    created = core.create_namespaced_pod(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": "default-scheduler",
-                "nodeName": node,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/train:1",
-                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: str(len(gpus))}},
-                    }
-                ],
-            },
-        },
-    )
+    created = foreign_pod(k8s, namespace, node, name, len(gpus))
     mark_pod_running(k8s, name, namespace)
     status = _gpunode(k8s, node)["status"]
     holder = {"namespace": namespace, "name": name, "uid": created.metadata.uid, "container": "main"}

@@ -21,7 +21,7 @@ from scheduler.cluster.assignment import decode_assignment
 from scheduler.remediation.steps import EventReason
 from scheduler.runner import SchedulerRunner
 from tests.harness import wait_for
-from tests.scheduler.cluster.kube_objects import pod, podgroup
+from tests.scheduler.cluster.kube_objects import foreign_pod, pod, podgroup
 from tests.scheduler.remediation.e2e import Kubelet, SimGpuNode, until
 
 pytestmark = pytest.mark.k8s
@@ -131,25 +131,7 @@ def test_pods_of_another_scheduler_are_attributed_to_their_real_gpus(
     kubelet = Kubelet(k8s, namespace, {gpu_node.name: gpu_node.devices})
     wait_for(lambda: gpu_node.agent.daemon.published_seq > 0, 30, description="the agent publishes")
     # A pod kube-scheduler (or KAI) placed: bound at creation, one GPU.
-    core.create_namespaced_pod(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "theirs"},
-            "spec": {
-                "schedulerName": "default-scheduler",
-                "nodeName": gpu_node.name,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/train:1",
-                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: "1"}},
-                    }
-                ],
-            },
-        },
-    )
+    foreign_pod(k8s, namespace, gpu_node.name, "theirs")
     until(kubelet, lambda: gpu_node.gpus_of(namespace, "theirs") == (7,), "the device manager gives it GPU 7")
     until(kubelet, lambda: _published(gpu_node, k8s, {7: "theirs"}), "the agent publishes it on GPU 7")
 
@@ -235,25 +217,7 @@ def test_a_drain_of_one_gpu_evicts_the_pod_of_another_scheduler_the_kubelet_repo
     kubelet = Kubelet(k8s, namespace, {gpu_node.name: gpu_node.devices})
     wait_for(lambda: gpu_node.agent.daemon.published_seq > 0, 30, description="the agent publishes")
     # Another scheduler's pod, bound at creation: it carries no assignment of gpuwarden's.
-    core.create_namespaced_pod(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "theirs"},
-            "spec": {
-                "schedulerName": "default-scheduler",
-                "nodeName": gpu_node.name,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/train:1",
-                        "resources": {"limits": {contract.RESOURCE_NVIDIA_GPU: "1"}},
-                    }
-                ],
-            },
-        },
-    )
+    foreign_pod(k8s, namespace, gpu_node.name, "theirs")
     until(kubelet, lambda: gpu_node.gpus_of(namespace, "theirs") == (7,), "the device manager gives it GPU 7")
     podgroup(k8s, namespace, "ours", queue(8), 1)
     pod(k8s, namespace, "ours", group="ours")
