@@ -803,8 +803,8 @@ class RemediationController:
         (``holders``, the GPUNode's mapping): such a pod carries no
         assignment of gpuwarden's, so without the kubelet's word nothing
         names it, and the GPU's drain would wait on it for ever. ``taken``
-        holds the pods an earlier drain of this pass already dealt with (a
-        pod on two draining GPUs); the ones dealt with here are added.
+        holds the pods an earlier drain of this pass already evicts or deletes (a
+        pod on two draining GPUs); the ones this drain moves are added.
         """
         policies = self.settings.machine.drain
         evictions: list[Eviction] = []
@@ -820,11 +820,11 @@ class RemediationController:
             meta = _meta(pod)
             if meta.get("deletionTimestamp") or _pod_key(pod) in taken:
                 continue
-            taken.add(_pod_key(pod))
             namespace = str(meta.get("namespace") or "default")
             action = policies.for_namespace(namespace).pod_action(now - step.started_at)
             if action is PodDrainAction.WAIT:
-                continue
+                continue  # another GPU's drain, begun earlier, may be past the policy's timeout
+            taken.add(_pod_key(pod))
             if action is PodDrainAction.DELETE:
                 deletions.append(pod)
                 continue
