@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.contract import EvictionAction
 from scheduler.engine.caches import SessionCaches, VictimIndex
-from scheduler.engine.ordering import gang_need, job_key, queue_key
+from scheduler.engine.ordering import QueueKey, gang_need, job_key, queue_key
 from scheduler.engine.state import Cluster, JobState
 from scheduler.engine.statement import Statement
 from scheduler.engine.victims import Admissible, Predicate, Screen, Step, make_room, victim_index
@@ -74,7 +74,7 @@ def beneficiaries(cluster: Cluster) -> list[JobState]:
     ]
     # A queue's key depends only on the queue and what the job asks for: a
     # backlog of thousands has a few dozen distinct ones, worked out once each.
-    keys: dict[tuple[str, int, int, int], tuple[tuple[int, float, str], ...]] = {}
+    keys: dict[tuple[str, int, int, int], QueueKey] = {}
 
     def allocate_order(job: JobState) -> tuple[object, ...]:
         queue = job.queue

@@ -18,39 +18,49 @@ from __future__ import annotations
 from scheduler.engine.resources import CPU, GPU, MEMORY
 from scheduler.engine.state import JobState, QueueState, TaskState
 
+# A queue's place in line: ``(over, dominant share, name)`` for each level
+# of its path, top-level first, laid out flat. Every level contributes three
+# items, so comparing two flat keys orders queues exactly as comparing their
+# per-level triples would, without a tuple per level.
+QueueKey = tuple[int | float | str, ...]
 
-def queue_key(
-    queue: QueueState, capacity: list[int], need: list[int] | None = None
-) -> tuple[tuple[int, float, str], ...]:
-    """The queue's place in line; ``need`` is what its next job asks for (GPU milli, CPU, memory)."""
-    return tuple(_level_key(q, capacity, need) for q in queue.path)
+_INF = float("inf")
 
 
-def _level_key(q: QueueState, capacity: list[int], need: list[int] | None) -> tuple[int, float, str]:
-    # Read once per queue per turn of allocate, for every level of its path:
-    # written out over the three resources rather than looped, which halves
-    # the cost of the queue order on trees of a hundred queues.
-    alloc = q.alloc
-    a0, a1, a2 = alloc[0], alloc[1], alloc[2]
-    if need is None or not (need[0] or need[1] or need[2]):
-        over = 0 if q.share_ratio() < 1.0 else 1
+def queue_key(queue: QueueState, capacity: list[int], need: list[int] | None = None) -> QueueKey:
+    """The queue's place in line; ``need`` is what its next job asks for (GPU milli, CPU, memory).
+
+    Allocate reads it for a queue on every turn that queue's ancestors
+    take, thousands of times a session on a tree of a hundred queues, so the
+    three resources are written out rather than looped over.
+    """
+    c0, c1, c2 = capacity
+    if need is None:
+        n0 = n1 = n2 = 0
     else:
-        share = q.share
-        n0, n1, n2 = need[0], need[1], need[2]
-        over = (
-            1
-            if (a0 + n0 > share[0] and (n0 > 0 or a0 > 0))
-            or (a1 + n1 > share[1] and (n1 > 0 or a1 > 0))
-            or (a2 + n2 > share[2] and (n2 > 0 or a2 > 0))
-            else 0
-        )
-    drs = 0.0
-    for a, cap in ((a0, capacity[0]), (a1, capacity[1]), (a2, capacity[2])):
-        if cap > 0:
-            drs = max(drs, a / cap)
-        elif a > 0:
-            drs = float("inf")
-    return (over, drs, q.tree.name)
+        n0, n1, n2 = need
+    asks = bool(n0 or n1 or n2)
+    key: list[int | float | str] = []
+    for q in queue.path:
+        a0, a1, a2 = q.alloc
+        if asks:
+            s0, s1, s2 = q.share
+            over = (
+                1
+                if (a0 + n0 > s0 and (n0 > 0 or a0 > 0))
+                or (a1 + n1 > s1 and (n1 > 0 or a1 > 0))
+                or (a2 + n2 > s2 and (n2 > 0 or a2 > 0))
+                else 0
+            )
+        else:
+            over = 0 if q.share_ratio() < 1.0 else 1
+        # The dominant-resource share: the largest of allocation over the
+        # pool's healthy capacity; held with no capacity at all is infinite.
+        r0 = a0 / c0 if c0 > 0 else (_INF if a0 > 0 else 0.0)
+        r1 = a1 / c1 if c1 > 0 else (_INF if a1 > 0 else 0.0)
+        r2 = a2 / c2 if c2 > 0 else (_INF if a2 > 0 else 0.0)
+        key += (over, max(0.0, r0, r1, r2), q.tree.name)
+    return tuple(key)
 
 
 def gang_need(job: JobState) -> list[int]:
