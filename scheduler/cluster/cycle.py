@@ -20,8 +20,8 @@ The order is the one that keeps the cluster consistent when a step fails:
 6. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
    With ``writes_in_background`` (the runner's choice) step 2's creates and
    step 6 run in a thread while the next cycles place and bind: their binds
-   need none of them. Batches are written one after another, in cycle order,
-   and a cycle waits only when ``MAX_QUEUED_WRITES`` are still to be written.
+   need none of them. A cycle never waits for them: batches that arrive
+   while one is being written are merged into one (:mod:`.writebehind`).
 
 A malformed Queue or PodGroup is logged once and left out; it never stops the
 cycle for everyone else. A Queue left out is named in the Snapshot with what
@@ -32,9 +32,8 @@ condition. The engine sees none of the objects: it gets a Snapshot.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +44,6 @@ from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
 from scheduler.cluster.convert import is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictResult
-from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
@@ -61,6 +59,7 @@ from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
 from scheduler.cluster.volumes import VolumeJudge
+from scheduler.cluster.writebehind import WriteBatch, WriteBehind
 from scheduler.engine.backlog import BacklogCounts, BacklogMemo
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
@@ -87,11 +86,6 @@ BOOKKEEPING_MAX_DEFER_S = 30.0
 # written: a cycle between two waves of arriving pods is not a quiet one.
 BOOKKEEPING_QUIET_S = 1.0
 warn = WarnOnce(__name__)
-
-# Cycles whose writes may wait behind the one being written: enough that a
-# fill does not stall its binds on bookkeeping, few enough that statuses
-# stay close to current when writes cannot keep up.
-MAX_QUEUED_WRITES = 4
 
 JSON = dict[str, Any]
 
@@ -246,10 +240,11 @@ class SchedulingCycle:
         self._quiet_s = bookkeeping_quiet_s
         self._flushed_at = self._bound_at = time.monotonic()
         self._writers = writers
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="cycle-writes") if writes_in_background else None
-        self._writing: deque[Future[None]] = deque()
+        self._background = WriteBehind(self._after_binds) if writes_in_background else None
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
+        # Per queue, the GPU-seconds lost to faults last written (see lost_totals); written by one thread at a time.
+        self._lost_written: dict[str, float] = {}
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
         # Groups (namespace/name) whose PodGroup shows EvictionBlocked, kept like _reserved.
         self._shown_blocked: set[str] = set()
@@ -345,22 +340,13 @@ class SchedulingCycle:
 
     def flush(self) -> None:
         """Wait until the writes of the cycles run so far are done (at once without ``writes_in_background``)."""
-        self._reap(keep=0)
-
-    def _reap(self, keep: int) -> None:
-        """Forget finished write batches; wait for the oldest until at most ``keep`` are unfinished."""
-        while self._writing and (self._writing[0].done() or len(self._writing) > keep):
-            error = self._writing.popleft().exception()
-            if isinstance(error, LeaseLostError):
-                log.info("cycle_writes_fenced", error=str(error))  # the lease went; the runner starts over
-            elif error is not None:
-                log.error("cycle_writes_failed", error=repr(error))
+        if self._background is not None:
+            self._background.flush()
 
     def close(self) -> None:
         """Finish the writes in flight and stop the background writer."""
-        self.flush()
         if self._background is not None:
-            self._background.shutdown()
+            self._background.close()
 
     def _podgroups_to_create(
         self,
@@ -368,13 +354,13 @@ class SchedulingCycle:
         view: ClusterView,
         decisions: Decisions,
         held: Sequence[Reservation],
-        status_args: dict[str, Any],
-    ) -> list[GroupSpec]:
+        blocked: Mapping[str, str],
+    ) -> tuple[list[GroupSpec], bool]:
         """The derived PodGroups to create after this cycle's binds; decides whether bookkeeping waits.
 
         A PodGroup made for a group that is placed in full, and its first
         Running status, say nothing its pods do not: while cycles are
-        binding they wait (``status_args["defer_placed"]``), so that they
+        binding they wait (the second value, ``defer_placed`` for the status writer), so that they
         do not take the API server from the binds of pods still arriving,
         and are written once no cycle has bound anything for
         ``bookkeeping_quiet_s``, or ``bookkeeping_max_defer_s`` after they
@@ -390,11 +376,10 @@ class SchedulingCycle:
         busy = now - self._bound_at < self._quiet_s and now - self._flushed_at < self._max_defer_s
         if not busy:
             self._flushed_at = now
-        urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(status_args["blocked"])
-        status_args["defer_placed"] = busy
+        urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(blocked)
         specs: list[GroupSpec] = []
         if not self._deferred_groups:
-            return specs  # the common cycle: no set of every job's key to build
+            return specs, busy  # the common cycle: no set of every job's key to build
         present = {job.key for job in snapshot.jobs}
         for key in list(self._deferred_groups):
             group = f"{key[0]}/{key[1]}"
@@ -404,7 +389,7 @@ class SchedulingCycle:
                 continue
             else:
                 specs.append(self._deferred_groups.pop(key))
-        return specs
+        return specs, busy
 
     def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
         """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""
@@ -412,21 +397,29 @@ class SchedulingCycle:
         tasks = [t for job in snapshot.jobs if job.key in refused for t in job.tasks] if refused else []
         self.refusals.explain(tasks)
 
-    def _after_binds(
-        self,
-        specs: list[GroupSpec],
-        drifted: Sequence[tuple[GroupSpec, Mapping[str, Any]]],
-        decisions: Decisions,
-        gang_met: list[str],
-        status_args: Mapping[str, Any],
-    ) -> None:
+    def _after_binds(self, batch: WriteBatch) -> None:
+        """A cycle's bookkeeping (or several cycles', merged): creates, owners read again, statuses."""
+        specs = list(batch.specs.values())
         try:
             self._create_podgroups(specs)
         finally:
             # Created, or to be tried again by the next cycle that finds it missing.
-            self._queued.difference_update((s.namespace, s.name) for s in specs)
-        self._follow_owners(drifted)
-        self.status.write(decisions, gang_met=gang_met, **status_args)
+            self._queued.difference_update(batch.specs)
+        self._follow_owners(list(batch.drifted.values()))
+        totals = lost_totals(batch.queues, batch.lost, self._lost_written)
+        # Only queues that still exist keep a total (one deleted and made
+        # again starts from what its new object shows).
+        self._lost_written = totals
+        self.status.write(
+            batch.decisions,
+            gang_met=batch.gang_met,
+            blocked=batch.blocked,
+            shown_blocked=batch.shown_blocked,
+            lost_totals=totals,
+            queue_problems=batch.queue_problems,
+            defer_placed=batch.defer_placed,
+            finished=batch.finished,
+        )
 
     def _create_podgroups(self, specs: list[GroupSpec]) -> None:
         """Create the derived PodGroups found missing, from a pool of threads (each create is one round trip)."""
@@ -586,14 +579,8 @@ class SchedulingCycle:
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
         self._explain_refused(snapshot, pending)
         written = replace(decisions, queue_shares=shares, pending=pending)
-        status_args: dict[str, Any] = {
-            "blocked": refusals(evicted),
-            "shown_blocked": frozenset(self._shown_blocked),
-            "lost_totals": lost_totals(view.queues, lost),
-            "queue_problems": self._queue_problems(snapshot),
-            "finished": finished,
-        }
-        specs = self._podgroups_to_create(snapshot, view, decisions, held, status_args)
+        blocked = refusals(evicted)
+        specs, defer_placed = self._podgroups_to_create(snapshot, view, decisions, held, blocked)
         # Reservations live in PodGroup status: a derived group that holds
         # one needs its PodGroup before they are written, not after.
         reserving = {r.job for r in held}
@@ -602,15 +589,24 @@ class SchedulingCycle:
             self._create_podgroups(first)
             specs = [spec for spec in specs if f"{spec.namespace}/{spec.name}" not in reserving]
         self.reservations.write(held, view.podgroups)
-        drifted = self.grouper.drifted(view)
+        batch = WriteBatch(
+            specs={(s.namespace, s.name): s for s in specs},
+            drifted={(spec.namespace, spec.name): (spec, owner) for spec, owner in self.grouper.drifted(view)},
+            decisions=written,
+            gang_met=tuple(gang_met),
+            finished=finished,
+            blocked=blocked,
+            shown_blocked=frozenset(self._shown_blocked),
+            lost=lost,
+            queues=view.queues,
+            queue_problems=self._queue_problems(snapshot),
+            defer_placed=defer_placed,
+        )
         if self._background is None:
-            self._after_binds(specs, drifted, written, gang_met, status_args)
+            self._after_binds(batch)
         else:
-            self._reap(keep=MAX_QUEUED_WRITES)
-            self._queued.update((s.namespace, s.name) for s in specs)
-            self._writing.append(
-                self._background.submit(self._after_binds, specs, drifted, written, gang_met, status_args)
-            )
+            self._queued.update(batch.specs)
+            self._background.submit(batch)
         finished_at = clock()
         seconds = finished_at - started
         stages = {

@@ -64,13 +64,23 @@ def gpu_seconds_lost(
     return out
 
 
-def lost_totals(queues: Mapping[str, Mapping[str, Any]], lost: Mapping[str, float]) -> dict[str, float]:
-    """Each queue's new ``status.gpuSecondsLostToFaults``: what its object shows plus this cycle's."""
+def lost_totals(
+    queues: Mapping[str, Mapping[str, Any]], lost: Mapping[str, float], written: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Each queue's new ``status.gpuSecondsLostToFaults``: what it shows plus the cycles' new losses.
+
+    ``written`` is what this process wrote last per queue. Status writes go
+    out behind the cycles, so a view can be older than the last write; the
+    larger of the two is the total so far, or a stale view would write an
+    earlier total back over a later one and lose what was added in between.
+    """
+    written = written or {}
     out: dict[str, float] = {}
     for name, obj in queues.items():
         status = obj.get("status")
         shown = status.get(QUEUE_STATUS_GPU_SECONDS_LOST) if isinstance(status, dict) else None
         before = float(shown) if isinstance(shown, int | float) and not isinstance(shown, bool) and shown >= 0 else 0.0
+        before = max(before, written.get(name, 0.0))
         if before or lost.get(name):
             out[name] = round(before + lost.get(name, 0.0), 3)
     return out
