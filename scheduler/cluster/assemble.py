@@ -323,7 +323,7 @@ class SnapshotAssembler:
             self._jobs = {key: memo for key, memo in self._jobs.items() if key in state.jobs}
         return Snapshot(
             nodes=tuple(state.engine_nodes.values()),
-            queues=with_external_queues(queues, self._externals(dirty_nodes, now)),
+            queues=with_external_queues(queues, self._externals(dirty_nodes)),
             jobs=(*state.jobs.values(), *state.externals.values()),
             now=now,
             config=config,
@@ -456,8 +456,8 @@ class SnapshotAssembler:
         else:
             state.unstamped.discard(gkey)
 
-    def _externals(self, dirty_nodes: set[str], now: float) -> set[str]:
-        """Rebuild the external jobs of ``dirty_nodes``, date the rest ``now``; the pools they are in."""
+    def _externals(self, dirty_nodes: set[str]) -> set[str]:
+        """Rebuild the external jobs of ``dirty_nodes``; the pools external jobs are in."""
         state = self._state
         externals = state.externals
         for name in dirty_nodes:
@@ -476,13 +476,8 @@ class SnapshotAssembler:
             for indices in state.held.get(name, {}).values():
                 held.update(indices)
             tasks = [f.foreign_task() for f in node_pods.values()]
-            externals[name] = external_job(engine_node, tasks, held, now)
-        pools: set[str] = set()
-        for name, job in externals.items():
-            if job.created != now:
-                externals[name] = replace(job, created=now)
-            pools.add(state.engine_nodes[name].pool)
-        return pools
+            externals[name] = external_job(engine_node, tasks, held)
+        return {state.engine_nodes[name].pool for name in externals}
 
     def _job(  # noqa: PLR0917 (one call site)
         self,

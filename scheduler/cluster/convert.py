@@ -872,7 +872,16 @@ def takes_work(node: Node) -> bool:
     return node.schedulable and judge(node).node_fatal is None
 
 
-def external_job(node: Node, tasks: list[Task], held: set[int], now: float) -> Job:
+# The creation time of every external job. The engine reads a job's age to
+# order pending jobs and victims; an external job is neither (its pods are
+# bound, and it is not preemptible), so no decision depends on it. A constant
+# keeps an unchanged node's external job equal from one cycle to the next, so
+# the kept-state engine and the backlog memo do not take every node with
+# another scheduler's pods (a DaemonSet's, on every node) as changed each cycle.
+EXTERNAL_JOB_CREATED = 0.0
+
+
+def external_job(node: Node, tasks: list[Task], held: set[int]) -> Job:
     """The synthetic job holding other schedulers' pods on one node that takes work.
 
     Its pods are taken in name order, not in the order they were read, so
@@ -888,7 +897,7 @@ def external_job(node: Node, tasks: list[Task], held: set[int], now: float) -> J
         priority=NON_PREEMPTIBLE_PRIORITY,
         preemptible=False,
         tasks=tuple(tasks),
-        created=now,
+        created=EXTERNAL_JOB_CREATED,
     )
 
 
@@ -1056,7 +1065,7 @@ def snapshot_from(  # noqa: PLR0917 (the watch loop passes them in this order)
         if not takes_work(engine_node):
             bystanders.extend(t for t in tasks if is_bystander(t))
             continue
-        jobs.append(external_job(engine_node, tasks, held.get(node_name, set()), now))
+        jobs.append(external_job(engine_node, tasks, held.get(node_name, set())))
         external_pools.add(engine_node.pool)
     all_queues = with_external_queues(queues, external_pools)
     return Snapshot(

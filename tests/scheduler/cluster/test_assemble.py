@@ -15,13 +15,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.contract import Action
 from scheduler.cluster.assemble import Changes, SnapshotAssembler, canonical
-from scheduler.cluster.convert import GroupInfo, snapshot_from
-from scheduler.engine.model import UNLIMITED, Queue, QueueResource, SchedulerConfig, Snapshot
+from scheduler.cluster.convert import EXTERNAL_JOB_PREFIX, GroupInfo, snapshot_from
+from scheduler.engine.build import JobBuilder
+from scheduler.engine.incremental import Engine
+from scheduler.engine.model import UNLIMITED, Job, Queue, QueueResource, SchedulerConfig, Snapshot
+from scheduler.engine.state import JobState
 from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report, xid_fault
 
 NOW = 1_800_000_000.0
@@ -213,3 +217,44 @@ def test_objects_that_did_not_change_are_not_converted_again() -> None:
     assert nodes_after["n1"] is nodes_before["n1"]
     assert nodes_after["n0"] is not nodes_before["n0"]
     assert [g.healthy for g in nodes_after["n0"].gpus].count(False) == 1
+
+
+def test_other_schedulers_pods_that_did_not_change_leave_every_job_as_it_was_for_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DaemonSet's or another scheduler's pods on every node: a later cycle with nothing new rebuilds no job.
+
+    Their synthetic per-node jobs used to be dated with each cycle's clock, so
+    every such node's job was a new object every cycle and the kept-state
+    engine removed and added it again (with its pods) each time.
+    """
+    nodes = {name: node_json(name) for name in NODE_NAMES}
+    gpunodes = {name: gpunode_json(report(name)) for name in NODE_NAMES}
+    pods = {
+        **{f"ds-{n}": pod_json(f"ds-{n}", node=n, scheduler="default-scheduler") for n in NODE_NAMES},
+        **{f"other-{n}": pod_json(f"other-{n}", node=n, gpus=2, scheduler="default-scheduler") for n in NODE_NAMES},
+        "ours": pod_json("ours", group="g", gpus=1),
+    }
+    groups = {("team-a", "g"): GroupInfo("team-a")}
+    assembler = SnapshotAssembler()
+    first = assembler.snapshot(nodes, gpunodes, pods, QUEUES, groups, NOW, CONFIG)
+    second = assembler.snapshot(nodes, gpunodes, pods, QUEUES, groups, NOW + 30, CONFIG, changes=Changes())
+    externals = [j for j in first.jobs if j.name.startswith(EXTERNAL_JOB_PREFIX)]
+    assert len(externals) == len(NODE_NAMES)
+    assert all(a is b for a, b in zip(first.jobs, second.jobs, strict=True))
+    assert canonical(second) == canonical(
+        snapshot_from(nodes, gpunodes, pods.values(), QUEUES, groups, NOW + 30, CONFIG)
+    )
+
+    added: list[str] = []
+    original = JobBuilder.add
+
+    def counting(self: JobBuilder, key: str, spec: Job) -> JobState:
+        added.append(key)
+        return original(self, key, spec)
+
+    engine = Engine()
+    engine.run(first)
+    monkeypatch.setattr(JobBuilder, "add", counting)
+    engine.run(second)
+    assert added == []
