@@ -465,15 +465,16 @@ class SchedulingCycle:
         gang_met: list[str] = []
         finished: dict[str, Finished] = {}
         for job in snapshot.jobs:
-            facts = memo.get(job.key)
+            key = job.key  # a property that formats a string: read once
+            facts = memo.get(key)
             if facts is None or facts[0] is not job:
                 running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING)
                 facts = (job, running + job.succeeded >= job.min_member, finished_phase(job))
-            kept[job.key] = facts
+            kept[key] = facts
             if facts[1]:
-                gang_met.append(job.key)
+                gang_met.append(key)
             if facts[2] is not None:
-                finished[job.key] = facts[2]
+                finished[key] = facts[2]
         self._facts = kept
         return gang_met, finished
 

@@ -38,6 +38,9 @@ def gpu_seconds_lost(
     results: Iterable[EvictResult], snapshot: Snapshot, pods: Mapping[str, Mapping[str, Any]], now: float
 ) -> dict[str, float]:
     """Per queue, GPU-seconds of the pods health eviction removed this cycle (``pods`` by UID)."""
+    results = list(results)
+    if not results:
+        return {}  # the common cycle: no index of every job and node to build
     jobs = {job.key: job for job in snapshot.jobs}
     nodes = {n.name: n for n in snapshot.nodes}
     memory = {n.name: max((g.memory_mib for g in n.gpus), default=0) for n in snapshot.nodes}
