@@ -31,6 +31,7 @@ condition. The engine sees none of the objects: it gets a Snapshot.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -251,6 +252,8 @@ class SchedulingCycle:
         # Per job key, the job object last read and what _job_facts read of it.
         self._facts: dict[str, tuple[Job, bool, Finished | None]] = {}
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
+        # The jobs of the last prepared view that have no pod left to run (_set_finished_apart).
+        self._finished: tuple[Job, ...] = ()
 
     # -- inputs ---------------------------------------------------------------
 
@@ -380,7 +383,7 @@ class SchedulingCycle:
         specs: list[GroupSpec] = []
         if not self._deferred_groups:
             return specs, busy  # the common cycle: no set of every job's key to build
-        present = {job.key for job in snapshot.jobs}
+        present = {job.key for job in itertools.chain(snapshot.jobs, self._finished)}
         for key in list(self._deferred_groups):
             group = f"{key[0]}/{key[1]}"
             if self.grouper.created(key) or key in view.podgroups or group not in present:
@@ -464,7 +467,7 @@ class SchedulingCycle:
         kept: dict[str, tuple[Job, bool, Finished | None]] = {}
         gang_met: list[str] = []
         finished: dict[str, Finished] = {}
-        for job in snapshot.jobs:
+        for job in itertools.chain(snapshot.jobs, self._finished):
             key = job.key  # a property that formats a string: read once
             facts = memo.get(key)
             if facts is None or facts[0] is not job:
@@ -526,6 +529,7 @@ class SchedulingCycle:
                 admission=self._admission,
             )
             reservations = reservations_from(view.podgroups)
+        snapshot = self._set_finished_apart(snapshot)
         snapshot = self._volumes.apply(snapshot, view.claims, view.volumes)
         snapshot = self.backoff.apply(snapshot, now)
         return replace(
@@ -533,6 +537,22 @@ class SchedulingCycle:
             reservations=reservations,
             invalid_queues=tuple(sorted(invalid.items())),
         )
+
+    def _set_finished_apart(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot`` without the jobs none of whose pods is left to run; they are kept in ``_finished``.
+
+        A finished job (every pod Succeeded or Failed) only waits for its
+        PodGroup's final status; nothing of the engine's or of the passes
+        before it applies. Finished pods of Jobs stay in the cluster until
+        someone deletes them, so in a busy cluster they soon outnumber the
+        jobs that run: left in, they made every per-job pass of every
+        cycle, the engine's among them, grow with the cluster's history.
+        """
+        if all(job.tasks for job in snapshot.jobs):
+            self._finished = ()
+            return snapshot
+        self._finished = tuple(job for job in snapshot.jobs if not job.tasks)
+        return replace(snapshot, jobs=tuple(job for job in snapshot.jobs if job.tasks))
 
     def _tell_ungrouped(self, view: ClusterView) -> None:
         """Explain the pods that wait for their named PodGroup; before the binds (see :mod:`.ungrouped`)."""
