@@ -363,13 +363,14 @@ class SchedulingCycle:
 
         A PodGroup made for a group that is placed in full, and its first
         Running status, say nothing its pods do not: while cycles are
-        binding they wait (the second value, ``defer_placed`` for the status writer), so that they
-        do not take the API server from the binds of pods still arriving,
-        and are written once no cycle has bound anything for
-        ``bookkeeping_quiet_s``, or ``bookkeeping_max_defer_s`` after they
-        were last written, whichever comes first.
-        A group that waits, has room reserved or an eviction refused is
-        news: its PodGroup is created at once.
+        binding they wait, so that they do not take the API server from the
+        binds of pods still arriving, and are written once no cycle has
+        bound anything for ``bookkeeping_quiet_s``, or
+        ``bookkeeping_max_defer_s`` after they were last written, whichever
+        comes first. The second value says whether they wait now (the
+        status writer's ``defer_placed``). A group that waits, has room
+        reserved or an eviction refused is news: its PodGroup is created at
+        once.
         """
         for key, spec in self.grouper.take_missing().items():
             self._deferred_groups.setdefault(key, spec)
