@@ -27,6 +27,9 @@ derived group whose owner chain is not the one their group was derived
 from (the owner resolver hands out the object it cached until it reads the
 owner again, so an unchanged chain is the same objects, compared by
 identity); :meth:`PodGrouper.regroup` hands the assembler what changed.
+The chain is looked up once per distinct owner reference, not per pod (a
+gang's pods share one), and a pod with no owner reference is never
+checked: its chain is empty until its own entry changes.
 Without one everything is grouped again. A finished pod (Succeeded or
 Failed) keeps the group it finished in: it holds nothing, its owner is not
 read again for it, and so thousands of finished pods left in place by
@@ -44,7 +47,7 @@ from scheduler.cluster.assemble import Changes
 from scheduler.cluster.convert import GroupInfo
 from scheduler.cluster.grouping import GroupSpec, derive_group
 from scheduler.cluster.logonce import WarnOnce
-from scheduler.cluster.owners import OwnerLookupError
+from scheduler.cluster.owners import OwnerLookupError, controller_ref
 from scheduler.cluster.queues import podgroup_spec
 from scheduler.cluster.ungrouped import (
     REASON_POD_GROUP_INVALID,
@@ -254,7 +257,7 @@ class PodGrouper:
             group_keys: Collection[GroupKey] = list(view.podgroups)
         else:
             assert changed is not None
-            stale = {uid for uid in self._derived_uids if uid not in changed.pods and self._stale(uid, view)}
+            stale = self._stale_pods(changed.pods, view)
             pod_keys = changed.pods | stale if stale else changed.pods
             group_keys = changed.podgroups
         dirty: set[GroupKey] = set()
@@ -401,19 +404,40 @@ class PodGrouper:
             self._inputs[uid] = (pod, tuple(chain))
         return _Derived(spec, GroupInfo(queue=spec.queue, min_member=spec.min_member))
 
-    def _stale(self, uid: str, view: GroupingView) -> bool:
-        """Whether a pod with a derived group (its entry unchanged) must be derived again: its owner
-        chain is no longer the objects it was derived from. Finished pods are never asked (see _group)."""
-        inputs = self._inputs.get(uid)
-        pod = view.pods.get(uid)
-        if inputs is None or pod is None or inputs[0] is not pod:
-            return True
-        try:
-            chain = self._owners.chain(pod)
-        except OwnerLookupError:
-            return True  # grouped again, which leaves it without a group as a failed derivation does
-        before = inputs[1]
-        return len(chain) != len(before) or any(now is not then for now, then in zip(chain, before, strict=True))
+    def _stale_pods(self, changed: Collection[str], view: GroupingView) -> set[str]:
+        """The pods with a derived group (their entries unchanged) to derive again: their owner chain
+        is no longer the objects it was derived from. Finished pods, and pods without an owner
+        reference, are never asked (see _group). Pods that share their first owner reference share
+        their chain, which is looked up once for all of them."""
+        chains: dict[tuple[str, str, str, str], tuple[Mapping[str, Any], ...] | None] = {}
+        stale: set[str] = set()
+        for uid in self._derived_uids:
+            if uid in changed:
+                continue
+            inputs = self._inputs.get(uid)
+            pod = view.pods.get(uid)
+            if inputs is None or pod is None or inputs[0] is not pod:
+                stale.add(uid)
+                continue
+            ref = controller_ref(pod) or {}
+            meta = _meta(pod)
+            at = (str(meta.get("namespace") or ""), str(ref.get("uid")), str(ref.get("kind")), str(ref.get("name")))
+            if at in chains:
+                chain = chains[at]
+            else:
+                try:
+                    chain = chains[at] = tuple(self._owners.chain(pod))
+                except OwnerLookupError:
+                    # Grouped again, which leaves it without a group as a failed derivation does.
+                    chain = chains[at] = None
+            before = inputs[1]
+            if (
+                chain is None
+                or len(chain) != len(before)
+                or any(now is not then for now, then in zip(chain, before, strict=True))
+            ):
+                stale.add(uid)
+        return stale
 
     def _note_missing(self, key: GroupKey, spec: GroupSpec, view: GroupingView) -> None:
         if key in view.podgroups:
@@ -507,7 +531,7 @@ class PodGrouper:
             except OwnerLookupError:
                 self._grouped[uid] = _Grouped(None, derived=True)
                 return  # no group rather than a wrong one: the pod waits (the resolver logged why)
-            if _finished(pod):
+            if _finished(pod) or controller_ref(pod) is None:
                 # Never stale (see the module): out of the per-cycle checks, and
                 # its owner objects are not held for a comparison never made.
                 self._derived_uids.discard(uid)

@@ -88,7 +88,8 @@ class _Cached:
     at: float
 
 
-def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference a chain follows from ``obj``: its controller's, else its first; None without one."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     if not isinstance(refs, list):
         return None
@@ -122,7 +123,7 @@ class OwnerResolver:
         owners: list[Mapping[str, Any]] = []
         current: Mapping[str, Any] = pod
         for _ in range(MAX_DEPTH):
-            ref = _controller_ref(current)
+            ref = controller_ref(current)
             if ref is None:
                 break
             owner = self._owner(namespace, ref)
