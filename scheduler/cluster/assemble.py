@@ -172,6 +172,25 @@ class Changes:
     pod_groups: Collection[str] = frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class JobChanges:
+    """The jobs whose object one snapshot replaced, added or dropped, numbered by snapshot.
+
+    ``jobs`` maps each such job's key to its new object (finished or not),
+    or to None when it is gone; it is None for a snapshot built afresh. A
+    pass that keeps per-job results works on these alone, and reads
+    everything when it missed a snapshot (a cycle that failed before it
+    ran): :meth:`after` tells it which.
+    """
+
+    serial: int
+    jobs: Mapping[str, Job | None] | None
+
+    def after(self, serial: int | None) -> Mapping[str, Job | None] | None:
+        """The changes for a pass that last read snapshot number ``serial``; None: read every job."""
+        return self.jobs if serial is not None and serial + 1 == self.serial else None
+
+
 @dataclass(slots=True)
 class _Place:
     """Where one pod entry counts in the kept state, so that it can be taken out again."""
@@ -212,7 +231,9 @@ class _State:
     members: dict[tuple[str, str], dict[str, _PodFacts]] = field(default_factory=dict)
     foreign: dict[str, dict[str, _PodFacts]] = field(default_factory=dict)
     held: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    # The jobs with a pod left to run or to place, and those with none (finished).
     jobs: dict[tuple[str, str], Job] = field(default_factory=dict)
+    done: dict[tuple[str, str], Job] = field(default_factory=dict)
     externals: dict[str, Job] = field(default_factory=dict)
     # Per node that takes no work, other schedulers' pods there that placement rules read.
     bystanders: dict[str, tuple[Task, ...]] = field(default_factory=dict)
@@ -234,6 +255,20 @@ class SnapshotAssembler:
         self._pods: dict[str, _PodFacts] = {}
         self._jobs: dict[tuple[str, str], _JobMemo] = {}
         self._state = _State()
+        # What the last snapshot changed of the jobs (their keys include the
+        # external jobs'); the cycle's passes after the assembler work on
+        # these alone (:mod:`.cycle`).
+        self.job_changes = JobChanges(0, None)
+
+    @property
+    def finished_jobs(self) -> Mapping[tuple[str, str], Job]:
+        """The jobs of the last snapshot none of whose pods is left to run (see ``finished_apart``)."""
+        return self._state.done
+
+    def has_job(self, key: tuple[str, str]) -> bool:
+        """Whether the last snapshot has the group ``key`` as a job, finished or not."""
+        state = self._state
+        return key in state.jobs or key in state.done
 
     def pod_facts(self, key: str, pod: Mapping[str, Any]) -> _PodFacts:
         """What ``pod`` (the cache's entry under ``key``) says; read anew only when the entry was replaced."""
@@ -262,6 +297,7 @@ class SnapshotAssembler:
         *,
         pod_groups: Mapping[str, str] | None = None,
         changes: Changes | None = None,
+        finished_apart: bool = False,
     ) -> Snapshot:
         """``snapshot_from(nodes, gpunodes, pods.values(), ...)``, from memoized conversions.
 
@@ -269,11 +305,14 @@ class SnapshotAssembler:
         (the cycle uses UIDs); the rest is as for ``snapshot_from``.
         ``changes`` says what changed since the previous call (the caller
         vouches for it); without it every pod is placed again.
+        ``finished_apart`` leaves the jobs none of whose pods is left to run
+        out of the snapshot's jobs; :attr:`finished_jobs` has them.
         """
         by_uid = pod_groups or {}
         state = self._state
         dirty_jobs: set[tuple[str, str]] = set()
         dirty_nodes: set[str] = set()
+        before: dict[str, Job | None] | None = None
         if changes is None:
             state = self._state = _State()
             for name, obj in nodes.items():
@@ -316,19 +355,52 @@ class SnapshotAssembler:
                 else:
                     self._place(key, self.pod_facts(key, entry), groups, by_uid, dirty_jobs, dirty_nodes)
             dirty_jobs.update(state.unstamped)
+            before = {}
+            for gkey in dirty_jobs:
+                job = state.jobs.get(gkey) or state.done.get(gkey)
+                if job is not None:
+                    before[job.key] = job
+            for name in dirty_nodes:
+                external = state.externals.get(name)
+                if external is not None:
+                    before[external.key] = external
 
         for gkey in dirty_jobs:
             self._assemble_job(gkey, groups, now)
-        if len(self._jobs) > len(state.jobs) + 1024:
-            self._jobs = {key: memo for key, memo in self._jobs.items() if key in state.jobs}
+        if len(self._jobs) > len(state.jobs) + len(state.done) + 1024:
+            self._jobs = {key: memo for key, memo in self._jobs.items() if key in state.jobs or key in state.done}
+        pools = self._externals(dirty_nodes)
+        changed = None if before is None else self._changed_jobs(before, dirty_jobs, dirty_nodes)
+        self.job_changes = JobChanges(self.job_changes.serial + 1, changed)
+        done = () if finished_apart else tuple(state.done.values())
         return Snapshot(
             nodes=tuple(state.engine_nodes.values()),
-            queues=with_external_queues(queues, self._externals(dirty_nodes)),
-            jobs=(*state.jobs.values(), *state.externals.values()),
+            queues=with_external_queues(queues, pools),
+            jobs=(*state.jobs.values(), *done, *state.externals.values()),
             now=now,
             config=config,
             bystanders=tuple(sorted((t for ts in state.bystanders.values() for t in ts), key=task_order)),
         )
+
+    def _changed_jobs(
+        self, before: Mapping[str, Job | None], dirty_jobs: set[tuple[str, str]], dirty_nodes: set[str]
+    ) -> dict[str, Job | None]:
+        """The jobs whose object is not the one ``before`` held (see :class:`JobChanges`)."""
+        state = self._state
+        after: dict[str, Job | None] = {}
+        for gkey in dirty_jobs:
+            job = state.jobs.get(gkey) or state.done.get(gkey)
+            if job is not None:
+                after[job.key] = job
+        for name in dirty_nodes:
+            external = state.externals.get(name)
+            if external is not None:
+                after[external.key] = external
+        changed = {key: job for key, job in after.items() if before.get(key) is not job}
+        for key in before:
+            if key not in after:
+                changed[key] = None
+        return changed
 
     def _place(  # noqa: PLR0917 (one call site per mode, all positional)
         self,
@@ -433,6 +505,7 @@ class SnapshotAssembler:
         info = groups.get(gkey)
         if not members or info is None:
             state.jobs.pop(gkey, None)
+            state.done.pop(gkey, None)
             state.unstamped.discard(gkey)
             self._jobs.pop(gkey, None)
             return
@@ -450,7 +523,13 @@ class SnapshotAssembler:
             created = facts.created
             if created is not None and (stamp is None or created < stamp):
                 stamp = created
-        state.jobs[gkey] = self._job(gkey, info, tasks, (succeeded, failed), stamp, now)
+        job = self._job(gkey, info, tasks, (succeeded, failed), stamp, now)
+        if tasks:
+            state.jobs[gkey] = job
+            state.done.pop(gkey, None)
+        else:
+            state.done[gkey] = job
+            state.jobs.pop(gkey, None)
         if stamp is None:
             state.unstamped.add(gkey)
         else:

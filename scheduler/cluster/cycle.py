@@ -52,7 +52,12 @@ from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.misplaced import Misplaced, MisplacedBackoff, MisplacedEvents, misplaced_evictions
 from scheduler.cluster.owners import OwnerResolver
 from scheduler.cluster.queues import queue_from_object
-from scheduler.cluster.reservations import ReservationWriter, reservations_from, reservations_of
+from scheduler.cluster.reservations import (
+    ReservationWriter,
+    lists_reservations,
+    reservations_from,
+    reservations_of,
+)
 from scheduler.cluster.short_gangs import ShortGangs
 from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
 from scheduler.cluster.status import Finished, StatusWriter, finished_phase, refusals, shows_blocked
@@ -249,8 +254,14 @@ class SchedulingCycle:
         self._reserved: dict[tuple[str, str], tuple[Reservation, ...]] = {}
         # Groups (namespace/name) whose PodGroup shows EvictionBlocked, kept like _reserved.
         self._shown_blocked: set[str] = set()
-        # Per job key, the job object last read and what _job_facts read of it.
-        self._facts: dict[str, tuple[Job, bool, Finished | None]] = {}
+        # PodGroups whose status lists reservations, kept like _reserved, for the writer (None: not kept).
+        self._listing: set[tuple[str, str]] = set()
+        # What _job_facts keeps: the groups whose minMember runs (a dict for
+        # its order), how each finished group ended, and the number of the
+        # assembler's snapshot they reflect.
+        self._gang_met: dict[str, None] = {}
+        self._ended: dict[str, Finished] = {}
+        self._facts_serial: int | None = None
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
         # The jobs of the last prepared view that have no pod left to run (_set_finished_apart).
         self._finished: tuple[Job, ...] = ()
@@ -347,9 +358,10 @@ class SchedulingCycle:
             self._background.flush()
 
     def close(self) -> None:
-        """Finish the writes in flight and stop the background writer."""
+        """Finish the writes in flight and stop the background writer and the bind threads."""
         if self._background is not None:
             self._background.close()
+        self.binder.close()
 
     def _podgroups_to_create(
         self,
@@ -384,10 +396,16 @@ class SchedulingCycle:
         specs: list[GroupSpec] = []
         if not self._deferred_groups:
             return specs, busy  # the common cycle: no set of every job's key to build
-        present = {job.key for job in itertools.chain(snapshot.jobs, self._finished)}
+        # Whether the group is still a job: the assembler knows at once; the
+        # full-rebuild path collects every job's key.
+        keys = None if self._incremental else {job.key for job in itertools.chain(snapshot.jobs, self._finished)}
+
+        def present(key: tuple[str, str]) -> bool:
+            return self._snapshots.has_job(key) if keys is None else f"{key[0]}/{key[1]}" in keys
+
         for key in list(self._deferred_groups):
             group = f"{key[0]}/{key[1]}"
-            if self.grouper.created(key) or key in view.podgroups or group not in present:
+            if self.grouper.created(key) or key in view.podgroups or not present(key):
                 del self._deferred_groups[key]
             elif key in self._queued or (busy and group not in urgent):
                 continue
@@ -440,6 +458,7 @@ class SchedulingCycle:
         if full or view.changed is None:
             self._reserved.clear()
             self._shown_blocked.clear()
+            self._listing.clear()
             keys = list(view.podgroups)
         else:
             keys = view.changed.podgroups
@@ -456,35 +475,49 @@ class SchedulingCycle:
                 self._shown_blocked.add(name)
             else:
                 self._shown_blocked.discard(name)
+            if group is not None and lists_reservations(group):
+                self._listing.add(key)
+            else:
+                self._listing.discard(key)
         return tuple(res for key in sorted(self._reserved) for res in self._reserved[key])
 
-    def _job_facts(self, snapshot: Snapshot) -> tuple[list[str], dict[str, Finished]]:
+    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], dict[str, Finished]]:
         """The groups whose minMember already runs, and how each finished group ended.
 
-        Read again only for a job the assembler rebuilt (a new object): an
-        unchanged job costs a lookup, not a walk over its pods.
+        Kept from cycle to cycle and read again only for the jobs the
+        assembler changed (:class:`~.assemble.JobChanges`): a cycle costs
+        what changed, not a walk over every job, finished ones included.
+        Without the assembler's changes (the full-rebuild path, a cycle
+        that missed some) every job is read.
         """
-        memo = self._facts
-        kept: dict[str, tuple[Job, bool, Finished | None]] = {}
-        gang_met: list[str] = []
-        finished: dict[str, Finished] = {}
-        for job in itertools.chain(snapshot.jobs, self._finished):
-            key = job.key  # a property that formats a string: read once
-            facts = memo.get(key)
-            if facts is None or facts[0] is not job:
-                running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING)
-                facts = (job, running + job.succeeded >= job.min_member, finished_phase(job))
-            kept[key] = facts
-            if facts[1]:
-                gang_met.append(key)
-            if facts[2] is not None:
-                finished[key] = facts[2]
-        self._facts = kept
-        return gang_met, finished
+        changes = self._snapshots.job_changes if self._incremental else None
+        changed = changes.after(self._facts_serial) if changes is not None else None
+        self._facts_serial = None  # until the facts are complete
+        if changed is None:
+            self._gang_met.clear()
+            self._ended.clear()
+            finished = self._snapshots.finished_jobs.values() if self._incremental else self._finished
+            for job in itertools.chain(snapshot.jobs, finished):
+                self._read_facts(job.key, job)
+        else:
+            for key, now in changed.items():
+                self._read_facts(key, now)
+        if changes is not None:
+            self._facts_serial = changes.serial
+        return tuple(self._gang_met), dict(self._ended)
 
-    def _track_short_gangs(self, snapshot: Snapshot, now: float) -> Snapshot:
-        """Date each running gang that lost members and is short of minMember (:mod:`.short_gangs`)."""
-        return self._short_gangs.date(snapshot, now)
+    def _read_facts(self, key: str, job: Job | None) -> None:
+        """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone)."""
+        running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) if job is not None else 0
+        if job is not None and running + job.succeeded >= job.min_member:
+            self._gang_met[key] = None
+        else:
+            self._gang_met.pop(key, None)
+        ended = finished_phase(job) if job is not None else None
+        if ended is not None:
+            self._ended[key] = ended
+        else:
+            self._ended.pop(key, None)
 
     # -- the cycle --------------------------------------------------------------
 
@@ -511,6 +544,7 @@ class SchedulingCycle:
                     self._config,
                     pod_groups=self.grouper.by_uid,
                     changes=changes,
+                    finished_apart=True,
                 )
                 reservations = self._reservations(view, full=changes is None)
             except BaseException:
@@ -530,14 +564,14 @@ class SchedulingCycle:
                 admission=self._admission,
             )
             reservations = reservations_from(view.podgroups)
-        snapshot = self._set_finished_apart(snapshot)
-        snapshot = self._volumes.apply(snapshot, view.claims, view.volumes)
+            snapshot = self._set_finished_apart(snapshot)
+        # Dated first, on the assembler's own jobs: the passes after it
+        # replace tasks and keep the date (see JobChanges).
+        jobs_changed = self._snapshots.job_changes if self._incremental else None
+        snapshot = self._short_gangs.date(snapshot, now, jobs_changed)
+        snapshot = self._volumes.apply(snapshot, view.claims, view.volumes, jobs_changed)
         snapshot = self.backoff.apply(snapshot, now)
-        return replace(
-            self._track_short_gangs(snapshot, now),
-            reservations=reservations,
-            invalid_queues=tuple(sorted(invalid.items())),
-        )
+        return replace(snapshot, reservations=reservations, invalid_queues=tuple(sorted(invalid.items())))
 
     def _set_finished_apart(self, snapshot: Snapshot) -> Snapshot:
         """``snapshot`` without the jobs none of whose pods is left to run; they are kept in ``_finished``.
@@ -548,6 +582,8 @@ class SchedulingCycle:
         someone deletes them, so in a busy cluster they soon outnumber the
         jobs that run: left in, they made every per-job pass of every
         cycle, the engine's among them, grow with the cluster's history.
+        The full-rebuild path sets them apart here; the incremental one has
+        the assembler keep them apart (``finished_apart``).
         """
         if all(job.tasks for job in snapshot.jobs):
             self._finished = ()
@@ -610,7 +646,7 @@ class SchedulingCycle:
         if first:
             self._create_podgroups(first)
             specs = [spec for spec in specs if f"{spec.namespace}/{spec.name}" not in reserving]
-        self.reservations.write(held, view.podgroups)
+        self.reservations.write(held, view.podgroups, self._listing if self._incremental else None)
         batch = WriteBatch(
             specs={(s.namespace, s.name): s for s in specs},
             drifted={(spec.namespace, spec.name): (spec, owner) for spec, owner in self.grouper.drifted(view)},

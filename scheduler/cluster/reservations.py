@@ -24,7 +24,7 @@ stops the cycle, and the room it named is then free for anyone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -115,6 +115,11 @@ def _listed(obj: Mapping[str, Any]) -> Any:
     return status.get(STATUS_FIELD) if isinstance(status, dict) else None
 
 
+def lists_reservations(obj: Mapping[str, Any]) -> bool:
+    """Whether a PodGroup's status lists reservations (well-formed or not): the writer may have to clear them."""
+    return bool(_listed(obj))
+
+
 def reservations_of(key: GroupKey, obj: Mapping[str, Any]) -> tuple[Reservation, ...]:
     """The well-formed reservations one PodGroup lists (malformed entries are logged and left out)."""
     listed = _listed(obj)
@@ -167,14 +172,27 @@ class ReservationWriter:
         self._api = api
         self._sent: dict[GroupKey, _Sent] = {}
 
-    def write(self, reservations: Iterable[Reservation], podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> int:
-        """Bring every group's ``status.reservations`` to ``reservations``; returns the patches sent."""
+    def write(
+        self,
+        reservations: Iterable[Reservation],
+        podgroups: Mapping[GroupKey, Mapping[str, Any]],
+        listing: Collection[GroupKey] | None = None,
+    ) -> int:
+        """Bring every group's ``status.reservations`` to ``reservations``; returns the patches sent.
+
+        ``listing``, when the caller keeps it, names the PodGroups of
+        ``podgroups`` whose status lists reservations (:func:`lists_reservations`);
+        without it every PodGroup is read for them.
+        """
         wanted: dict[GroupKey, list[Reservation]] = {}
         for res in reservations:
             namespace, _, name = res.job.partition("/")
             wanted.setdefault((namespace, name), []).append(res)
         groups = set(wanted)
-        groups.update(key for key, obj in podgroups.items() if _listed(obj))
+        if listing is None:
+            groups.update(key for key, obj in podgroups.items() if _listed(obj))
+        else:
+            groups.update(listing)
         groups.update(key for key, sent in self._sent.items() if sent.body)
         sent_now = 0
         for key in sorted(groups):

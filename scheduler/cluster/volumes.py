@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.kube import JSON
+from scheduler.cluster.assemble import JobChanges
 from scheduler.cluster.placement import UnreadableError, node_terms, with_volume_terms
 from scheduler.engine.model import Job, NodeTerm, Requirement, Snapshot, Task, TaskStatus
 
@@ -119,9 +120,30 @@ class VolumeJudge:
     # cluster's jobs (running work) cost one lookup, not a scan of their
     # pods, per cycle.
     _plain: dict[int, Job] = field(default_factory=dict)
+    # The keys of the jobs with a pod that has a claim, kept from the
+    # assembler's changes (JobChanges), and the number of the snapshot they
+    # were last brought up to: while no job has one (a cluster that uses no
+    # claims, or none waiting) a cycle does not walk the jobs at all.
+    _claiming: set[str] = field(default_factory=set)
+    _serial: int | None = None
 
-    def apply(self, snapshot: Snapshot, claims: Mapping[str, JSON], volumes: Mapping[str, JSON]) -> Snapshot:
-        """``snapshot`` with each pending pod's volume terms, or its reason to wait, in its task."""
+    def apply(
+        self,
+        snapshot: Snapshot,
+        claims: Mapping[str, JSON],
+        volumes: Mapping[str, JSON],
+        changes: JobChanges | None = None,
+    ) -> Snapshot:
+        """``snapshot`` with each pending pod's volume terms, or its reason to wait, in its task.
+
+        ``changes`` are the assembler's since the snapshot this judge last
+        saw; with them, a snapshot none of whose jobs has a claim is handed
+        back at once.
+        """
+        if changes is not None and self._none_claiming(snapshot, changes):
+            self._plain.clear()
+            self._memo.clear()
+            return snapshot
         jobs: list[Job] | None = None
         seen: set[str] = set()
         plain = self._plain
@@ -140,6 +162,23 @@ class VolumeJudge:
         if len(self._memo) > len(seen):
             self._memo = {k: m for k, m in self._memo.items() if k in seen}
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
+
+    def _none_claiming(self, snapshot: Snapshot, changes: JobChanges) -> bool:
+        """Bring ``_claiming`` up to ``changes``; True when no job of the snapshot has a claim."""
+        changed = changes.after(self._serial)
+        self._serial = None
+        claiming = self._claiming
+        if changed is None:
+            claiming.clear()
+            claiming.update(job.key for job in snapshot.jobs if any(t.claims for t in job.tasks))
+        else:
+            for key, job in changed.items():
+                if job is not None and any(t.claims for t in job.tasks):
+                    claiming.add(key)
+                else:
+                    claiming.discard(key)
+        self._serial = changes.serial
+        return not claiming
 
     def _judge(self, job: Job, claims: Mapping[str, JSON], volumes: Mapping[str, JSON]) -> Job:
         # What the verdicts depend on: the claims' and their volumes' cache

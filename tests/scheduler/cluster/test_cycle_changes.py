@@ -11,18 +11,22 @@ engine input must equal the full rebuild's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
-from scheduler.cluster.assemble import canonical
+from scheduler.cluster.assemble import SnapshotAssembler, canonical
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.grouping import derive_group
+from scheduler.cluster.owners import OwnerResolver
+from scheduler.cluster.short_gangs import ShortGangs
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import EventType, WatchEvent, object_key
 from scheduler.runner import ClusterViews, cluster_view
@@ -129,7 +133,12 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
         view = views.next(cache.view(since=None if forget else views.generation))
         now = NOW + step
         told = incremental.prepare(view, now)
-        assert canonical(told) == canonical(full.prepare(cluster_view(cache.view()), now))
+        rebuilt = full.prepare(cluster_view(cache.view()), now)
+        assert canonical(told) == canonical(rebuilt)
+        # The facts the status writer gets, kept from the assembler's changes, are the ones read afresh.
+        met, ended = incremental._job_facts(told)
+        met_full, ended_full = full._job_facts(rebuilt)
+        assert set(met) == set(met_full) and ended == ended_full
 
 
 def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
@@ -189,3 +198,75 @@ def test_a_cycle_over_an_unchanged_backlog_searches_for_none_of_it() -> None:
     assert second.pending == first.pending
     assert engine.memo.counts.placements_tried == 0
     assert engine.memo.counts.placements_skipped == len(POD_NAMES)
+
+
+class _Owners(OwnerResolver):
+    """Every pod with an owner reference belongs to one Job (a gang's pods share their owner); calls counted."""
+
+    def __init__(self) -> None:
+        super().__init__(KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT))
+        self.calls = 0
+        self.job: JSON = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train", "namespace": "team-a", "uid": "job-train"},
+            "spec": {"parallelism": 4, "completions": 4},
+        }
+
+    def chain(self, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        self.calls += 1
+        return [self.job] if (pod.get("metadata") or {}).get("ownerReferences") else []
+
+
+def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same view twice: the second prepare converts nothing, counts no gang, reads no job's facts.
+
+    Counted, not timed: pods with no owner are never checked for a changed
+    owner, the four pods of one Job cost one owner lookup together, and the
+    finished pods (left in place, as Jobs leave them) cost nothing at all.
+    """
+    cache = _cache(64)
+    _fill(cache)
+    for name in NODE_NAMES:
+        for store, obj in ((NODES, node_json(name)), (GPUNODES, gpunode_json(report(name)))):
+            cache.apply(store, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-train", "controller": True}
+    pods = [pod_json(f"w{i}", gpus=1, node="n0", owners=[ref]) for i in range(4)]
+    pods += [pod_json(f"bare{i}", gpus=1, node="n1") for i in range(4)]
+    pods += [pod_json(f"done{i}", gpus=1, node="n2", phase="Succeeded") for i in range(8)]
+    pods += [pod_json("waiting", gpus=1, cpu="200")]
+    for obj in pods:
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    owners = _Owners()
+    api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
+    cycle = SchedulingCycle(api, owners=owners)
+    views = ClusterViews()
+    first = cycle.prepare(views.next(cache.view(since=None)), NOW)
+    met, ended = cycle._job_facts(first)
+    assert len(ended) == 8 and all(job.tasks for job in first.jobs)  # the finished groups are apart
+
+    counted: dict[str, int] = {"facts": 0, "gangs": 0, "jobs": 0}
+
+    def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counted[name] += 1
+            return original(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(SchedulingCycle, "_read_facts", counting("facts", SchedulingCycle._read_facts))
+    monkeypatch.setattr(ShortGangs, "_lost_members", counting("gangs", ShortGangs._lost_members))
+    monkeypatch.setattr(SnapshotAssembler, "_assemble_job", counting("jobs", SnapshotAssembler._assemble_job))
+    owners.calls = 0
+    second = cycle.prepare(views.next(cache.view(since=views.generation)), NOW + 1)
+    assert cycle._job_facts(second) == (met, ended)
+    assert counted == {"facts": 0, "gangs": 0, "jobs": 0}
+    assert owners.calls == 1
+    assert all(a is b for a, b in zip(first.jobs, second.jobs, strict=True))
+
+    # One worker finishes: its job alone is read again, and its facts.
+    done = pod_json("w0", gpus=1, node="n0", owners=[ref], phase="Succeeded")
+    cache.apply(PODS, WatchEvent(EventType.MODIFIED, object_key(done), done))
+    third = cycle.prepare(views.next(cache.view(since=views.generation)), NOW + 2)
+    cycle._job_facts(third)
+    assert counted == {"facts": 1, "gangs": 1, "jobs": 1}
