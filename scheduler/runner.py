@@ -42,7 +42,14 @@ from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache, default_resources
-from scheduler.cluster.cycle import BOOKKEEPING_MAX_DEFER_S, ClusterView, CycleResult, SchedulingCycle, ViewChanges
+from scheduler.cluster.cycle import (
+    BACKGROUND_WRITERS,
+    BOOKKEEPING_MAX_DEFER_S,
+    ClusterView,
+    CycleResult,
+    SchedulingCycle,
+    ViewChanges,
+)
 from scheduler.cluster.evict import DEFAULT_EVICT_WORKERS, Evictor, refused_pods
 from scheduler.cluster.fence import LeaseFence, LeaseLostError
 from scheduler.cluster.leader import LeaderElectionConfig, LeaderElector
@@ -321,6 +328,7 @@ class SchedulerRunner:
             ),
             evictor=evictor,
             writes_in_background=True,
+            writers=BACKGROUND_WRITERS,
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
             slice_admission=SliceAdmission(settings.slice_runtime_class),
         )

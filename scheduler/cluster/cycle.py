@@ -92,6 +92,12 @@ BOOKKEEPING_MAX_DEFER_S = 30.0
 # written: a cycle between two waves of arriving pods is not a quiet one.
 BOOKKEEPING_QUIET_S = 1.0
 warn = WarnOnce(__name__)
+# Threads that write PodGroups and their status behind the cycles (the
+# runner's choice). Few: those writes wait for nobody, and every thread that
+# holds the GIL between requests takes its turn from the scheduling thread;
+# with 16 of them a 30 s flush of deferred bookkeeping held binds up by a
+# tenth of a second.
+BACKGROUND_WRITERS = 4
 
 JSON = dict[str, Any]
 
@@ -219,7 +225,7 @@ class SchedulingCycle:
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
         self.evictor = evictor or Evictor(api)
-        self.status = status or StatusWriter(api)
+        self.status = status or StatusWriter(api, workers=writers)
         self.reservations = reservations or ReservationWriter(api)
         self.ungrouped = UngroupedPodNotifier(api)
         self.misplaced = MisplacedEvents(api)
@@ -507,9 +513,15 @@ class SchedulingCycle:
         return tuple(self._gang_met), dict(self._ended)
 
     def _read_facts(self, key: str, job: Job | None) -> None:
-        """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone)."""
+        """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone).
+
+        A finished job is never counted as running at its minMember: how it
+        ended is its status, and a group named there would never count as
+        settled for the status writer, which would then compare every
+        finished group's status every cycle.
+        """
         running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) if job is not None else 0
-        if job is not None and running + job.succeeded >= job.min_member:
+        if job is not None and job.tasks and running + job.succeeded >= job.min_member:
             self._gang_met[key] = None
         else:
             self._gang_met.pop(key, None)

@@ -244,6 +244,7 @@ def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pyt
     first = cycle.prepare(views.next(cache.view(since=None)), NOW)
     met, ended = cycle._job_facts(first)
     assert len(ended) == 8 and all(job.tasks for job in first.jobs)  # the finished groups are apart
+    assert not set(met) & set(ended)  # how a group ended is its status; it is not "running at minMember"
 
     counted: dict[str, int] = {"facts": 0, "gangs": 0, "jobs": 0}
 
