@@ -197,12 +197,7 @@ def share_out(cluster: Cluster, tree: QueueTree) -> None:
         queue.share = [0, 0, 0]
         queue.request = [0, 0, 0]
         if queue.jobs:
-            want = demand[queue.name] = [0, 0, 0]
-            for job in queue.jobs:
-                have = job.demand
-                want[GPU] += have[GPU]
-                want[CPU] += have[CPU]
-                want[MEMORY] += have[MEMORY]
+            demand[queue.name] = list(queue.demand)  # kept by JobBuilder.add and the engine's removals
     rows = fair_shares(tree, {name: p.capacity for name, p in cluster.pools.items()}, demand)
     for name, row in rows.items():
         state = cluster.queues[name]
@@ -334,6 +329,10 @@ class JobBuilder:
                     if seated:
                         self.irregular += 1
         job.demand = (want_gpu, want_cpu, want_mem)
+        if queue is not None:
+            queue.demand[GPU] += want_gpu
+            queue.demand[CPU] += want_cpu
+            queue.demand[MEMORY] += want_mem
         if queue is not None and (held_gpu or held_cpu or held_mem):
             Cluster.charge(queue, job.preemptible, held_gpu, held_cpu, held_mem)
         job.has_pending = has_pending

@@ -108,13 +108,19 @@ def _intact_capacity(pool: PoolState) -> list[int]:
 
     Quotas that add up to more than this are a configuration (over-subscribed
     on purpose), not a fault; only the shortfall that missing hardware adds on
-    top is reported.
+    top is reported. Summed again only when a node of the pool changed: a
+    kept state's pool keeps its node specs from session to session, and the
+    list of them compares by identity first.
     """
+    specs = [node.spec for node in pool.nodes]
+    if pool.intact is not None and pool.intact[0] == specs:
+        return pool.intact[1]
     total = [0, 0, 0]
-    for node in pool.nodes:
-        total[GPU] += MILLI * sum(1 for g in node.spec.gpus if not g.mig_enabled)
-        total[CPU] += node.spec.cpu_milli
-        total[MEMORY] += node.spec.memory_mib
+    for spec in specs:
+        total[GPU] += MILLI * sum(1 for g in spec.gpus if not g.mig_enabled)
+        total[CPU] += spec.cpu_milli
+        total[MEMORY] += spec.memory_mib
+    pool.intact = (specs, total)
     return total
 
 

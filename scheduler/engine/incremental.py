@@ -26,6 +26,7 @@ half changed) and reaches the caller; the next session builds afresh.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
@@ -140,11 +141,14 @@ class Engine:
         changed = self._changed_nodes(cluster, snapshot.nodes)
         jobs = kept.jobs
         specs: dict[str, Job] = {}
-        for spec in snapshot.jobs:
-            if spec.key in specs:
+        gone: list[JobState] = []
+        # The same job objects as last time (a cycle that changed only
+        # statuses or nodes): nothing to diff, checked at C speed.
+        if len(snapshot.jobs) != len(old.jobs) or not all(map(operator.is_, snapshot.jobs, old.jobs)):
+            specs = {spec.key: spec for spec in snapshot.jobs}
+            if len(specs) != len(snapshot.jobs):
                 raise _RebuildError("a job is listed twice")
-            specs[spec.key] = spec
-        gone = [job for key, job in jobs.items() if specs.get(key) is not job.spec]
+            gone = [job for key, job in jobs.items() if specs.get(key) is not job.spec]
         queues = {id(job.queue): job.queue for job in gone if job.queue is not None}
         for job in gone:
             self._remove(kept, job)
@@ -204,8 +208,11 @@ class Engine:
             if task.node is not None:
                 cluster.release(task)
         kept.builder.forget(job)
-        if job.queue is not None:
-            job.queue.jobs.remove(job)
+        queue = job.queue
+        if queue is not None:
+            queue.jobs.remove(job)
+            for r, amount in enumerate(job.demand):
+                queue.demand[r] -= amount
         del kept.jobs[job.key]
 
     @staticmethod

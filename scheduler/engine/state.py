@@ -102,6 +102,10 @@ class PoolState:
     growth: int = 0
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
+    # What the pool would offer with all its hardware in service, and the
+    # node specs it was summed from (scheduler.engine.decisions): a kept
+    # state's pool keeps its nodes from session to session.
+    intact: tuple[list[Node], list[int]] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -120,6 +124,9 @@ class QueueState:
     share: list[int] = field(default_factory=lambda: [0, 0, 0])
     request: list[int] = field(default_factory=lambda: [0, 0, 0])
     jobs: list[JobState] = field(default_factory=list)
+    # The sum of ``jobs``' demand, kept as jobs are added and removed, so
+    # that fair share is worked out from the queues, not from every job.
+    demand: list[int] = field(default_factory=lambda: [0, 0, 0])
 
     @property
     def name(self) -> str:
