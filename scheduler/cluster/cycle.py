@@ -177,6 +177,12 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def _group_key(job: str) -> tuple[str, str]:
+    """A job key (``namespace/name``) as the key of its PodGroup."""
+    namespace, _, name = job.partition("/")
+    return namespace, name
+
+
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -402,6 +408,12 @@ class SchedulingCycle:
         specs: list[GroupSpec] = []
         if not self._deferred_groups:
             return specs, busy  # the common cycle: no set of every job's key to build
+        # While busy only news goes out, so only the urgent groups are looked
+        # at: the rest (hundreds, under steady arrivals) wait for the flush,
+        # which also drops those created or gone meanwhile.
+        looked_at: Collection[tuple[str, str]] = self._deferred_groups
+        if busy:
+            looked_at = [k for k in (_group_key(job) for job in urgent) if k in self._deferred_groups]
         # Whether the group is still a job: the assembler knows at once; the
         # full-rebuild path collects every job's key.
         keys = None if self._incremental else {job.key for job in itertools.chain(snapshot.jobs, self._finished)}
@@ -409,7 +421,7 @@ class SchedulingCycle:
         def present(key: tuple[str, str]) -> bool:
             return self._snapshots.has_job(key) if keys is None else f"{key[0]}/{key[1]}" in keys
 
-        for key in list(self._deferred_groups):
+        for key in list(looked_at):
             group = f"{key[0]}/{key[1]}"
             if self.grouper.created(key) or key in view.podgroups or not present(key):
                 del self._deferred_groups[key]
