@@ -273,6 +273,7 @@ class SchedulingCycle:
         # assembler's snapshot they reflect.
         self._gang_met: dict[str, None] = {}
         self._ended: dict[str, Finished] = {}
+        self._ended_out: dict[str, Finished] | None = None  # the copy handed out, None once changed
         self._facts_serial: int | None = None
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
         # The jobs of the last prepared view that have no pod left to run (_set_finished_apart).
@@ -514,6 +515,7 @@ class SchedulingCycle:
         if changed is None:
             self._gang_met.clear()
             self._ended.clear()
+            self._ended_out = None
             finished = self._snapshots.finished_jobs.values() if self._incremental else self._finished
             for job in itertools.chain(snapshot.jobs, finished):
                 self._read_facts(job.key, job)
@@ -522,7 +524,12 @@ class SchedulingCycle:
                 self._read_facts(key, now)
         if changes is not None:
             self._facts_serial = changes.serial
-        return tuple(self._gang_met), dict(self._ended)
+        if self._ended_out is None:
+            # A new mapping only when something ended or un-ended: the same
+            # one otherwise, which tells the status writer so (it reads the
+            # mapping on its own thread, so this one is never changed).
+            self._ended_out = dict(self._ended)
+        return tuple(self._gang_met), self._ended_out
 
     def _read_facts(self, key: str, job: Job | None) -> None:
         """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone).
@@ -538,10 +545,12 @@ class SchedulingCycle:
         else:
             self._gang_met.pop(key, None)
         ended = finished_phase(job) if job is not None else None
-        if ended is not None:
-            self._ended[key] = ended
-        else:
-            self._ended.pop(key, None)
+        if self._ended.get(key) != ended:
+            self._ended_out = None
+            if ended is not None:
+                self._ended[key] = ended
+            else:
+                del self._ended[key]
 
     # -- the cycle --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ last.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -370,6 +371,10 @@ class StatusWriter:
         # Groups whose final status (how they ended) stands as written: they
         # leave the groups each call looks at until something else is said of them.
         self._final: dict[str, Finished] = {}
+        # The finished mapping of the last call, and those of its groups that
+        # were written (or tried) then rather than settled.
+        self._finished_seen: Mapping[str, Finished] | None = None
+        self._unsettled: set[str] = set()
         # Per group, the inputs its written status and Events were last found to match (_unchanged).
         self._said: dict[str, tuple[object, ...]] = {}
         self._queues: dict[str, JSON] = {}
@@ -433,6 +438,7 @@ class StatusWriter:
                 self._groups.pop(pod_group, None)
                 self._blocked.discard(pod_group)
                 self._final.pop(pod_group, None)
+                self._unsettled.add(pod_group)  # looked at again even if nothing else ended since
                 self._said.pop(pod_group, None)
             if queue is not None:
                 self._queues.pop(queue, None)
@@ -456,8 +462,20 @@ class StatusWriter:
         # A group blocked last time is written again, so the condition goes.
         was_blocked = shown | self._blocked
         final = self._final
+        finished = finished or {}
         ended: dict[str, Finished] = {}
-        for group, how in (finished or {}).items():
+        candidates: Iterable[str] = finished
+        if finished is self._finished_seen:
+            # The very mapping of the last call (nothing ended since): of its
+            # groups, only those not settled then, or named again now, can
+            # need a write. Thousands of finished groups left in place by
+            # their Jobs would otherwise be walked on every call.
+            named = itertools.chain(by_job, placed_now, blocked, was_blocked)
+            candidates = self._unsettled | {group for group in named if group in finished}
+        for group in candidates:
+            how = finished.get(group)
+            if how is None:
+                continue
             settled = final.get(group) == how and not (
                 group in by_job or group in placed_now or group in blocked or group in was_blocked
             )
@@ -465,6 +483,8 @@ class StatusWriter:
                 report.unchanged += 1  # written as it ended, and nothing new said of it since
             else:
                 ended[group] = how
+        self._finished_seen = finished
+        self._unsettled = set(ended)
         groups: list[str] = []
         for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked | set(ended)):
             if (

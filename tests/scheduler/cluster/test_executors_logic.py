@@ -437,12 +437,20 @@ def test_finished_groups_leave_the_writers_work_once_written(monkeypatch: pytest
     monkeypatch.setattr(status, "pod_group_status", counting)
     report = writer.write(Decisions(), finished=finished)
     assert (report.pod_groups_patched, report.unchanged, looked_at) == (0, 500, [])
+    # Handed the very same mapping again (nothing ended since): not one group is even counted.
+    report = writer.write(Decisions(), finished=finished)
+    assert (report.pod_groups_patched, report.unchanged, looked_at) == (0, 0, [])
+    # A PodGroup deleted and made again is written afresh, though nothing else ended.
+    writer.forget(pod_group="ns/done-3")
+    assert writer.write(Decisions(), finished=finished).pod_groups_patched == 1
+    assert api.patched[-1] == "ns/done-3"
+    looked_at.clear()
     # One that runs again (its Job restarted a pod) is written again, and so is its end after that.
     again = Decisions(binds=(Bind(job="ns/done-7", namespace="ns", pod="p", uid="u", node="n1", gpu_indices=()),))
     writer.write(again, finished={g: h for g, h in finished.items() if g != "ns/done-7"})
     assert api.patched[-1] == "ns/done-7"
     writer.write(Decisions(), finished=finished)
-    assert api.patched[-1] == "ns/done-7" and len(api.patched) == 502
+    assert api.patched[-1] == "ns/done-7" and len(api.patched) == 503
 
 
 def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_change() -> None:
