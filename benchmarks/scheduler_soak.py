@@ -86,7 +86,8 @@ Run it (not part of ``make test``)::
     .venv/bin/python benchmarks/scheduler_soak.py --quick [--mode M] # a smoke run: 10 nodes, 15 s, 4 s jobs
 
 ``--nodes``, ``--minutes``, ``--job-seconds``, ``--rate`` (jobs per second)
-and ``--seed`` change the run; ``--profile DIR`` runs gpuwarden's scheduler
+and ``--seed`` change the run; ``--scheduler-arg`` passes one more flag to
+``gpuwarden scheduler`` (repeatable); ``--profile DIR`` runs gpuwarden's scheduler
 under cProfile and leaves one profile per process there; ``KUBE_SCHEDULER``
 names a kube-scheduler binary to use instead of the one beside kube-apiserver.
 """
@@ -1072,6 +1073,8 @@ class Launcher:
     plane: ControlPlane
     kubeconfig: Path
     profile_dir: Path | None = None
+    # More flags for `gpuwarden scheduler` (--scheduler-arg), to compare its settings.
+    extra: tuple[str, ...] = ()
     started: list[SchedulerProcess] = field(default_factory=list)
     _count: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -1094,6 +1097,7 @@ class Launcher:
             f"--lease-namespace={LEASE_NAMESPACE}",
             "--metrics-address=127.0.0.1",
             f"--metrics-port={port}",
+            *self.extra,
         ]
         log_path = self.plane.run_dir / "logs" / f"{name}.log"
         return self._start(SchedulerProcess(name, self._process(name, argv, log_path), port, LogTail(log_path)))
@@ -1652,6 +1656,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet-seconds", type=float, default=30.0, help="the quiet window for CPU per cycle")
     parser.add_argument("--phase-seconds", type=float, default=60.0, help="contender: seconds of one phase")
     parser.add_argument("--profile", type=Path, default=None, help="run gpuwarden under cProfile, profiles here")
+    parser.add_argument(
+        "--scheduler-arg",
+        action="append",
+        default=[],
+        help="one more flag for `gpuwarden scheduler` (repeatable), e.g. --scheduler-arg=--bookkeeping-defer=5",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 15 s, 4 s jobs, 5 s reports")
     args = parser.parse_args(argv)
     nodes, minutes = TARGET_SIZES[args.mode]
@@ -1698,7 +1708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_queues(api, queues, settings.gpus)
             print(f"control plane and {settings.nodes} nodes up in {time.monotonic() - began:.1f} s", flush=True)
             with pod_bound_token(api, SCHEDULER_ACCOUNT, LEASE_NAMESPACE) as token:
-                launcher = Launcher(plane, scheduler_kubeconfig(plane, token), args.profile)
+                launcher = Launcher(plane, scheduler_kubeconfig(plane, token), args.profile, tuple(args.scheduler_arg))
                 run_id = f"{settings.mode}-{os.getpid()}"
                 kubelet = StandInKubelet(plane)
                 watch = PodWatch(plane, run_id, kubelet)
