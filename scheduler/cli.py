@@ -76,6 +76,14 @@ def register(sub: Any) -> None:
     )
     add_flag(
         connected,
+        "--bookkeeping-qps",
+        type=number(high=10_000.0, allow_low=True, what="rate"),
+        default=200.0,
+        help="PodGroup creates and status patches per second, written behind the cycles, so that a flush of "
+        "deferred bookkeeping never takes the API server from binds at once (0: unpaced)",
+    )
+    add_flag(
+        connected,
         "--slice-compute",
         choices=["none", "proportional"],
         default="none",
@@ -333,6 +341,7 @@ def run_connected(args: argparse.Namespace) -> int:
         ),
         bind_workers=args.bind_workers,
         bookkeeping_defer_s=args.bookkeeping_defer,
+        bookkeeping_qps=args.bookkeeping_qps,
         slice_compute=SliceCompute(args.slice_compute),
         slice_runtime_class=args.runtime_class or None,
         evictions_per_s=args.evictions_per_second,

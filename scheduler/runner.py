@@ -45,6 +45,7 @@ from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, Ca
 from scheduler.cluster.cycle import (
     BACKGROUND_WRITERS,
     BOOKKEEPING_MAX_DEFER_S,
+    BOOKKEEPING_QPS,
     ClusterView,
     CycleResult,
     SchedulingCycle,
@@ -213,6 +214,8 @@ class RunnerSettings:
     # How long a busy scheduler holds back bookkeeping writes that say
     # nothing the pods do not (SchedulingCycle._podgroups_to_create).
     bookkeeping_defer_s: float = BOOKKEEPING_MAX_DEFER_S
+    # PodGroup creates and status patches per second behind the cycles (0: unpaced).
+    bookkeeping_qps: float = BOOKKEEPING_QPS
     # Whether a GPU slice's ConfigMap also caps its share of the SMs (sliceconfig).
     slice_compute: SliceCompute = SliceCompute.NONE
     # The runtime class the webhook gives slice pods (its --runtime-class); None: it gives none.
@@ -330,6 +333,7 @@ class SchedulerRunner:
             writes_in_background=True,
             writers=BACKGROUND_WRITERS,
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
+            bookkeeping_qps=settings.bookkeeping_qps,
             slice_admission=SliceAdmission(settings.slice_runtime_class),
         )
         # Remediation evicts from a bucket of its own: its passes run on their own

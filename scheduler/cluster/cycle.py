@@ -44,7 +44,7 @@ from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
 from scheduler.cluster.convert import is_external_queue, snapshot_from
-from scheduler.cluster.evict import Evictor, EvictResult
+from scheduler.cluster.evict import Evictor, EvictResult, TokenBucket
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
@@ -91,6 +91,10 @@ BOOKKEEPING_MAX_DEFER_S = 30.0
 # ... and how long no cycle must have bound anything before they are
 # written: a cycle between two waves of arriving pods is not a quiet one.
 BOOKKEEPING_QUIET_S = 1.0
+# The scheduler process's default pace of those writes (PodGroup creates and
+# status patches behind the cycles, per second): five times what steady
+# arrivals of 20 pods a second need, a fifth of a busy API server's writes.
+BOOKKEEPING_QPS = 200.0
 warn = WarnOnce(__name__)
 # Threads that write PodGroups and their status behind the cycles (the
 # runner's choice). Few: those writes wait for nobody, and every thread that
@@ -221,6 +225,7 @@ class SchedulingCycle:
         writes_in_background: bool = False,
         bookkeeping_max_defer_s: float = 0.0,
         bookkeeping_quiet_s: float = BOOKKEEPING_QUIET_S,
+        bookkeeping_qps: float = 0.0,
         slice_admission: SliceAdmission | None = DEFAULT_SLICE_ADMISSION,
     ) -> None:
         self._api = api
@@ -231,7 +236,17 @@ class SchedulingCycle:
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
         self.evictor = evictor or Evictor(api)
-        self.status = status or StatusWriter(api, workers=writers)
+        # With writes in the background, their PodGroup creates and status
+        # patches go out at most ``bookkeeping_qps`` a second (0: unpaced):
+        # the deferred bookkeeping of 30 s of arrivals, a thousand writes,
+        # spread over seconds instead of taking the API server (on a busy
+        # control plane, its CPU) from the binds all at once.
+        self._pace = (
+            TokenBucket(bookkeeping_qps, max(1, int(bookkeeping_qps / 10))).take
+            if writes_in_background and bookkeeping_qps > 0
+            else None
+        )
+        self.status = status or StatusWriter(api, workers=writers, pace=self._pace)
         self.reservations = reservations or ReservationWriter(api)
         self.ungrouped = UngroupedPodNotifier(api)
         self.misplaced = MisplacedEvents(api)
@@ -312,11 +327,13 @@ class SchedulingCycle:
         self._problems_of = (key, problems)
         return problems
 
-    def _ensure_podgroup(self, spec: GroupSpec) -> None:
+    def _ensure_podgroup(self, spec: GroupSpec, paced: bool = False) -> None:
         """Create the PodGroup a derived group needs (once; it is owned by the workload)."""
         key = (spec.namespace, spec.name)
         if self.grouper.created(key):
             return
+        if paced and self._pace is not None:
+            self._pace()
         try:
             self._api.create_podgroup(spec.namespace, podgroup_object(spec))
         except ApiError as exc:
@@ -442,7 +459,7 @@ class SchedulingCycle:
         """A cycle's bookkeeping (or several cycles', merged): creates, owners read again, statuses."""
         specs = list(batch.specs.values())
         try:
-            self._create_podgroups(specs)
+            self._create_podgroups(specs, paced=True)
         finally:
             # Created, or to be tried again by the next cycle that finds it missing.
             self._queued.difference_update(batch.specs)
@@ -462,14 +479,18 @@ class SchedulingCycle:
             finished=batch.finished,
         )
 
-    def _create_podgroups(self, specs: list[GroupSpec]) -> None:
-        """Create the derived PodGroups found missing, from a pool of threads (each create is one round trip)."""
+    def _create_podgroups(self, specs: list[GroupSpec], paced: bool = False) -> None:
+        """Create the derived PodGroups found missing, from a pool of threads (each create is one round trip).
+
+        ``paced``: behind the cycles, at the bookkeeping rate; never on the
+        cycle's own thread, which must not wait for tokens.
+        """
         if len(specs) <= 1:
             for spec in specs:
-                self._ensure_podgroup(spec)
+                self._ensure_podgroup(spec, paced)
             return
         with ThreadPoolExecutor(max_workers=min(self._writers, len(specs)), thread_name_prefix="podgroup") as pool:
-            list(pool.map(self._ensure_podgroup, specs))
+            list(pool.map(lambda spec: self._ensure_podgroup(spec, paced), specs))
 
     def _reservations(self, view: ClusterView, *, full: bool) -> tuple[Reservation, ...]:
         """:func:`reservations_from` over the view's PodGroups; unless ``full``, only changed ones read again."""

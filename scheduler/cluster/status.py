@@ -360,9 +360,13 @@ class StatusWriter:
         clock: Callable[[], datetime] = now_utc,
         instance: str | None = None,
         workers: int = STATUS_WORKERS,
+        pace: Callable[[], object] | None = None,
     ) -> None:
         self._api = api
         self._workers = workers
+        # Called before each PodGroup status patch (a token bucket's take):
+        # bookkeeping written behind the cycles goes out at a steady rate.
+        self._pace = pace
         self._clock = clock
         self._instance = instance or socket.gethostname()
         self._groups: dict[str, _Group] = {}
@@ -578,6 +582,8 @@ class StatusWriter:
                 transitions[kind] = known.transitions.get(kind, now) if same and known is not None else now
                 conditions.append({**condition, "lastTransitionTime": transitions[kind]})
             body = {**desired, "conditions": conditions}
+            if self._pace is not None:
+                self._pace()
             try:
                 reply = self._api.patch_podgroup_status(namespace, name, {"status": body})
             except ApiError as err:

@@ -12,7 +12,9 @@ from gpuwarden.contract import UnschedulableReason
 from gpuwarden.kube import ApiError, Backoff
 from scheduler.cluster import status
 from scheduler.cluster.bind import binding_body
+from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.evict import TokenBucket, eviction_body
+from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
     MAX_MESSAGE,
@@ -464,3 +466,40 @@ def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_ch
     assert writer.write(waits).pod_groups_patched == 1  # a member was lost: Pending
     assert writer.write(Decisions(), gang_met=[group]).pod_groups_patched == 1  # and Running again
     assert api.patched == [group] * 3
+
+
+class _CreateApi(_GroupApi):
+    """The PodGroup creates of the cycle's bookkeeping, recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
+    def create_podgroup(self, namespace: str, body: Any) -> Any:
+        self.created.append(f"{namespace}/{body['metadata']['name']}")
+        return body
+
+
+def test_bookkeeping_behind_the_cycles_is_paced_and_the_cycles_own_writes_are_not() -> None:
+    """Each PodGroup create and status patch written behind the cycles first takes a token; nothing else does."""
+    api = _CreateApi()
+    paced: list[str] = []
+    writer = StatusWriter(api, workers=1, pace=lambda: paced.append("status"))  # type: ignore[arg-type]
+    groups = [f"ns/g{i}" for i in range(3)]
+    writer.write(Decisions(), gang_met=groups)
+    assert paced == ["status"] * 3 and api.patched == groups
+    writer.write(Decisions(), gang_met=groups)  # unchanged: nothing sent, no token taken
+    assert len(paced) == 3
+
+    cycle = SchedulingCycle(api, writes_in_background=True, bookkeeping_qps=1000.0)  # type: ignore[arg-type]
+    try:
+        assert cycle._pace is not None
+        cycle._pace = lambda: paced.append("create")
+        specs = [GroupSpec(namespace="ns", name=f"pg-{i}", queue="q", min_member=1) for i in range(5)]
+        cycle._create_podgroups(specs[:3], paced=True)  # behind the cycles
+        assert paced.count("create") == 3
+        cycle._create_podgroups(specs[3:])  # on the cycle's thread (a group holding room): never waits for tokens
+        assert paced.count("create") == 3 and len(api.created) == 5
+    finally:
+        cycle.close()
+    assert SchedulingCycle(api)._pace is None  # type: ignore[arg-type]  # written in line: unpaced
