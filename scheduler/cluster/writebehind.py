@@ -136,3 +136,9 @@ class WriteBehind:
                 log.info("cycle_writes_fenced", error=str(error))  # the lease went; the runner starts over
             except Exception as error:  # one bad batch must not stop the writes of the next
                 log.error("cycle_writes_failed", error=repr(error), cycles=batch.cycles)
+            except BaseException:
+                # Not ours to swallow (an interpreter exit), but the next
+                # submit must still find no drain running and start one.
+                with self._lock:
+                    self._draining = None
+                raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 
@@ -94,6 +95,30 @@ def test_a_failed_write_does_not_stop_the_next_batch() -> None:
         writer.submit(batch(0))
         writer.flush()
         writer.submit(batch(1))
+        writer.flush()
+    finally:
+        writer.close()
+    assert seen == [1, 1]
+
+
+class _Exit(BaseException):
+    """What an interpreter exit raises in a thread: not an error of the write."""
+
+
+def test_a_write_ended_by_a_base_exception_leaves_the_writer_able_to_write_the_next() -> None:
+    seen: list[int] = []
+
+    def write(b: WriteBatch) -> None:
+        seen.append(b.cycles)
+        if len(seen) == 1:
+            raise _Exit
+
+    writer = WriteBehind(write)
+    try:
+        writer.submit(batch(0))
+        with contextlib.suppress(_Exit):
+            writer.flush()  # it raises here if it looked before the drain had ended
+        writer.submit(batch(1))  # the next batch starts a new drain
         writer.flush()
     finally:
         writer.close()
