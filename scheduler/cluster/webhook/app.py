@@ -53,8 +53,12 @@ class Webhook:
             if settings.certs is None:
                 raise ValueError("without certificate files the webhook needs CertSettings for its bootstrap")
             self.certs = WebhookCertificates(self.api, settings.certs)
-            self.certs.ensure()
-            tls = self.certs.serving_certificate()
+            try:
+                self.certs.ensure()
+                tls = self.certs.serving_certificate()
+            except BaseException:
+                self.certs.stop()  # a bootstrap retried leaves no key behind
+                raise
         self.tls = tls
         self.server = WebhookServer(self.decide, tls=tls, host=settings.host, port=settings.port, ready=self.readiness)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -156,6 +157,8 @@ class WebhookCertificates:
             raise ValueError("a serving certificate needs at least one host name")
         self._api = api
         self.settings = settings
+        # A directory made here holds a private key: it goes when this stops.
+        self._owned = directory is None
         self._dir = Path(directory or tempfile.mkdtemp(prefix="gpuwarden-webhook-tls-"))
         self.cert_file = str(self._dir / _TLS_CRT)
         self.key_file = str(self._dir / _TLS_KEY)
@@ -317,9 +320,12 @@ class WebhookCertificates:
         return self
 
     def stop(self) -> None:
+        """Stop the checks; remove the served files' directory if this made it (the server has stopped)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._owned:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.check_s):

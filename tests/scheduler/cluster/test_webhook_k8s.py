@@ -445,6 +445,10 @@ def test_the_bootstrap_rotates_serving_certificate_and_ca_before_expiry_without_
     assert bundle().count(b"BEGIN CERTIFICATE") == 1 and not bundle().endswith(first_bundle)
     admitted("old-ca-gone")
     assert same(served(), Path(webhook.certs.cert_file).read_bytes())
+    # Stopped, the replica leaves no private key behind in the directory it made for them.
+    served_dir = Path(webhook.certs.key_file).parent
+    harness.stop()
+    assert not served_dir.exists()
 
 
 def test_the_shipped_match_condition_is_the_handlers_own() -> None:
