@@ -477,6 +477,7 @@ class SchedulingCycle:
             queue_problems=batch.queue_problems,
             defer_placed=batch.defer_placed,
             finished=batch.finished,
+            podgroups=batch.podgroups,
         )
 
     def _create_podgroups(self, specs: list[GroupSpec], paced: bool = False) -> None:
@@ -713,6 +714,7 @@ class SchedulingCycle:
             queues=view.queues,
             queue_problems=self._queue_problems(snapshot),
             defer_placed=defer_placed,
+            podgroups=view.podgroups,
         )
         if self._background is None:
             self._after_binds(batch)

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from threading import Lock
+from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.kube import JSON, ApiError, KubeApi
@@ -378,6 +379,8 @@ class StatusWriter:
         # The finished mapping of the last call, and those of its groups that
         # were written (or tried) then rather than settled.
         self._finished_seen: Mapping[str, Finished] | None = None
+        # The watched PodGroups of the current write (see write's podgroups).
+        self._shown: Mapping[tuple[str, str], Mapping[str, Any]] = {}
         self._unsettled: set[str] = set()
         # Per group, the inputs its written status and Events were last found to match (_unchanged).
         self._said: dict[str, tuple[object, ...]] = {}
@@ -396,6 +399,7 @@ class StatusWriter:
         queue_problems: Mapping[str, tuple[str, str]] | None = None,
         defer_placed: bool = False,
         finished: Mapping[str, Finished] | None = None,
+        podgroups: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -409,10 +413,15 @@ class StatusWriter:
         scheduler sends its binds first. ``queue_problems`` maps a Queue that
         cannot take work to the (reason, message) of its Invalid condition.
         ``finished`` maps a group none of whose pods is left to run to how
-        it ended (:func:`finished_phase`).
+        it ended (:func:`finished_phase`). ``podgroups`` are the watched
+        PodGroups by (namespace, name): a group this writer has not written
+        yet whose object already shows the status it would write is taken
+        as written, so that a new leader does not patch every PodGroup of
+        the cluster's history once.
         """
         report = StatusReport()
         with self._lock:
+            self._shown = podgroups or {}
             placed = {b.job for b in decisions.binds} | set(gang_met)
             self._write_groups(
                 decisions.pending,
@@ -543,7 +552,7 @@ class StatusWriter:
         said = (pending, placed_now, blocked, finished)
         if self._said.get(group) == said:
             return True
-        known = self._groups.get(group)
+        known = self._known(group)
         if known is None or known.status != pod_group_status(pending, placed_now, blocked, finished):
             return False
         news = explanation(pending) if pending is not None else None
@@ -568,7 +577,7 @@ class StatusWriter:
         namespace, _, name = group.partition("/")
         self._said.pop(group, None)
         desired = pod_group_status(pending, placed_now, blocked, finished)
-        known = self._groups.get(group)
+        known = self._known(group)
         if known is not None and known.status == desired:
             report.unchanged += 1
         else:
@@ -605,6 +614,35 @@ class StatusWriter:
         self._write_event(
             group, known, CONDITION_EVICTION_BLOCKED, (REASON_BUDGET, blocked) if blocked is not None else None, report
         )
+
+    def _known(self, group: str) -> _Group | None:
+        """What this writer knows ``group`` shows: what it wrote, else what its watched object shows."""
+        known = self._groups.get(group)
+        if known is not None:
+            return known
+        namespace, _, name = group.partition("/")
+        obj = self._shown.get((namespace, name))
+        status = obj.get("status") if obj is not None else None
+        listed = status.get("conditions") if isinstance(status, dict) else None
+        if not isinstance(status, dict) or not isinstance(listed, list):
+            return None
+        conditions: list[JSON] = []
+        transitions: dict[str, str] = {}
+        for condition in listed:
+            if not isinstance(condition, dict):
+                return None
+            plain = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
+            when = condition.get("lastTransitionTime")
+            if isinstance(when, str) and isinstance(plain.get("type"), str):
+                transitions[plain["type"]] = when
+            conditions.append(plain)
+        meta = obj.get("metadata") if obj is not None else None
+        uid = str(meta.get("uid") or "") if isinstance(meta, dict) else ""
+        # Compared as a status written here would be: the phase and the
+        # conditions without their times; a mismatch is simply written.
+        known = _Group({"phase": status.get("phase"), "conditions": conditions}, transitions, uid)
+        self._groups[group] = known
+        return known
 
     def _settle(self, group: str, finished: Finished | None) -> None:
         """Note whether ``group``'s written status is its final one (see ``_final``)."""

@@ -62,6 +62,8 @@ class WriteBatch:
     defer_placed: bool
     # The cycles merged into this batch.
     cycles: int = 1
+    # The PodGroups the newest cycle's view held (the status writer's "shown").
+    podgroups: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def then(self, newer: WriteBatch) -> WriteBatch:
         """This batch and the ``newer`` one, as one batch that leaves what writing both in turn would."""
@@ -81,6 +83,7 @@ class WriteBatch:
             queue_problems=newer.queue_problems,
             defer_placed=self.defer_placed and newer.defer_placed,
             cycles=self.cycles + newer.cycles,
+            podgroups=newer.podgroups,
         )
 
 

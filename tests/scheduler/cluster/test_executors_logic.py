@@ -503,3 +503,38 @@ def test_bookkeeping_behind_the_cycles_is_paced_and_the_cycles_own_writes_are_no
     finally:
         cycle.close()
     assert SchedulingCycle(api)._pace is None  # type: ignore[arg-type]  # written in line: unpaced
+
+
+class _ShownApi(_GroupApi):
+    """Also keeps what each PodGroup's status became, as the watch would show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: dict[tuple[str, str], Any] = {}
+
+    def patch_podgroup_status(self, namespace: str, name: str, body: Any) -> Any:
+        self.shown[(namespace, name)] = {"metadata": {"uid": f"uid-{name}"}, "status": body["status"]}
+        return super().patch_podgroup_status(namespace, name, body)
+
+
+def test_a_new_leader_takes_the_statuses_podgroups_already_show_as_written() -> None:
+    """A restart or failover does not patch every PodGroup of the cluster's history once."""
+    api = _ShownApi()
+    ended = {f"ns/done-{i}": finished_phase(Job(f"done-{i}", "q", succeeded=1)) for i in range(50)}
+    finished = {group: how for group, how in ended.items() if how is not None}
+    StatusWriter(api, workers=1).write(Decisions(), gang_met=["ns/runs"], finished=finished)  # type: ignore[arg-type]
+    assert len(api.patched) == 51
+    shown = dict(api.shown)
+    # One of them was changed by someone else meanwhile: that one is written again, with its own times kept.
+    changed = {
+        "phase": "Running",
+        "conditions": [{**c, "status": "True"} for c in shown[("ns", "done-3")]["status"]["conditions"]],
+    }
+    shown[("ns", "done-3")] = {"metadata": {"uid": "uid-done-3"}, "status": changed}
+
+    leader = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    report = leader.write(Decisions(), gang_met=["ns/runs"], finished=finished, podgroups=shown)
+    assert report.pod_groups_patched == 1 and api.patched[-1] == "ns/done-3"
+    assert api.shown[("ns", "done-3")]["status"]["phase"] == "Succeeded"
+    # Without the watched objects it writes each once, as before.
+    assert StatusWriter(api, workers=1).write(Decisions(), finished=finished).pod_groups_patched == 50  # type: ignore[arg-type]
