@@ -355,15 +355,7 @@ class SnapshotAssembler:
                 else:
                     self._place(key, self.pod_facts(key, entry), groups, by_uid, dirty_jobs, dirty_nodes)
             dirty_jobs.update(state.unstamped)
-            before = {}
-            for gkey in dirty_jobs:
-                job = state.jobs.get(gkey) or state.done.get(gkey)
-                if job is not None:
-                    before[job.key] = job
-            for name in dirty_nodes:
-                external = state.externals.get(name)
-                if external is not None:
-                    before[external.key] = external
+            before = self._jobs_of(dirty_jobs, dirty_nodes)
 
         for gkey in dirty_jobs:
             self._assemble_job(gkey, groups, now)
@@ -382,20 +374,25 @@ class SnapshotAssembler:
             bystanders=tuple(sorted((t for ts in state.bystanders.values() for t in ts), key=task_order)),
         )
 
+    def _jobs_of(self, dirty_jobs: set[tuple[str, str]], dirty_nodes: set[str]) -> dict[str, Job | None]:
+        """The jobs (finished or not, and the external jobs of ``dirty_nodes``) the state holds now, by key."""
+        state = self._state
+        found: dict[str, Job | None] = {}
+        for gkey in dirty_jobs:
+            job = state.jobs.get(gkey) or state.done.get(gkey)
+            if job is not None:
+                found[job.key] = job
+        for name in dirty_nodes:
+            external = state.externals.get(name)
+            if external is not None:
+                found[external.key] = external
+        return found
+
     def _changed_jobs(
         self, before: Mapping[str, Job | None], dirty_jobs: set[tuple[str, str]], dirty_nodes: set[str]
     ) -> dict[str, Job | None]:
         """The jobs whose object is not the one ``before`` held (see :class:`JobChanges`)."""
-        state = self._state
-        after: dict[str, Job | None] = {}
-        for gkey in dirty_jobs:
-            job = state.jobs.get(gkey) or state.done.get(gkey)
-            if job is not None:
-                after[job.key] = job
-        for name in dirty_nodes:
-            external = state.externals.get(name)
-            if external is not None:
-                after[external.key] = external
+        after = self._jobs_of(dirty_jobs, dirty_nodes)
         changed = {key: job for key, job in after.items() if before.get(key) is not job}
         for key in before:
             if key not in after:
