@@ -241,11 +241,17 @@ class SchedulingCycle:
         # the deferred bookkeeping of 30 s of arrivals, a thousand writes,
         # spread over seconds instead of taking the API server (on a busy
         # control plane, its CPU) from the binds all at once.
-        self._pace = (
-            TokenBucket(bookkeeping_qps, max(1, int(bookkeeping_qps / 10))).take
+        self._bucket = (
+            TokenBucket(bookkeeping_qps, max(1, int(bookkeeping_qps / 10)))
             if writes_in_background and bookkeeping_qps > 0
             else None
         )
+        # Set by close: what is still queued then goes out at once (a
+        # stopping process drains; after a lost lease every write is refused
+        # at the fence, and pacing a thousand refusals would only hold up the
+        # replica's fresh start).
+        self._closing = False
+        self._pace = self._take_token if self._bucket is not None else None
         self.status = status or StatusWriter(api, workers=writers, pace=self._pace)
         self.reservations = reservations or ReservationWriter(api)
         self.ungrouped = UngroupedPodNotifier(api)
@@ -327,6 +333,11 @@ class SchedulingCycle:
         self._problems_of = (key, problems)
         return problems
 
+    def _take_token(self) -> None:
+        """Wait for the bookkeeping pace (see ``_bucket``), unless the cycle is closing."""
+        if self._bucket is not None and not self._closing:
+            self._bucket.take()
+
     def _ensure_podgroup(self, spec: GroupSpec, paced: bool = False) -> None:
         """Create the PodGroup a derived group needs (once; it is owned by the workload)."""
         key = (spec.namespace, spec.name)
@@ -388,7 +399,8 @@ class SchedulingCycle:
             self._background.flush()
 
     def close(self) -> None:
-        """Finish the writes in flight and stop the background writer and the bind threads."""
+        """Finish the writes in flight, unpaced, and stop the background writer and the bind threads."""
+        self._closing = True
         if self._background is not None:
             self._background.close()
         self.binder.close()

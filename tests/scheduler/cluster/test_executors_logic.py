@@ -505,6 +505,23 @@ def test_bookkeeping_behind_the_cycles_is_paced_and_the_cycles_own_writes_are_no
     assert SchedulingCycle(api)._pace is None  # type: ignore[arg-type]  # written in line: unpaced
 
 
+def test_a_closing_cycle_drains_its_bookkeeping_without_waiting_for_the_pace() -> None:
+    """After a lost lease every queued write is refused at the fence: pacing the refusals would only delay the reset."""
+    api = _CreateApi()
+    clock = FakeTime()
+    cycle = SchedulingCycle(api, writes_in_background=True, bookkeeping_qps=1.0)  # type: ignore[arg-type]
+    cycle._bucket = TokenBucket(1.0, 1, clock=clock.clock, sleep=clock.sleep)
+    specs = [GroupSpec(namespace="ns", name=f"pg-{i}", queue="q", min_member=1) for i in range(6)]
+    try:
+        for spec in specs[:3]:  # one at a time: the fake clock is not shared between threads
+            cycle._create_podgroups([spec], paced=True)
+        assert clock.slept == [1.0, 1.0]  # one token saved up, then one a second
+    finally:
+        cycle.close()
+    cycle._create_podgroups(specs[3:], paced=True)  # what a drain still writes once closing
+    assert len(clock.slept) == 2 and len(api.created) == 6
+
+
 class _ShownApi(_GroupApi):
     """Also keeps what each PodGroup's status became, as the watch would show it."""
 
