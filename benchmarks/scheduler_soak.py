@@ -104,6 +104,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -1639,6 +1640,14 @@ def run_contender(run: Run) -> None:
     report_kubelet(run, origin, time.monotonic())
 
 
+def keep_logs(source: Path, target: Path) -> None:
+    """Copy the run's logs out before the control plane's directory is removed with them."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.glob("*.log")):
+        shutil.copy2(path, target / path.name)
+    print(f"logs kept in {target}", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=MODES, default="steady")
@@ -1661,6 +1670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         help="one more flag for `gpuwarden scheduler` (repeatable), e.g. --scheduler-arg=--bookkeeping-defer=5",
+    )
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        default=None,
+        help="copy the schedulers' and the control plane's logs here when the run ends (it removes its own copies)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 15 s, 4 s jobs, 5 s reports")
     args = parser.parse_args(argv)
@@ -1725,6 +1740,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     arrivals.close()
                     watch.stop()
                     kubelet.stop()
+                    if args.keep_logs is not None:
+                        keep_logs(plane.run_dir / "logs", args.keep_logs)
     print(f"done in {time.monotonic() - began:.0f} s")
     return 0
 

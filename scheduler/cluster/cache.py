@@ -13,7 +13,9 @@ the watches carry on. Entries are never changed in place (an update replaces
 the entry), which is what makes shallow copies enough.
 
 The loop runs "every second, or sooner after a change" with
-:meth:`ClusterCache.wait_for_change`.
+:meth:`ClusterCache.wait_for_change`; a change that cannot alter a decision
+(a status the scheduler wrote itself, a bound pod starting) is stored and
+logged without waking it (:mod:`scheduler.cluster.wakes`).
 
 A cycle that kept what it read of the previous view needs only what changed
 since: the cache keeps a bounded log of the keys each event touched, and a
@@ -46,6 +48,7 @@ from gpuwarden import contract
 from gpuwarden.kube import JSON, RequestStats
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.slim import slim_claim, slim_node, slim_pod, slim_volume, without_managed_fields
+from scheduler.cluster.wakes import QuietChange, quiet_pod_change, quiet_podgroup_change, quiet_status_change
 from scheduler.cluster.watch import EventType, ListFunction, Reflector, ReflectorSettings, WatchEvent
 
 log = get_logger(__name__)
@@ -67,6 +70,8 @@ class WatchedResource:
     name: str
     list_fn: Callable[[client.ApiClient], ListFunction]
     slim: Callable[[JSON], JSON] = without_managed_fields
+    # Which updates wait for the next cycle instead of waking the loop (:mod:`.wakes`); None: all wake.
+    quiet: QuietChange | None = None
 
 
 def _custom_cluster(group: str, version: str, plural: str) -> Callable[[client.ApiClient], ListFunction]:
@@ -90,16 +95,20 @@ def default_resources() -> tuple[WatchedResource, ...]:
     return (
         WatchedResource(NODES, lambda api: client.CoreV1Api(api).list_node, slim_node),
         WatchedResource(GPUNODES, _custom_cluster(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)),
-        WatchedResource(PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod),
+        WatchedResource(
+            PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod, quiet_pod_change
+        ),
         WatchedResource(
             QUEUES,
             _custom_cluster(contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.QUEUE_PLURAL),
+            quiet=quiet_status_change,
         ),
         WatchedResource(
             PODGROUPS,
             _custom_all_namespaces(
                 contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, contract.PODGROUP_PLURAL
             ),
+            quiet=quiet_podgroup_change,
         ),
         WatchedResource(PDBS, lambda api: client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces),
         WatchedResource(
@@ -191,6 +200,8 @@ class ClusterCache:
         self._stores: dict[str, dict[str, JSON]] = {name: {} for name in self._resources}
         self._changed = threading.Condition(threading.Lock())
         self._generation = 0
+        # The generation of the last change that wakes the loop (see .wakes).
+        self._woken = 0
         # (generation, collection, key) per change, oldest first; a change at
         # or before ``_log_floor`` may have been dropped from it.
         self._log: deque[tuple[int, str, str]] = deque()
@@ -247,25 +258,31 @@ class ClusterCache:
         if event.type is EventType.DELETED:
             with self._changed:
                 self._stores[resource].pop(event.key, None)
-                self._logged(resource, event.key)
+                self._logged(resource, event.key, wakes=True)
             return
-        entry = self._resources[resource].slim(event.obj)
+        watched = self._resources[resource]
+        entry = watched.slim(event.obj)
         with self._changed:
-            self._stores[resource][event.key] = entry
-            self._logged(resource, event.key)
+            store = self._stores[resource]
+            quiet = watched.quiet is not None and watched.quiet(store.get(event.key), entry)
+            store[event.key] = entry
+            self._logged(resource, event.key, wakes=not quiet)
 
-    def _logged(self, resource: str, key: str) -> None:
-        """Count one change and log its key; the caller holds the lock."""
+    def _logged(self, resource: str, key: str, *, wakes: bool) -> None:
+        """Count one change and log its key; wake the waiters unless it is quiet. The caller holds the lock."""
         self._generation += 1
         entries = self._log
         entries.append((self._generation, resource, key))
         if len(entries) > self._log_size:
             self._log_floor = entries.popleft()[0]
-        self._changed.notify_all()
+        if wakes:
+            self._woken = self._generation
+            self._changed.notify_all()
 
     def _bump(self) -> None:
         with self._changed:
             self._generation += 1
+            self._woken = self._generation
             self._changed.notify_all()
 
     @property
@@ -274,14 +291,22 @@ class ClusterCache:
         with self._changed:
             return self._generation
 
+    @property
+    def woken(self) -> int:
+        """The generation of the last change that woke the waiters (quiet ones leave it, see :mod:`.wakes`)."""
+        with self._changed:
+            return self._woken
+
     def wait_for_change(self, since: int, timeout: float) -> int:
-        """Block until the generation passes ``since`` or ``timeout`` ends; return the generation.
+        """Block until a waking change (:mod:`.wakes`) passes ``since`` or ``timeout`` ends; return the generation.
 
         The loop passes the generation of the view it last scheduled from, so
-        a change that came while it was busy wakes it at once.
+        a change that came while it was busy wakes it at once. Quiet changes
+        after ``since`` do not end the wait; they are in the stores and the
+        log for whichever view comes next.
         """
         with self._changed:
-            self._changed.wait_for(lambda: self._generation > since, timeout)
+            self._changed.wait_for(lambda: self._woken > since, timeout)
             return self._generation
 
     # -- reading ----------------------------------------------------------

@@ -17,6 +17,8 @@ from structlog.testing import capture_logs
 from gpuwarden import contract
 from gpuwarden.kube import MERGE_PATCH, RequestStats
 from scheduler.cluster.cache import GPUNODES, NODES, PODS, ClusterCache, WatchedResource, default_resources
+from scheduler.cluster.slim import slim_pod
+from scheduler.cluster.wakes import quiet_pod_change
 from scheduler.cluster.watch import EventType, Reflector, ReflectorSettings, WatchEvent
 from tests.harness import ControlPlane, create_gpu_node, simple_pod, unique_name, wait_for
 
@@ -322,3 +324,62 @@ def test_a_collection_whose_crd_is_missing_is_empty_until_the_crd_comes(
     finally:
         with contextlib.suppress(client.ApiException):
             extensions.delete_custom_resource_definition(f"{plural}.{group}")
+
+
+def _field(cache: ClusterCache, key: str, part: str, name: str) -> Any:
+    return ((cache.get(PODS, key) or {}).get(part) or {}).get(name)
+
+
+def test_changes_from_the_api_server_wake_as_the_wakes_module_says(k8s: client.ApiClient, namespace: str) -> None:
+    """Objects as the real API server sends them: a bind wakes, the pod starting after it does not.
+
+    The verdicts are recorded per event (other tests' objects may change
+    meanwhile, so the cache's own counter would not say which event woke).
+    """
+    verdicts: list[tuple[str, str | None, bool]] = []
+    verdicts_lock = threading.Lock()
+
+    def recording(old: Any, new: Any) -> bool:
+        quiet = quiet_pod_change(old, new)
+        if (new.get("metadata") or {}).get("namespace") == namespace:
+            with verdicts_lock:
+                verdicts.append(((old or {}).get("status", {}).get("phase"), new["status"].get("phase"), quiet))
+        return quiet
+
+    pods = WatchedResource(PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod, recording)
+    core = client.CoreV1Api(k8s)
+    node = unique_name("wakes-node")
+    create_gpu_node(k8s, node, gpus=8)
+    try:
+        with running_cache(k8s, resources=[pods]) as cache:
+            _create_pod(k8s, namespace, "p")
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": "p", "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            core.api_client.call_api(
+                *core.api_client.param_serialize(
+                    "POST",
+                    f"/api/v1/namespaces/{namespace}/pods/p/binding",
+                    header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                    body=binding,
+                    auth_settings=["BearerToken"],
+                )
+            ).read()
+            wait_for(lambda: _field(cache, f"{namespace}/p", "spec", "nodeName") == node, description="bound")
+            started = {"status": {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}}
+            core.patch_namespaced_pod_status("p", namespace, started)
+            wait_for(lambda: _field(cache, f"{namespace}/p", "status", "phase") == "Running", description="ran")
+            core.patch_namespaced_pod_status("p", namespace, {"status": {"phase": "Succeeded"}})
+            wait_for(lambda: _field(cache, f"{namespace}/p", "status", "phase") == "Succeeded", description="end")
+    finally:
+        core.delete_node(node)
+    with verdicts_lock:
+        seen = list(verdicts)
+    # Created: wakes; bound: wakes; started: quiet; finished: wakes.
+    assert seen[:2] == [(None, "Pending", False), ("Pending", "Pending", False)]
+    assert ("Pending", "Running", True) in seen
+    assert ("Running", "Succeeded", False) in seen
+    assert all(not quiet for old, new, quiet in seen if (old, new) != ("Pending", "Running"))
