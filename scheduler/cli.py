@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
     add_flag(
         connected,
         "--bookkeeping-defer",
-        type=seconds(high=600.0),
+        type=seconds(high=600.0, allow_low=True),
         default=30.0,
         help="seconds at most that derived PodGroups and first statuses of fully placed groups wait while "
         "cycles are binding (0: written every cycle)",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from gpuwarden.cli import main
+from gpuwarden.cli import build_parser, main
 
 
 def example(name: str) -> str:
@@ -150,3 +151,20 @@ def test_a_kubeconfig_that_cannot_be_used_is_a_clear_error(tmp_path: Path, capsy
     assert main(["scheduler", "--kubeconfig", str(tmp_path / "absent")]) == 2
     err = capsys.readouterr().err
     assert "cannot use the kubeconfig" in err and "Traceback" not in err
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[name]
+    return found
+
+
+def test_every_flag_whose_help_gives_a_meaning_to_zero_accepts_zero() -> None:
+    """``(0: unpaced)`` in a flag's help is a promise its parser must keep."""
+    parser = _subcommand("scheduler")
+    promised = [a for a in parser._actions if a.option_strings and a.help and "(0:" in a.help]
+    assert {a.option_strings[0] for a in promised} >= {"--bookkeeping-defer", "--bookkeeping-qps"}
+    for action in promised:
+        assert action.type is not None
+        assert action.type("0") == 0, action.option_strings
