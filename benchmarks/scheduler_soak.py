@@ -10,7 +10,9 @@ Work arrives as a Poisson process (open loop: an arrival never waits for the
 cluster, so a slow scheduler meets a growing queue, not a slower stream), and
 a stand-in kubelet plays every bound pod out: Running as soon as its bind is
 seen, Succeeded once its time is up (left in place, as a Job's pods are);
-an evicted pod's deletion is completed at once.
+an evicted pod's deletion is completed at once, and the pod is made again
+under a new name, as a Job's controller replaces a disrupted pod, so that
+evicted work waits again instead of leaving the run.
 
 Modes (``--mode``):
 
@@ -355,10 +357,12 @@ class PodState:
 
 @dataclass(slots=True)
 class JobState:
+    spec: JobSpec
     pods: int
     created: int = 0
     bound: int = 0
     failed: bool = False
+    replaced: int = 0  # pods made again after an eviction
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +394,9 @@ class PodWatch:
         self.binds: list[tuple[float, float, str, str]] = []  # (seen at, latency, kind, namespace)
         self.events = 0
         self.last_event = time.monotonic()
+        # Called with a job and the name of its pod that was evicted (deleted
+        # while bound and unfinished): the pod's controller makes it again.
+        self.on_evicted: Callable[[JobSpec, str], None] | None = None
         self._stop = threading.Event()
         self._resp: Any = None
         self._version = self._relist()
@@ -398,7 +405,7 @@ class PodWatch:
 
     def register(self, job: JobSpec) -> None:
         with self.lock:
-            self.jobs[f"{job.namespace}/{job.name}"] = JobState(job.pods)
+            self.jobs[f"{job.namespace}/{job.name}"] = JobState(job, job.pods)
 
     def created(self, job: JobSpec, ok: bool) -> None:
         with self.lock:
@@ -520,6 +527,7 @@ class PodWatch:
         node = spec.get("nodeName")
         phase = (obj.get("status") or {}).get("phase") or "Pending"
         bound_now = False
+        evicted: JobSpec | None = None
         with self.lock:
             self.events += 1
             self.last_event = now
@@ -539,7 +547,14 @@ class PodWatch:
                 state.deleting = True
             if kind == "DELETED":
                 state.gone = True
+                job = self.jobs.get(f"{key.split('/', 1)[0]}/{state.job}")
+                if job is not None and state.bound is not None and phase not in ("Succeeded", "Failed"):
+                    job.bound -= 1  # waiting again, for the pod that replaces it
+                    job.replaced += 1
+                    evicted = job.spec
         namespace, name = key.split("/", 1)
+        if evicted is not None and self.on_evicted is not None:
+            self.on_evicted(evicted, name)
         if bound_now and phase == "Pending":
             seconds = float((meta.get("annotations") or {}).get(ANNOTATION_SECONDS) or 0)
             self._kubelet.start(namespace, name, now, seconds)
@@ -742,9 +757,9 @@ class StandInKubelet:
 # ---------------------------------------------------------------------------
 
 
-def pod_body(job: JobSpec, index: int, run: str) -> JSON:
+def pod_body(job: JobSpec, index: int, run: str, name: str | None = None) -> JSON:
     """A pod of ``job``: whole GPUs as a limit (as users write it), or a half-GPU slice as admitted."""
-    name = f"{job.name}-{index}" if job.pods > 1 else job.name
+    name = name or (f"{job.name}-{index}" if job.pods > 1 else job.name)
     labels = {LABEL_RUN: run, LABEL_KIND: job.kind.name, LABEL_JOB: job.name}
     annotations = {ANNOTATION_SECONDS: f"{job.seconds:.1f}"}
     container: JSON = {"name": "main", "image": IMAGE}
@@ -807,8 +822,10 @@ class Arrivals:
         self._pool = ThreadPoolExecutor(CREATE_THREADS, thread_name_prefix="create")
         self.lag = Samples()
         self.jobs = 0
+        self.replaced = 0
         self.errors = 0
         self.last_error = ""
+        watch.on_evicted = self.replace
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -836,6 +853,27 @@ class Arrivals:
         """One job at once, from the calling thread (a canary)."""
         self._watch.register(job)
         self._create(job)
+
+    def replace(self, job: JobSpec, evicted: str) -> None:
+        """Make an evicted pod again under a new name, as its Job's controller would (the job runs from scratch).
+
+        Without this an evicted job just vanished, and reclaim could keep a
+        backlog from ever building up: the work it evicted left the run.
+        """
+        base, _, attempt = evicted.rpartition("-r")
+        if not (base and attempt.isdigit()):
+            base, attempt = evicted, "0"
+        with contextlib.suppress(RuntimeError):  # the pool was shut down: the run is over
+            self._pool.submit(self._create_one, job, f"{base}-r{int(attempt) + 1}")
+            self.replaced += 1
+
+    def _create_one(self, job: JobSpec, name: str) -> None:
+        try:
+            body = pod_body(job, 0, self._run, name)
+            drain(self._core.create_namespaced_pod(job.namespace, body, _preload_content=False))
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = str(exc)[:300]
 
     def _create(self, job: JobSpec) -> None:
         body: Callable[[JobSpec, int, str], Any] = pod_body  # the client takes the dict as its V1Pod
@@ -1422,7 +1460,8 @@ def run_mixed(run: Run) -> None:
     player.join()
     end = reporter.intervals[-1].end
     print(
-        f"arrivals done: {run.arrivals.jobs:,} jobs, {len(run.watch.pods):,} pods, create errors "
+        f"arrivals done: {run.arrivals.jobs:,} jobs, {len(run.watch.pods):,} pods "
+        f"({run.arrivals.replaced:,} made again after an eviction), create errors "
         f"{run.arrivals.errors}{' (' + run.arrivals.last_error + ')' if run.arrivals.errors else ''}",
         flush=True,
     )
