@@ -476,6 +476,7 @@ class SchedulingCycle:
             # Created, or to be tried again by the next cycle that finds it missing.
             self._queued.difference_update(batch.specs)
         self._follow_owners(list(batch.drifted.values()))
+        self.status.forget_gone(batch.podgroups, batch.podgroups_changed)
         totals = lost_totals(batch.queues, batch.lost, self._lost_written)
         # Only queues that still exist keep a total (one deleted and made
         # again starts from what its new object shows).
@@ -727,6 +728,7 @@ class SchedulingCycle:
             queue_problems=self._queue_problems(snapshot),
             defer_placed=defer_placed,
             podgroups=view.podgroups,
+            podgroups_changed=view.changed.podgroups if view.changed is not None else None,
         )
         if self._background is None:
             self._after_binds(batch)

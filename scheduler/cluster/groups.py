@@ -255,6 +255,10 @@ class PodGrouper:
             self._by_uid.clear()
             pod_keys: Collection[str] = list(view.pods)
             group_keys: Collection[GroupKey] = list(view.podgroups)
+            # Of the PodGroups created, only those the view still holds stay
+            # known as created: one deleted since is made again if its group
+            # still needs it (one created but not seen yet only costs a 409).
+            self._created.intersection_update(view.podgroups)
         else:
             assert changed is not None
             stale = self._stale_pods(changed.pods, view)
@@ -265,6 +269,7 @@ class PodGrouper:
             obj = view.podgroups.get(key)
             if obj is None:
                 self._podgroups.pop(key, None)
+                self._created.discard(key)  # deleted: made again while its group still needs one
                 info = None
             else:
                 info = self._read_podgroup(key, obj)
@@ -290,6 +295,10 @@ class PodGrouper:
         for key in dirty:
             if self._refresh_group(key):
                 groups_changed.add(key)
+            derived = self._derived.get(key)
+            if derived and key not in view.podgroups:
+                # Its PodGroup was deleted while pods still derive the group.
+                self._note_missing(key, derived[min(derived)].spec, view)
         self._dirty = dirty
         self._seen = view.generation
         self.groups = self._groups

@@ -444,6 +444,42 @@ class StatusWriter:
         )
         return report
 
+    def forget_gone(
+        self,
+        podgroups: Mapping[tuple[str, str], Mapping[str, Any]],
+        changed: Iterable[tuple[str, str]] | None,
+    ) -> int:
+        """Forget the groups whose PodGroup is gone from ``podgroups`` or was made anew (another UID).
+
+        ``changed`` names the PodGroups that changed since the last call
+        (None: any may have, every group known here is checked). What was
+        written for a deleted PodGroup would otherwise be kept for the
+        process's life, and a PodGroup made again under the same name would
+        be taken as showing the old one's status and never be written.
+        Returns how many groups were forgotten.
+        """
+        with self._lock:
+            candidates: Iterable[tuple[str, str]] = changed if changed is not None else []
+            if changed is None:
+                known_groups = set(itertools.chain(self._groups, self._final, self._said))
+                candidates = [(ns, name) for ns, _, name in (group.partition("/") for group in known_groups)]
+            gone: list[str] = []
+            for namespace, name in candidates:
+                group = f"{namespace}/{name}"
+                obj = podgroups.get((namespace, name))
+                if obj is None:
+                    if group in self._groups or group in self._final or group in self._said:
+                        gone.append(group)
+                    continue
+                known = self._groups.get(group)
+                meta = obj.get("metadata")
+                uid = meta.get("uid") if isinstance(meta, dict) else None
+                if known is not None and known.uid and uid and uid != known.uid:
+                    gone.append(group)
+        for group in gone:
+            self.forget(pod_group=group)
+        return len(gone)
+
     def forget(self, *, pod_group: str | None = None, queue: str | None = None) -> None:
         """Drop what was written for a deleted object, so a new one of that name is written afresh."""
         with self._lock:

@@ -64,6 +64,9 @@ class WriteBatch:
     cycles: int = 1
     # The PodGroups the newest cycle's view held (the status writer's "shown").
     podgroups: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # The PodGroups added, replaced or deleted in the merged cycles' views
+    # (None: any may have; the view was read whole).
+    podgroups_changed: frozenset[tuple[str, str]] | None = frozenset()
 
     def then(self, newer: WriteBatch) -> WriteBatch:
         """This batch and the ``newer`` one, as one batch that leaves what writing both in turn would."""
@@ -84,6 +87,11 @@ class WriteBatch:
             defer_placed=self.defer_placed and newer.defer_placed,
             cycles=self.cycles + newer.cycles,
             podgroups=newer.podgroups,
+            podgroups_changed=(
+                None
+                if self.podgroups_changed is None or newer.podgroups_changed is None
+                else self.podgroups_changed | newer.podgroups_changed
+            ),
         )
 
 

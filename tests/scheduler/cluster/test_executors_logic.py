@@ -555,3 +555,29 @@ def test_a_new_leader_takes_the_statuses_podgroups_already_show_as_written() -> 
     assert api.shown[("ns", "done-3")]["status"]["phase"] == "Succeeded"
     # Without the watched objects it writes each once, as before.
     assert StatusWriter(api, workers=1).write(Decisions(), finished=finished).pod_groups_patched == 50  # type: ignore[arg-type]
+
+
+def test_the_writer_forgets_deleted_podgroups_and_writes_one_made_again_afresh() -> None:
+    """What was written for a PodGroup goes with it; one made again under the same name is a new object."""
+    api = _ShownApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    done = finished_phase(Job("b", "q", succeeded=1))
+    assert done is not None
+    writer.write(Decisions(), gang_met=["ns/a", "ns/c"], finished={"ns/b": done})
+    assert sorted(api.patched) == ["ns/a", "ns/b", "ns/c"]
+    shown = dict(api.shown)
+    # Nothing changed: nothing forgotten.
+    assert writer.forget_gone(shown, {("ns", "a"), ("ns", "b")}) == 0
+    # b deleted (its Job went): forgotten, whether named as changed or found by a full check.
+    del shown[("ns", "b")]
+    assert writer.forget_gone(shown, {("ns", "b")}) == 1
+    assert writer.forget_gone(shown, {("ns", "b")}) == 0  # nothing left of it to forget
+    # a deleted and made again between two views: another UID, an empty status.
+    shown[("ns", "a")] = {"metadata": {"uid": "uid-a-again"}, "status": {}}
+    assert writer.forget_gone(shown, {("ns", "a")}) == 1
+    before = len(api.patched)
+    writer.write(Decisions(), gang_met=["ns/a", "ns/c"], podgroups=shown)
+    assert api.patched[before:] == ["ns/a"]  # the new a is written; c stands as written
+    # A full check (the view was read whole, after that write) finds c gone too.
+    shown = {("ns", "a"): api.shown[("ns", "a")]}
+    assert writer.forget_gone(shown, None) == 1

@@ -201,3 +201,21 @@ def test_a_finished_pod_keeps_its_group_without_its_owner_being_read() -> None:
     assert owners.calls == before
     assert grouper.by_uid == {"a": DERIVED[1], "b": DERIVED[1]}
     assert grouper.groups[DERIVED].min_member == 4
+
+
+def test_a_derived_podgroup_deleted_while_its_group_lives_is_made_again() -> None:
+    """Deleted by hand, say: the scheduler stops taking it as created, and hands it over to be created again."""
+    owners = CachingOwners(parallelism=1)
+    pg = _podgroup(DERIVED[1], 1, "default", ours=True)
+    view = View(pods={"a": _pod("a")}, podgroups={DERIVED: pg}, generation=1)
+    grouper = PodGrouper(owners, default_queue="default")
+    grouper.regroup(view)
+    assert grouper.created(DERIVED) and grouper.take_missing() == {}
+    gone = View(view.pods, {}, generation=2, changed=Changed(since=1, podgroups={DERIVED}))
+    grouper.regroup(gone)
+    assert not grouper.created(DERIVED)
+    assert list(grouper.take_missing()) == [DERIVED]
+    # A whole regroup (a fresh view) keeps only the PodGroups it sees as created.
+    grouper.mark_created(("ns", "elsewhere"))
+    grouper.regroup(View(view.pods, {DERIVED: pg}, generation=7))
+    assert grouper.created(DERIVED) and not grouper.created(("ns", "elsewhere"))
