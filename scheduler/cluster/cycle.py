@@ -44,7 +44,7 @@ from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
 from scheduler.cluster.convert import is_external_queue, snapshot_from
-from scheduler.cluster.evict import Evictor, EvictResult, TokenBucket
+from scheduler.cluster.evict import Evictor, EvictOutcome, EvictResult, TokenBucket
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
 from scheduler.cluster.logonce import WarnOnce
@@ -687,7 +687,9 @@ class SchedulingCycle:
         decisions = self.decide(snapshot, timings)
         decided = clock()
         self._tell_ungrouped(view)
-        evicted = self.evictor.evict_all(decisions.evictions) if decisions.evictions else []
+        # Evictions beyond the rate wait for a later cycle instead of holding up this one's binds.
+        attempted = self.evictor.evict_all(decisions.evictions, wait=False) if decisions.evictions else []
+        evicted = [r for r in attempted if r.outcome is not EvictOutcome.DEFERRED]
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         misplaced = tuple(misplaced_evictions(evicted, snapshot, decisions.reservations)) if evicted else ()
         if misplaced:

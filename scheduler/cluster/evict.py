@@ -43,6 +43,8 @@ class EvictOutcome(StrEnum):
     # A PodDisruptionBudget does not allow it now; try again in a later cycle.
     REFUSED = "Refused"
     FAILED = "Failed"
+    # Not sent: the rate's tokens ran out this cycle (see Evictor.evict_all's ``wait``).
+    DEFERRED = "Deferred"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,18 @@ class TokenBucket:
         self._tokens = float(burst)
         self._stamp = clock()
         self._lock = threading.Lock()
+
+    def try_take(self, n: int = 1) -> bool:
+        """Take ``n`` tokens if they are there now (a gang larger than the burst needs a full bucket); never waits."""
+        need = min(n, self.burst)
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= need:
+                self._tokens -= n
+                return True
+            return False
 
     def take(self, n: int = 1) -> float:
         """Take ``n`` tokens, waiting as long as needed; returns the seconds waited."""
@@ -144,20 +158,34 @@ class Evictor:
         """The token bucket its evictions are taken from."""
         return self._bucket
 
-    def evict_all(self, evictions: Sequence[Eviction]) -> list[EvictResult]:
-        """Execute ``evictions``; one result per eviction, in the same order."""
+    def evict_all(self, evictions: Sequence[Eviction], *, wait: bool = True) -> list[EvictResult]:
+        """Execute ``evictions``; one result per eviction, in the same order.
+
+        With ``wait`` a gang whose tokens are not there yet waits for them.
+        Without it (the scheduling cycle, whose binds must not sleep behind
+        the eviction rate) the gangs the bucket does not cover now are
+        reported ``DEFERRED`` and not sent: the engine decides them again
+        next cycle. The first gang deferred defers every gang after it, so
+        that small gangs cannot keep taking the tokens a large one waits for.
+        """
         if not evictions:
             return []
         gangs: dict[str, list[int]] = {}
         for i, ev in enumerate(evictions):
             gangs.setdefault(ev.job, []).append(i)
         futures: dict[int, Future[EvictResult]] = {}
+        deferred: dict[int, EvictResult] = {}
         with ThreadPoolExecutor(max_workers=min(self._workers, len(evictions)), thread_name_prefix="evict") as pool:
             for members in gangs.values():
-                self._bucket.take(len(members))
+                if wait:
+                    self._bucket.take(len(members))
+                elif deferred or not self._bucket.try_take(len(members)):
+                    for i in members:
+                        deferred[i] = EvictResult(evictions[i], EvictOutcome.DEFERRED, "eviction rate: next cycle")
+                    continue
                 for i in members:
                     futures[i] = pool.submit(self._evict_one, evictions[i])
-            results = [futures[i].result() for i in range(len(evictions))]
+            results = [deferred[i] if i in deferred else futures[i].result() for i in range(len(evictions))]
         counts = {o.value.lower(): sum(1 for r in results if r.outcome is o) for o in EvictOutcome}
         log.info("evictions_executed", **counts)
         return results

@@ -13,7 +13,7 @@ from gpuwarden.kube import ApiError, Backoff
 from scheduler.cluster import status
 from scheduler.cluster.bind import binding_body
 from scheduler.cluster.cycle import SchedulingCycle
-from scheduler.cluster.evict import TokenBucket, eviction_body
+from scheduler.cluster.evict import Evictor, EvictOutcome, TokenBucket, eviction_body
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
@@ -120,6 +120,43 @@ def test_a_gang_larger_than_the_burst_goes_at_once_and_the_next_pays_the_debt() 
     assert bucket.take(5) == 0.0  # a full bucket lets the whole gang through
     # 2 - 5 = -3 tokens: the next eviction waits for 4 to accrue.
     assert bucket.take() == pytest.approx(4.0)
+
+
+class _EvictApi:
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+
+    def create_pod_eviction(self, namespace: str, name: str, body: Any) -> Any:
+        self.evicted.append(name)
+        return {}
+
+
+def test_a_cycle_never_sleeps_for_the_eviction_rate_the_gangs_beyond_it_wait_in_order() -> None:
+    t = FakeTime()
+    api = _EvictApi()
+    bucket = TokenBucket(rate=1.0, burst=3, clock=t.clock, sleep=t.sleep)
+    evictor = Evictor(api, bucket=bucket)  # type: ignore[arg-type]
+
+    def ev(job: str, pod: str) -> Eviction:
+        return Eviction(f"ns/{job}", "ns", pod, "", "n", EvictionAction.RECLAIM, "r")
+
+    # Two pods of gang a (2 tokens), three of b (only 1 left: deferred), one of c (after b: deferred too).
+    decided = [ev("a", "a-0"), ev("b", "b-0"), ev("a", "a-1"), ev("b", "b-1"), ev("b", "b-2"), ev("c", "c-0")]
+    results = evictor.evict_all(decided, wait=False)
+    assert [r.outcome for r in results] == [
+        EvictOutcome.EVICTED,
+        EvictOutcome.DEFERRED,
+        EvictOutcome.EVICTED,
+        EvictOutcome.DEFERRED,
+        EvictOutcome.DEFERRED,
+        EvictOutcome.DEFERRED,
+    ]
+    assert sorted(api.evicted) == ["a-0", "a-1"] and t.slept == []
+    t.now += 2  # three tokens again: b goes as one gang, c waits once more
+    again = [decided[1], decided[3], decided[4], decided[5]]  # the engine decides b and c again
+    results = evictor.evict_all(again, wait=False)
+    assert [r.outcome for r in results] == [EvictOutcome.EVICTED] * 3 + [EvictOutcome.DEFERRED]
+    assert sorted(api.evicted[2:]) == ["b-0", "b-1", "b-2"] and t.slept == []
 
 
 def test_a_bucket_needs_a_rate_and_a_burst() -> None:
