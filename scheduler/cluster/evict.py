@@ -88,29 +88,27 @@ class TokenBucket:
 
     def try_take(self, n: int = 1) -> bool:
         """Take ``n`` tokens if they are there now (a gang larger than the burst needs a full bucket); never waits."""
-        need = min(n, self.burst)
         with self._lock:
-            now = self._clock()
-            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self._tokens >= need:
-                self._tokens -= n
-                return True
-            return False
+            return self._took(n)
+
+    def _took(self, n: int) -> bool:
+        """Refill for the time passed, then take ``n`` if enough are there (see take); the caller holds the lock."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        if self._tokens >= min(n, self.burst):
+            self._tokens -= n
+            return True
+        return False
 
     def take(self, n: int = 1) -> float:
         """Take ``n`` tokens, waiting as long as needed; returns the seconds waited."""
         waited = 0.0
-        need = min(n, self.burst)
         while True:
             with self._lock:
-                now = self._clock()
-                self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
-                self._stamp = now
-                if self._tokens >= need:
-                    self._tokens -= n
+                if self._took(n):
                     return waited
-                delay = (need - self._tokens) / self.rate
+                delay = (min(n, self.burst) - self._tokens) / self.rate
             self._sleep(delay)
             waited += delay
 
