@@ -179,3 +179,39 @@ def test_the_scheduler_rewrites_only_the_podgroups_it_derived(
         contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL, "users"
     )
     assert stored["spec"]["minMember"] == 4
+
+
+def test_a_derived_podgroup_deleted_while_its_job_runs_is_made_again_and_written(
+    k8s: client.ApiClient,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+    as_scheduler: KubeApi,
+) -> None:
+    """Deleted by hand: the next cycle creates it again and writes its status afresh, not as the old one's."""
+    nodes = set(cluster(1))
+    q = queue(8)
+    j = job(k8s, namespace, "rerun", parallelism=1, labels={contract.LABEL_QUEUE: q})
+    owned_pods(k8s, namespace, j, ["rerun-a"])
+    clock = Clock()
+    cycle = _cycle(as_scheduler, clock)
+    cycle.run(view(k8s, namespace, nodes))
+    cycle.flush()
+    name = f"pg-rerun-{j['metadata']['uid']}"
+    first = podgroups(k8s, namespace)[name]
+    assert first["status"]["phase"] == "Running"
+    client.CustomObjectsApi(k8s).delete_namespaced_custom_object(
+        contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL, name
+    )
+    for _ in range(50):  # the delete is seen by the next view
+        if name not in podgroups(k8s, namespace):
+            break
+        time.sleep(0.1)
+    cycle.run(view(k8s, namespace, nodes))
+    cycle.flush()
+    again = podgroups(k8s, namespace)[name]
+    assert again["metadata"]["uid"] != first["metadata"]["uid"]
+    assert again.get("status", {}).get("phase") == "Running"  # written, not taken for the old one's
+    cycle.run(view(k8s, namespace, nodes))
+    cycle.flush()
+    assert podgroups(k8s, namespace)[name]["metadata"]["uid"] == again["metadata"]["uid"]
