@@ -222,20 +222,22 @@ class ReservationWriter:
     def _patch(self, key: GroupKey, body: list[JSON], seen: Mapping[str, Any] | None) -> bool:
         namespace, name = key
         try:
-            self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
+            reply = self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
         except ApiError as err:
-            if err.status == 404:
-                self._sent.pop(key, None)
-                log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
+            if err.status != 404:
+                # Nothing is recorded: the next cycle compares with the view again and sends again.
+                warn.warning(
+                    "reservation_write_failed",
+                    ("reservation-write", key, err.status),
+                    podgroup=f"{namespace}/{name}",
+                    status=err.status,
+                    error=err.detail,
+                )
                 return False
-            # Nothing is recorded: the next cycle compares with the view again and sends again.
-            warn.warning(
-                "reservation_write_failed",
-                ("reservation-write", key, err.status),
-                podgroup=f"{namespace}/{name}",
-                status=err.status,
-                error=err.detail,
-            )
+            reply = None
+        if reply is None:  # the PodGroup is gone
+            self._sent.pop(key, None)
+            log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
             return False
         self._sent[key] = _Sent(body, seen)
         log.info("reservations_written", podgroup=f"{namespace}/{name}", count=len(body))

@@ -634,6 +634,9 @@ class StatusWriter:
             except ApiError as err:
                 self._record_error(group, err, report)
                 return
+            if reply is None:  # the PodGroup is gone (with its workload)
+                self._record_error(group, ApiError("patch_podgroup_status", 404, "not found"), report)
+                return
             uid = str((reply.get("metadata") or {}).get("uid") or "")
             if known is None:
                 known = self._groups[group] = _Group(desired, transitions, uid)
