@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -106,6 +107,11 @@ def demo_run() -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
+        # The demo keeps its log for the person who ran it; a test run keeps nothing.
+        for line in lines:
+            match = re.search(r"\(logs: (\S+)/demo\.log\)", line)
+            if match and Path(match.group(1)).name.startswith("gpuwarden-demo-"):
+                shutil.rmtree(match.group(1), ignore_errors=True)
 
 
 def _leftovers(run_dir: str) -> list[str]:
