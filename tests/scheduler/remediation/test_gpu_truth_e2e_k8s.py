@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -185,8 +186,14 @@ def test_a_whole_gpu_pod_the_device_manager_puts_on_a_quarantined_gpu_is_evicted
     assert _assigned(core, namespace, "solo") != (0,)
 
     until(kubelet, lambda: "solo" not in _names(core, namespace), "the pod on the quarantined GPU is evicted")
-    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=solo").items
-    (said,) = [e for e in events if e.reason == contract.EVENT_POD_ON_QUARANTINED_GPU]
+
+    def told() -> list[Any]:
+        events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=solo").items
+        return [e for e in events if e.reason == contract.EVENT_POD_ON_QUARANTINED_GPU]
+
+    # The Event is written right after the eviction; the stand-in kubelet may delete the pod first.
+    until(kubelet, lambda: bool(told()), "the eviction is explained in an Event")
+    (said,) = told()
     assert f"GPU 0 ({sick.sim.sample_gpus()[0].uuid}) of node {sick.name}" in said.message
     assert "GpuNvlinkDegraded/NvlinkDown" in said.message, said.message
     assert f"its job is kept off node {sick.name} for 60s" in said.message, said.message
