@@ -76,7 +76,7 @@ class AssumedBinds:
             if pod is None or not isinstance(spec, dict) or spec.get("nodeName"):
                 del self._pods[uid]  # gone, or the watch caught up
                 continue
-            shown[uid] = _bound(pod, spec, assumed)
+            shown[uid] = shown_bound(pod, spec, assumed)
         if not shown:
             return view
         # The shown pods are new objects: a cycle reading only what changed
@@ -87,7 +87,7 @@ class AssumedBinds:
         return replace(view, pods={**view.pods, **shown}, changed=changed)
 
 
-def _bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: AssumedBind) -> JSON:
+def shown_bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: AssumedBind) -> JSON:
     """A copy of the pod as the API server holds it after the bind (the cache's own dict is not touched)."""
     meta = pod.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden import contract
+from scheduler import engine
+from scheduler.cluster.assumed import AssumedBind, shown_bound
 from scheduler.cluster.cache import PODGROUPS, PODS, QUEUES, ClusterCache, default_resources
 from scheduler.cluster.convert import task_from_pod
 from scheduler.cluster.groups import MANAGED_BY
@@ -46,6 +49,11 @@ def _pod(phase: str = "Pending", node: str | None = "node-1") -> dict[str, Any]:
             "status": {"phase": phase},
         }
     )
+
+
+def _engine_reads() -> str:
+    """The engine's source, all of it: what it could read of a task's annotations."""
+    return "".join(path.read_text() for path in sorted(Path(engine.__file__).parent.glob("*.py")))
 
 
 def _podgroup(*, ours: bool = False, phase: str = "Pending", min_member: int = 1) -> dict[str, Any]:
@@ -89,6 +97,37 @@ def test_pod_changes_that_matter_wake() -> None:
     assert not quiet_pod_change(old, _edit(started, ("status", "nominatedNodeName"), "node-3"))
 
 
+def _bind_echo(old: dict[str, Any], node: str = "node-2", **annotations: str) -> dict[str, Any]:
+    """``old`` as the watch shows it after a bind: node, the Binding's annotations, PodScheduled."""
+    new = _edit(_edit(old, ("spec", "nodeName"), node), ("metadata", "resourceVersion"), "11")
+    if annotations:
+        new = _edit(new, ("metadata", "annotations"), {**(old["metadata"].get("annotations") or {}), **annotations})
+    return _edit(new, ("status", "conditions"), [{"type": "PodScheduled", "status": "True"}])
+
+
+_ASSIGNMENT = '{"node":"node-2","gpus":[{"index":0,"uuid":"GPU-0","memoryMiB":81920}]}'
+_OURS = {contract.ANNOTATION_LEASE_HOLDER: "gpuwarden-0", contract.ANNOTATION_GPU_ASSIGNMENT: _ASSIGNMENT}
+
+
+def test_the_echo_of_gpuwardens_own_bind_is_quiet() -> None:
+    pending = _pod("Pending", node=None)
+    assert quiet_pod_change(pending, _bind_echo(pending, **_OURS))
+    assert quiet_pod_change(pending, _bind_echo(pending, **{contract.ANNOTATION_LEASE_HOLDER: "gpuwarden-0"}))
+    # Another scheduler's bind carries none of gpuwarden's annotations: it wakes.
+    assert not quiet_pod_change(pending, _bind_echo(pending))
+    # Bound and changed otherwise in the same event: wakes.
+    echo = _bind_echo(pending, **_OURS)
+    assert not quiet_pod_change(pending, _edit(echo, ("metadata", "labels"), {contract.LABEL_QUEUE: "b"}))
+    assert not quiet_pod_change(pending, _edit(echo, ("metadata", "deletionTimestamp"), "2026-12-01T00:01:00Z"))
+    assert not quiet_pod_change(pending, _edit(echo, ("status", "phase"), "Succeeded"))
+    assert not quiet_pod_change(pending, _edit(echo, ("spec", "priority"), 5))
+    disrupted = [{"type": "PodScheduled", "status": "True"}, {"type": "DisruptionTarget", "status": "True"}]
+    assert not quiet_pod_change(pending, _edit(echo, ("status", "conditions"), disrupted))
+    # A pod moved from one node to another is no bind echo.
+    bound = _pod("Pending", node="node-1")
+    assert not quiet_pod_change(bound, _bind_echo(bound, **_OURS))
+
+
 def test_status_only_updates_of_podgroups_and_queues_are_quiet() -> None:
     group = _podgroup()
     written = _edit(_edit(group, ("status", "phase"), "Running"), ("metadata", "resourceVersion"), "6")
@@ -105,7 +144,18 @@ def test_a_podgroup_the_scheduler_made_arrives_quietly_and_a_users_wakes() -> No
 
 
 _LABELS = st.dictionaries(st.sampled_from([contract.LABEL_QUEUE, "x"]), st.sampled_from(["a", "b"]))
-_ANNOTATIONS = st.dictionaries(st.sampled_from([contract.ANNOTATION_GPU_FRACTION, "y"]), st.sampled_from(["0.5", "1"]))
+_ANNOTATIONS = st.dictionaries(
+    st.sampled_from(
+        [contract.ANNOTATION_GPU_FRACTION, "y", contract.ANNOTATION_LEASE_HOLDER, contract.ANNOTATION_GPU_ASSIGNMENT]
+    ),
+    st.sampled_from(["0.5", "1", _ASSIGNMENT]),
+)
+_CONDITIONS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["PodScheduled", "DisruptionTarget"]), "status": st.sampled_from(["True", "False"])}
+    ),
+    max_size=2,
+)
 _EDITS = st.sampled_from(
     [
         (("metadata", "resourceVersion"), st.sampled_from(["11", "12"])),
@@ -118,6 +168,7 @@ _EDITS = st.sampled_from(
         (("status", "phase"), st.sampled_from(["Pending", "Running", "Succeeded", "Failed"])),
         (("status", "startTime"), st.just("2026-12-01T00:00:02Z")),
         (("status", "nominatedNodeName"), st.sampled_from(["node-1", "node-3"])),
+        (("status", "conditions"), _CONDITIONS),
     ]
 )
 
@@ -135,11 +186,41 @@ def test_a_quiet_pod_change_converts_to_the_same_task(
     new = old
     for path, value in edits:
         new = _edit(new, path, value)
+    if not quiet_pod_change(old, new):
+        return
+    if not old["spec"].get("nodeName") and new["spec"].get("nodeName"):
+        # A bind echo: the cycles after the bind already saw the pod as the
+        # scheduler assumed it bound (.assumed), and that is what the echo shows.
+        notes = new["metadata"].get("annotations") or {}
+        assumed = AssumedBind(new["spec"]["nodeName"], notes.get(contract.ANNOTATION_GPU_ASSIGNMENT))
+        old = shown_bound(old, old["spec"], assumed)
+    # The start time alone decides nothing: it is read against the
+    # kubelet's GPU holders, which come with a GPUNode update, and
+    # those wake (the cycle then reads the start time with them).
+    assert replace(task_from_pod(new), started=None) == replace(task_from_pod(old), started=None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ours=st.sampled_from([_OURS, {contract.ANNOTATION_LEASE_HOLDER: "gpuwarden-0"}, {}]),
+    edits=st.lists(_EDITS.flatmap(lambda e: st.tuples(st.just(e[0]), e[1])), max_size=3),
+)
+def test_a_quiet_bind_echo_converts_to_the_task_the_scheduler_assumed(
+    ours: dict[str, str], edits: list[tuple[tuple[str, ...], Any]]
+) -> None:
+    """Binds, with or without gpuwarden's annotations, and with random edits in the same event."""
+    old = _pod("Pending", node=None)
+    new = _bind_echo(old, **ours)
+    for path, value in edits:
+        new = _edit(new, path, value)
     if quiet_pod_change(old, new):
-        # The start time alone decides nothing: it is read against the
-        # kubelet's GPU holders, which come with a GPUNode update, and
-        # those wake (the cycle then reads the start time with them).
-        assert replace(task_from_pod(new), started=None) == replace(task_from_pod(old), started=None)
+        notes = new["metadata"].get("annotations") or {}
+        assumed = AssumedBind(new["spec"]["nodeName"], notes.get(contract.ANNOTATION_GPU_ASSIGNMENT))
+        echoed, shown = task_from_pod(new), task_from_pod(shown_bound(old, old["spec"], assumed))
+        # The lease holder is for the fence's admission policy; nothing in the engine reads it.
+        assert "LEASE_HOLDER" not in _engine_reads() and "lease-holder" not in _engine_reads()
+        holderless = {k: v for k, v in echoed.annotations.items() if k != contract.ANNOTATION_LEASE_HOLDER}
+        assert replace(echoed, annotations=holderless) == shown
 
 
 def test_a_quiet_change_is_stored_and_logged_without_waking() -> None:

@@ -16,10 +16,12 @@ from structlog.testing import capture_logs
 
 from gpuwarden import contract
 from gpuwarden.kube import MERGE_PATCH, RequestStats
+from scheduler.cluster.bind import binding_body
 from scheduler.cluster.cache import GPUNODES, NODES, PODS, ClusterCache, WatchedResource, default_resources
 from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.wakes import quiet_pod_change
 from scheduler.cluster.watch import EventType, Reflector, ReflectorSettings, WatchEvent
+from scheduler.engine.model import Bind
 from tests.harness import ControlPlane, create_gpu_node, simple_pod, unique_name, wait_for
 
 pytestmark = pytest.mark.k8s
@@ -331,19 +333,24 @@ def _field(cache: ClusterCache, key: str, part: str, name: str) -> Any:
 
 
 def test_changes_from_the_api_server_wake_as_the_wakes_module_says(k8s: client.ApiClient, namespace: str) -> None:
-    """Objects as the real API server sends them: a bind wakes, the pod starting after it does not.
+    """Objects as the real API server sends them.
 
-    The verdicts are recorded per event (other tests' objects may change
-    meanwhile, so the cache's own counter would not say which event woke).
+    A bind by another scheduler wakes, the echo of gpuwarden's own Binding
+    (its annotations, as the binder sends it) does not; the pod starting
+    after its bind does not; its end does. The verdicts are recorded per
+    event (other tests' objects may change meanwhile, so the cache's own
+    counter would not say which event woke).
     """
-    verdicts: list[tuple[str, str | None, bool]] = []
+    verdicts: dict[str, list[tuple[str | None, bool, bool]]] = {"p": [], "q": []}
     verdicts_lock = threading.Lock()
 
     def recording(old: Any, new: Any) -> bool:
         quiet = quiet_pod_change(old, new)
-        if (new.get("metadata") or {}).get("namespace") == namespace:
+        meta = new.get("metadata") or {}
+        if meta.get("namespace") == namespace:
+            bound = bool((new.get("spec") or {}).get("nodeName"))
             with verdicts_lock:
-                verdicts.append(((old or {}).get("status", {}).get("phase"), new["status"].get("phase"), quiet))
+                verdicts[meta["name"]].append(((old or {}).get("status", {}).get("phase"), bound, quiet))
         return quiet
 
     pods = WatchedResource(PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod, recording)
@@ -352,23 +359,29 @@ def test_changes_from_the_api_server_wake_as_the_wakes_module_says(k8s: client.A
     create_gpu_node(k8s, node, gpus=8)
     try:
         with running_cache(k8s, resources=[pods]) as cache:
+
+            def bind(name: str, body: dict[str, Any]) -> None:
+                core.api_client.call_api(
+                    *core.api_client.param_serialize(
+                        "POST",
+                        f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                        body=body,
+                        auth_settings=["BearerToken"],
+                    )
+                ).read()
+                wait_for(lambda: _field(cache, f"{namespace}/{name}", "spec", "nodeName") == node, description="bound")
+
             _create_pod(k8s, namespace, "p")
-            binding = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": "p", "namespace": namespace},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-            }
-            core.api_client.call_api(
-                *core.api_client.param_serialize(
-                    "POST",
-                    f"/api/v1/namespaces/{namespace}/pods/p/binding",
-                    header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                    body=binding,
-                    auth_settings=["BearerToken"],
-                )
-            ).read()
-            wait_for(lambda: _field(cache, f"{namespace}/p", "spec", "nodeName") == node, description="bound")
+            _create_pod(k8s, namespace, "q")
+            # p: bound as any other scheduler binds it (no annotations).
+            plain = {"name": "p", "namespace": namespace}
+            target = {"apiVersion": "v1", "kind": "Node", "name": node}
+            bind("p", {"apiVersion": "v1", "kind": "Binding", "metadata": plain, "target": target})
+            # q: bound as gpuwarden's binder binds, GPU assignment and lease holder included.
+            ours = Bind(job=f"{namespace}/q", namespace=namespace, pod="q", uid="", node=node, gpu_indices=(0,))
+            assignment = json.dumps({"node": node, "gpus": [{"index": 0, "uuid": "GPU-0", "memoryMiB": 81920}]})
+            bind("q", binding_body(ours, assignment, "gpuwarden-0"))
             started = {"status": {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}}
             core.patch_namespaced_pod_status("p", namespace, started)
             wait_for(lambda: _field(cache, f"{namespace}/p", "status", "phase") == "Running", description="ran")
@@ -377,9 +390,11 @@ def test_changes_from_the_api_server_wake_as_the_wakes_module_says(k8s: client.A
     finally:
         core.delete_node(node)
     with verdicts_lock:
-        seen = list(verdicts)
-    # Created: wakes; bound: wakes; started: quiet; finished: wakes.
-    assert seen[:2] == [(None, "Pending", False), ("Pending", "Pending", False)]
-    assert ("Pending", "Running", True) in seen
-    assert ("Running", "Succeeded", False) in seen
-    assert all(not quiet for old, new, quiet in seen if (old, new) != ("Pending", "Running"))
+        p, q = list(verdicts["p"]), list(verdicts["q"])
+    # p: created wakes, bound wakes, started is quiet, finished wakes.
+    assert p[:2] == [(None, False, False), ("Pending", True, False)]
+    assert ("Pending", True, True) in p[2:]
+    assert ("Running", True, False) in p
+    assert all(not quiet for old, _, quiet in p[2:] if old != "Pending")
+    # q: created wakes; the echo of gpuwarden's own bind is quiet.
+    assert q[:2] == [(None, False, False), ("Pending", True, True)]
