@@ -99,6 +99,11 @@ def queue_status(shares: Sequence[QueueShare]) -> JSON:
     }
 
 
+def _condition_states(status: JSON) -> list[tuple[Any, Any, Any]]:
+    """What a status's conditions say, without their messages (which may quote amounts)."""
+    return [(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or ()]
+
+
 def valid() -> JSON:
     """The Invalid condition of a queue that takes work."""
     return {"type": CONDITION_INVALID, "status": "False", "reason": REASON_VALID, "message": ""}
@@ -314,7 +319,8 @@ class StatusReport:
     queues_patched: int = 0
     events_written: int = 0
     unchanged: int = 0
-    # First statuses of groups placed in full, held back while cycles bind.
+    # First statuses of groups placed in full, held back while cycles bind,
+    # and Queue amounts held back for QUEUE_AMOUNTS_INTERVAL_S.
     deferred: int = 0
     # Objects that do not exist (no PodGroup for a job, a Queue deleted).
     missing: list[str] = field(default_factory=list)
@@ -342,6 +348,8 @@ class _Group:
 
 # Threads writing PodGroup status at once (see StatusWriter).
 STATUS_WORKERS = 16
+# A Queue whose conditions stand is written at most this often (its amounts move with every bind).
+QUEUE_AMOUNTS_INTERVAL_S = 5.0
 
 
 class StatusWriter:
@@ -362,8 +370,15 @@ class StatusWriter:
         instance: str | None = None,
         workers: int = STATUS_WORKERS,
         pace: Callable[[], object] | None = None,
+        queue_interval_s: float = QUEUE_AMOUNTS_INTERVAL_S,
     ) -> None:
         self._api = api
+        # Under steady arrivals every bind moves a queue's allocated amounts,
+        # and a patch per bind (with its watch echo) cost the process as much
+        # CPU as the binds: amounts wait up to this long, a condition that
+        # changes goes out at once.
+        self._queue_interval_s = queue_interval_s
+        self._queue_written_at: dict[str, datetime] = {}
         self._workers = workers
         # Called before each PodGroup status patch (a token bucket's take):
         # bookkeeping written behind the cycles goes out at a steady rate.
@@ -492,6 +507,7 @@ class StatusWriter:
             if queue is not None:
                 self._queues.pop(queue, None)
                 self._queue_transitions.pop(queue, None)
+                self._queue_written_at.pop(queue, None)
 
     # -- PodGroups ------------------------------------------------------------
 
@@ -796,7 +812,17 @@ class StatusWriter:
             if known == desired:
                 report.unchanged += 1
                 continue
-            now = format_time(self._clock())
+            clock = self._clock()
+            last = self._queue_written_at.get(queue)
+            if (
+                known is not None
+                and last is not None
+                and (clock - last).total_seconds() < self._queue_interval_s
+                and _condition_states(known) == _condition_states(desired)
+            ):
+                report.deferred += 1
+                continue
+            now = format_time(clock)
             before = self._queue_transitions.get(queue, {})
             transitions: dict[str, str] = {}
             conditions = []
@@ -814,4 +840,5 @@ class StatusWriter:
                 continue
             self._queues[queue] = desired
             self._queue_transitions[queue] = transitions
+            self._queue_written_at[queue] = clock
             report.queues_patched += 1

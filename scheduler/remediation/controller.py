@@ -436,6 +436,20 @@ class RemediationController:
         # kept from them: per pool, its members, those out and those draining.
         self._seen: dict[str, _Seen] = {}
         self._members: dict[str, tuple[set[str], set[str], set[str]]] = {}
+        # Whether the last pass left every node quiet (see at_rest); False until a pass ran.
+        self._all_quiet = False
+
+    def at_rest(self) -> bool:
+        """Whether a pass over a view in which no Node or GPUNode changed would do nothing.
+
+        True when the last pass left every node quiet (no record, no fault,
+        no step: nothing timed), no write of its own waits for the view, and
+        no refused eviction waits to be read. Such a pass would only confirm
+        each node's last reading; the worker skips it (:mod:`.worker`), so a
+        healthy cluster costs remediation nothing per cycle, not even a walk
+        over its nodes.
+        """
+        return self._all_quiet and not self._written and not self._blocked
 
     def note_refusals(self, refused: Mapping[str, str]) -> None:
         """Evictions the scheduling cycle saw refused this cycle (pod key -> why)."""
@@ -520,6 +534,7 @@ class RemediationController:
                 report.errors.append(f"{name}: unexpected error")
                 log.exception("remediation_node_failed", node=name)
         self._patch_nodes(patches, report)
+        self._all_quiet = all(self._seen[name].quiet is not None for name in report.observed if name in self._seen)
         report.finished_at = self._clock()
         if self.on_report is not None:
             self.on_report(report)

@@ -8,6 +8,12 @@ loop offered (views it had no time for are skipped: a pass reads the whole
 cluster, so only the newest matters), with the eviction refusals of every
 cycle since its last pass.
 
+Most cycles change no Node and no GPUNode. When, besides, the controller is
+at rest (every node quiet, nothing of its own in flight, no refusal to
+read: :meth:`RemediationController.at_rest`), a pass would confirm what the
+last one read, and the worker skips it. What changed is merged over the
+views it did not take, so a skipped view's Node change is never lost.
+
 Fencing is unchanged: the controller writes through the same fenced API,
 so a pass of a lost term fails at the fence (:class:`LeaseLostError`),
 which ends the worker; the runner reads :attr:`RemediationWorker.fenced`
@@ -35,6 +41,8 @@ log = get_logger(__name__)
 class _Offer:
     view: ClusterView
     refused: dict[str, str]
+    # Whether a Node or GPUNode changed since the view of the worker's last pass (or that is unknown).
+    nodes_changed: bool
 
 
 class RemediationWorker:
@@ -49,6 +57,8 @@ class RemediationWorker:
         # Why the worker ended on a fenced write (the runner resets on it), else None.
         self.fenced: str | None = None
         self.passes = 0
+        # Views taken without a pass: nothing changed for remediation (see the module docstring).
+        self.skipped = 0
         # When the pass now running began (monotonic), for the runner's liveness; None between passes.
         self.busy_since: float | None = None
 
@@ -59,7 +69,9 @@ class RemediationWorker:
                 return
             kept = dict(self._offer.refused) if self._offer is not None else {}
             kept.update(refused)
-            self._offer = _Offer(view, kept)
+            changed = view.changed
+            moved = changed is None or bool(changed.nodes or changed.gpunodes)
+            self._offer = _Offer(view, kept, moved or (self._offer is not None and self._offer.nodes_changed))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="remediation", daemon=True)
                 self._thread.start()
@@ -90,6 +102,11 @@ class RemediationWorker:
                 offer, self._offer = self._offer, None
                 self.busy_since = time.monotonic()
             assert offer is not None
+            if not offer.nodes_changed and not offer.refused and self.controller.at_rest():
+                with self._cond:
+                    self.skipped += 1
+                    self.busy_since = None
+                continue
             try:
                 self.controller.note_refusals(offer.refused)
                 view = offer.view

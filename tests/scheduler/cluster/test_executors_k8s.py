@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.bind import Binder, BindOutcome
 from scheduler.cluster.evict import Evictor, EvictOutcome
 from scheduler.cluster.retrying import RetryPolicy
-from scheduler.cluster.status import StatusWriter, event_name
+from scheduler.cluster.status import QUEUE_AMOUNTS_INTERVAL_S, StatusWriter, event_name, now_utc
 from scheduler.engine.model import (
     Bind,
     Decisions,
@@ -374,7 +375,8 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         no_room = _pending(key, queue, (contract.UnschedulableReason.INSUFFICIENT_RESOURCES, "needs 4 GPUs, 2 free"))
         decisions = Decisions(pending=(no_room,), queue_shares=(_share(queue, 2000),))
         api = _api(k8s)
-        writer = StatusWriter(api, instance="test-scheduler")
+        t = [now_utc()]
+        writer = StatusWriter(api, instance="test-scheduler", clock=lambda: t[0])
 
         first = writer.write(decisions)
 
@@ -433,7 +435,9 @@ def test_status_lands_once_per_change_and_pending_events_once_per_explanation(
         assert (event.reason, event.count) == ("MultipleReasons", 2)
         assert "GangIncomplete: 1 of 2 pods fit" in event.message
 
-        # Placed: the condition turns False, no Event, and the queue's figures move.
+        # Placed: the condition turns False, no Event, and the queue's figures
+        # move (amounts alone go out once QUEUE_AMOUNTS_INTERVAL_S passed).
+        t[0] += timedelta(seconds=QUEUE_AMOUNTS_INTERVAL_S)
         placed = Bind(job=key, namespace=namespace, pod="train-0", uid="", node="n")
         done = writer.write(Decisions(binds=(placed,), queue_shares=(_share(queue, 3000),)))
         assert (done.pod_groups_patched, done.queues_patched, done.events_written) == (1, 1, 0)

@@ -18,6 +18,7 @@ from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
     MAX_MESSAGE,
+    QUEUE_AMOUNTS_INTERVAL_S,
     StatusWriter,
     event_name,
     explanation,
@@ -384,8 +385,36 @@ def test_the_writer_keeps_the_quota_condition_time_while_its_status_holds() -> N
     t[0] += timedelta(minutes=1)
     assert cycle(2) is None  # unchanged: nothing sent
     assert cycle(3) == "True@2025-01-01T00:00:00Z"  # the shortfall moved, the condition did not flip
+    assert cycle(4) is None  # amounts alone wait for QUEUE_AMOUNTS_INTERVAL_S
     t[0] += timedelta(minutes=1)
     assert cycle(0) == "False@2025-01-01T00:02:00Z"
+
+
+def test_queue_amounts_wait_for_the_interval_and_a_condition_that_flips_does_not() -> None:
+    """Every bind moves the amounts; a patch per bind cost as much CPU as the binds themselves."""
+    api = _Api()
+    t = [datetime(2025, 1, 1, tzinfo=UTC)]
+    writer = StatusWriter(api, clock=lambda: t[0], instance="test")  # type: ignore[arg-type]
+
+    def allocated(gpus: int, short: int = 0) -> float | None:
+        before = len(api.patches)
+        share = replace(_short_share(short), allocated=Resources(gpus * 1000))
+        report = writer.write(Decisions(queue_shares=(share,)))
+        if len(api.patches) == before:
+            assert report.deferred + report.unchanged == 1
+            return None
+        return float(api.patches[-1][1]["status"]["allocated"]["gpu"])
+
+    assert allocated(1) == 1  # the first status goes out at once
+    t[0] += timedelta(seconds=1)
+    assert allocated(2) is None  # amounts only: held back
+    t[0] += timedelta(seconds=QUEUE_AMOUNTS_INTERVAL_S - 1)
+    assert allocated(3) == 3  # the interval is over: the latest amounts
+    t[0] += timedelta(seconds=1)
+    assert allocated(4, short=2) == 4  # QuotaNotBacked turned True: at once, with the amounts
+    assert allocated(5, short=2) is None
+    writer.forget(queue="team")
+    assert allocated(5, short=2) == 5  # a Queue made again is written afresh
 
 
 def test_an_invalid_queue_shows_why_and_its_condition_clears_with_its_own_time() -> None:

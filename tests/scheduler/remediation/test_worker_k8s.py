@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
+from scheduler.cluster.cycle import ViewChanges
 from scheduler.cluster.evict import Evictor
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.remediation.controller import RemediationController, RemediationReport
@@ -86,5 +88,40 @@ def test_a_fenced_pass_ends_the_worker_and_later_views_are_not_taken(
         assert worker.idle() and worker.passes == 0
         labels = client.CoreV1Api(k8s).read_node(next(iter(nodes))).metadata.labels or {}
         assert contract.LABEL_REMEDIATION_STATE not in labels, "nothing left the process"
+    finally:
+        worker.stop()
+
+
+def test_a_view_that_changed_no_node_is_skipped_once_every_node_is_quiet(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    """A healthy cluster costs no remediation pass per cycle; a Node change, merged over views, still gets one."""
+    nodes = set(cluster(2))
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    controller = RemediationController(api, Evictor(api, retry=NO_WAIT))
+    worker = RemediationWorker(controller)
+    quiet = ViewChanges(since=1, pods=frozenset({"some-pod"}))
+    try:
+        # Full views (what changed unknown) until the first passes' writes are back in the view.
+        def settled() -> bool:
+            passes = worker.passes
+            worker.offer(view(k8s, nodes), {})
+            wait_for(lambda: worker.idle() and worker.passes > passes, timeout=30, description="a pass")
+            return controller.at_rest()
+
+        wait_for(settled, timeout=60, description="every node quiet")
+        passes = worker.passes
+        worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+        wait_for(lambda: worker.idle() and worker.skipped == 1, timeout=30, description="the view taken")
+        assert worker.passes == passes, "a view that changed no node ran a pass"
+        # A refusal is news to the drains: a pass, even with no node changed.
+        worker.offer(replace(view(k8s, nodes), changed=quiet), {"team/p": "refused"})
+        wait_for(lambda: worker.idle() and worker.passes == passes + 1, timeout=30, description="a pass")
+        # A Node change in a view the worker did not take is merged into the next offer.
+        name = sorted(nodes)[0]
+        with worker._cond:  # hold the worker between offers, as a long pass would
+            worker.offer(replace(view(k8s, nodes), changed=replace(quiet, nodes=frozenset({name}))), {})
+            worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+        wait_for(lambda: worker.idle() and worker.passes == passes + 2, timeout=30, description="a pass")
     finally:
         worker.stop()
