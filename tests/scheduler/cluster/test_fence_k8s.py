@@ -21,7 +21,7 @@ from kubernetes import client
 
 from scheduler.cluster.leader import LeaderElectionConfig
 from scheduler.runner import RunnerSettings, SchedulerRunner
-from tests.harness import ControlPlane
+from tests.harness import ControlPlane, unique_name
 from tests.scheduler.cluster.fencing import (
     LEASE_NAME,
     LEASE_NAMESPACE,
@@ -31,6 +31,7 @@ from tests.scheduler.cluster.fencing import (
     over_committed,
     wait_for_fence_policy,
 )
+from tests.scheduler.cluster.kube_objects import create_queue, delete_queue
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac")]
@@ -78,6 +79,7 @@ def replicas(
 
 
 def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_takeover(  # noqa: PLR0917
+    request: pytest.FixtureRequest,
     control_plane: ControlPlane,
     k8s: client.ApiClient,
     namespace: str,
@@ -87,7 +89,7 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
 ) -> None:
     nodes = set(cluster(4))
     gpus = GPUS_PER_NODE * len(nodes)
-    early = queue(0)  # borrows the idle cluster
+    early = unique_name("q")  # borrows the idle cluster, once it exists (below)
     urgent = queue(gpus)  # deserves all of it: placed first by whoever leads
     with control_plane.impersonate("gpuwarden-scheduler", "gpuwarden") as as_scheduler:
         wait_for_fence_policy(k8s, as_scheduler, namespace)
@@ -112,8 +114,13 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
 
     a.api._guard = check_then_pause
     core = client.CoreV1Api(k8s)
+    # The early pods wait for their queue, so that one cycle of A places
+    # them all: its first binds pause after the check, the rest stay queued
+    # behind them in the process.
     for i in range(gpus + 8):
         core.create_namespaced_pod(namespace, gpu_pod(f"early-{i}", early))
+    create_queue(k8s, early, {"gpu": {"quota": 0}})
+    request.addfinalizer(lambda: delete_queue(k8s, early))
     wait_for(paused.is_set, timeout=30, description="replica a about to bind, paused")
 
     # While A stands still, work that B must place first arrives; B takes the lease over and fills every GPU.
