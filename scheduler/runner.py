@@ -469,6 +469,8 @@ class SchedulerRunner:
         viewed = time.monotonic() - began
         try:
             self.last = self.cycle.run(current)
+            # Whether the end of a running pod must wake the loop (see ClusterCache.room_wanted).
+            self.cache.room_wanted = bool(self.last.decisions.pending or self.last.reservations)
             self.assumed.record(self.last)
             self.cycles += 1
             self.metrics.observe(self.last, view_seconds=viewed)
@@ -481,6 +483,7 @@ class SchedulerRunner:
             return
         except Exception:
             # A bug in one cycle must not end scheduling: log, and try the next.
+            self.cache.room_wanted = True
             log.exception("cycle_failed")
             self.metrics.cycle_failed()
         finally:

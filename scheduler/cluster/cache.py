@@ -48,7 +48,13 @@ from gpuwarden import contract
 from gpuwarden.kube import JSON, RequestStats
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.slim import slim_claim, slim_node, slim_pod, slim_volume, without_managed_fields
-from scheduler.cluster.wakes import QuietChange, quiet_pod_change, quiet_podgroup_change, quiet_status_change
+from scheduler.cluster.wakes import (
+    QuietChange,
+    pod_frees_room,
+    quiet_pod_change,
+    quiet_podgroup_change,
+    quiet_status_change,
+)
 from scheduler.cluster.watch import EventType, ListFunction, Reflector, ReflectorSettings, WatchEvent
 
 log = get_logger(__name__)
@@ -72,6 +78,8 @@ class WatchedResource:
     slim: Callable[[JSON], JSON] = without_managed_fields
     # Which updates wait for the next cycle instead of waking the loop (:mod:`.wakes`); None: all wake.
     quiet: QuietChange | None = None
+    # Which updates only free room: quiet too while no cycle waits for room (ClusterCache.room_wanted).
+    frees_room: QuietChange | None = None
 
 
 def _custom_cluster(group: str, version: str, plural: str) -> Callable[[client.ApiClient], ListFunction]:
@@ -96,7 +104,11 @@ def default_resources() -> tuple[WatchedResource, ...]:
         WatchedResource(NODES, lambda api: client.CoreV1Api(api).list_node, slim_node),
         WatchedResource(GPUNODES, _custom_cluster(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)),
         WatchedResource(
-            PODS, lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces, slim_pod, quiet_pod_change
+            PODS,
+            lambda api: client.CoreV1Api(api).list_pod_for_all_namespaces,
+            slim_pod,
+            quiet_pod_change,
+            pod_frees_room,
         ),
         WatchedResource(
             QUEUES,
@@ -202,6 +214,12 @@ class ClusterCache:
         self._generation = 0
         # The generation of the last change that wakes the loop (see .wakes).
         self._woken = 0
+        # Whether a cycle may wait for room (work pending or room reserved):
+        # the scheduling loop says so after each cycle. While it does not, a
+        # change that only frees room (a bound pod that ended) waits for the
+        # next cycle; under steady churn with nothing waiting, such changes
+        # were half of the cycles. True until the loop says otherwise.
+        self.room_wanted = True
         # (generation, collection, key) per change, oldest first; a change at
         # or before ``_log_floor`` may have been dropped from it.
         self._log: deque[tuple[int, str, str]] = deque()
@@ -264,7 +282,10 @@ class ClusterCache:
         entry = watched.slim(event.obj)
         with self._changed:
             store = self._stores[resource]
-            quiet = watched.quiet is not None and watched.quiet(store.get(event.key), entry)
+            before = store.get(event.key)
+            quiet = (watched.quiet is not None and watched.quiet(before, entry)) or (
+                not self.room_wanted and watched.frees_room is not None and watched.frees_room(before, entry)
+            )
             store[event.key] = entry
             self._logged(resource, event.key, wakes=not quiet)
 

@@ -39,6 +39,8 @@ _VOLATILE_META = frozenset({"resourceVersion", "generation"})
 _POD_STARTED = frozenset({"phase", "startTime"})
 # What gpuwarden's Binding carries (:mod:`.bind`); the API server copies it onto the pod.
 _BIND_ANNOTATIONS = frozenset({ANNOTATION_GPU_ASSIGNMENT, ANNOTATION_LEASE_HOLDER})
+# Phases of a pod that holds nothing any more.
+_ENDED = frozenset({"Succeeded", "Failed"})
 # The condition the API server sets when it accepts a binding.
 _SCHEDULED = "PodScheduled"
 
@@ -133,3 +135,21 @@ def _bind_echo(old: JSON, new: JSON) -> bool:
 def _unscheduled_conditions(status: JSON) -> list[Any]:
     """The conditions other than PodScheduled (which the API server sets with the bind)."""
     return [c for c in status.get("conditions") or () if not (isinstance(c, dict) and c.get("type") == _SCHEDULED)]
+
+
+def pod_frees_room(old: JSON | None, new: JSON) -> bool:
+    """A bound pod that ended (Succeeded or Failed), and nothing else changed: it frees room and says nothing else.
+
+    Room matters only to work that waits for it. The cache treats this
+    change as quiet while the scheduling loop says that no cycle waits for
+    room (:attr:`~scheduler.cluster.cache.ClusterCache.room_wanted`); what
+    else reads the end of a pod (the group's final status, a drain's
+    progress) is bookkeeping that the next cycle, at most one period later,
+    does.
+    """
+    if old is None or not _same_object_but_status(old, new) or not (old.get("spec") or {}).get("nodeName"):
+        return False
+    old_status, new_status = old.get("status") or {}, new.get("status") or {}
+    if old_status.get("phase") in _ENDED or new_status.get("phase") not in _ENDED:
+        return False
+    return _same_except(old_status, new_status, frozenset({"phase"}))

@@ -125,3 +125,26 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
     assert standby.cycles > 0
     failed = [r for r in (standby.last.binds if standby.last else ()) if not r.ok]
     assert failed == []
+
+
+def test_the_end_of_a_pod_wakes_the_loop_only_while_work_waits_for_room(
+    k8s: client.ApiClient,
+    namespace: str,
+    cluster: Callable[[int], list[str]],
+    queue: Callable[..., str],
+    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+) -> None:
+    nodes = set(cluster(1))
+    q = queue(8)
+    runner, _stop = replicas("replica-a")
+    wait_for(runner.elector.is_leader, timeout=20, description="the leader")
+    pod(k8s, namespace, "first", queue=q, gpus=8)
+    wait_for(lambda: node_of(k8s, namespace, "first") in nodes, timeout=30, description="the first pod bound")
+    # Nothing waits: the end of a running pod frees room nobody asked for.
+    wait_for(lambda: not runner.cache.room_wanted, timeout=30, description="no room wanted")
+    pod(k8s, namespace, "second", queue=q, gpus=8)
+    wait_for(lambda: runner.cache.room_wanted, timeout=30, description="room wanted by the second pod")
+    assert node_of(k8s, namespace, "second") is None
+    client.CoreV1Api(k8s).patch_namespaced_pod_status("first", namespace, {"status": {"phase": "Succeeded"}})
+    wait_for(lambda: node_of(k8s, namespace, "second") in nodes, timeout=30, description="the second pod bound")
+    wait_for(lambda: not runner.cache.room_wanted, timeout=30, description="no room wanted again")

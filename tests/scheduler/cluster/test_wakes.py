@@ -24,7 +24,7 @@ from scheduler.cluster.cache import PODGROUPS, PODS, QUEUES, ClusterCache, defau
 from scheduler.cluster.convert import task_from_pod
 from scheduler.cluster.groups import MANAGED_BY
 from scheduler.cluster.slim import slim_pod
-from scheduler.cluster.wakes import quiet_pod_change, quiet_podgroup_change, quiet_status_change
+from scheduler.cluster.wakes import pod_frees_room, quiet_pod_change, quiet_podgroup_change, quiet_status_change
 from scheduler.cluster.watch import EventType, WatchEvent
 
 
@@ -244,3 +244,33 @@ def test_a_quiet_change_is_stored_and_logged_without_waking() -> None:
     assert cache.view(since=since).changed == {PODGROUPS: frozenset({"team/g"}), QUEUES: frozenset({"a"})}
     cache.apply(PODS, WatchEvent(EventType.DELETED, "team/gone", {}))
     assert cache.woken == cache.generation  # a deletion always wakes
+
+
+def test_a_bound_pod_that_ends_frees_room_and_nothing_else() -> None:
+    running = _pod("Running")
+    succeeded = _edit(_edit(running, ("status", "phase"), "Succeeded"), ("metadata", "resourceVersion"), "12")
+    assert pod_frees_room(running, succeeded)
+    assert pod_frees_room(_pod("Pending"), _edit(_pod("Pending"), ("status", "phase"), "Failed"))
+    assert not pod_frees_room(None, succeeded)
+    assert not pod_frees_room(succeeded, _edit(succeeded, ("status", "phase"), "Failed"))  # held nothing already
+    unbound = _pod("Pending", node=None)
+    assert not pod_frees_room(unbound, _edit(unbound, ("status", "phase"), "Failed"))  # held nothing
+    assert not pod_frees_room(running, _edit(succeeded, ("metadata", "labels"), {contract.LABEL_QUEUE: "b"}))
+    disrupted = [{"type": "DisruptionTarget", "status": "True"}]
+    assert not pod_frees_room(running, _edit(succeeded, ("status", "conditions"), disrupted))
+
+
+def test_the_end_of_a_pod_wakes_only_while_the_loop_wants_room() -> None:
+    cache = ClusterCache(resources=default_resources())
+    running = _pod("Running")
+    cache.apply(PODS, WatchEvent(EventType.ADDED, "team/p", running))
+    ended = _edit(running, ("status", "phase"), "Succeeded")
+    cache.room_wanted = False
+    woken = cache.woken
+    cache.apply(PODS, WatchEvent(EventType.MODIFIED, "team/p", ended))
+    assert cache.woken == woken and cache.get(PODS, "team/p") == ended  # stored, not woken
+    cache.apply(PODS, WatchEvent(EventType.ADDED, "team/q", _edit(running, ("metadata", "name"), "q")))
+    cache.room_wanted = True
+    woken = cache.woken
+    cache.apply(PODS, WatchEvent(EventType.MODIFIED, "team/q", _edit(ended, ("metadata", "name"), "q")))
+    assert cache.woken > woken
