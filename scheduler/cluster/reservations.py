@@ -25,6 +25,7 @@ stops the cycle, and the room it named is then free for anyone.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -154,6 +155,12 @@ class _Sent:
     seen: Mapping[str, Any] | None
 
 
+# What one reservation patch came to (ReservationWriter._patch).
+_SENT, _GONE, _FAILED = object(), object(), object()
+# Reservation patches in flight at once.
+RESERVATION_WRITERS = 8
+
+
 class ReservationWriter:
     """Writes each PodGroup's reservations when they differ from what it holds.
 
@@ -171,6 +178,7 @@ class ReservationWriter:
     def __init__(self, api: KubeApi) -> None:
         self._api = api
         self._sent: dict[GroupKey, _Sent] = {}
+        self._executor: ThreadPoolExecutor | None = None
 
     def write(
         self,
@@ -194,7 +202,7 @@ class ReservationWriter:
         else:
             groups.update(listing)
         groups.update(key for key, sent in self._sent.items() if sent.body)
-        sent_now = 0
+        todo: list[tuple[GroupKey, list[JSON], Mapping[str, Any] | None]] = []
         for key in sorted(groups):
             body = encode(wanted.get(key, ()))
             obj = podgroups.get(key)
@@ -202,13 +210,36 @@ class ReservationWriter:
                 self._sent.pop(key, None)  # gone (or never created): nothing to hold
                 continue
             held = self._held(key, obj)
-            if body == held:
-                continue
-            if self._patch(key, body, obj):
+            if body != held:
+                todo.append((key, body, obj))
+        # One round trip each, on the cycle's thread: under a deep backlog a
+        # cycle changes tens of reservations, and one after the other they
+        # were a quarter of its time. Sent at once, recorded here after.
+        if len(todo) > 1:
+            answers = list(self._pool().map(lambda item: self._patch(item[0], item[1]), todo))
+        else:
+            answers = [self._patch(key, body) for key, body, _ in todo]
+        sent_now = 0
+        for (key, body, obj), answer in zip(todo, answers, strict=True):
+            if answer is _GONE:
+                self._sent.pop(key, None)
+            elif answer is _SENT:
+                self._sent[key] = _Sent(body, obj)
                 sent_now += 1
         for key in [k for k in self._sent if k not in groups]:
             del self._sent[key]
         return sent_now
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=RESERVATION_WRITERS, thread_name_prefix="reservations")
+        return self._executor
+
+    def close(self) -> None:
+        """Stop the writer's threads (a later write starts them again)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def _held(self, key: GroupKey, obj: Mapping[str, Any] | None) -> list[JSON]:
         """What the API server holds for ``key``, as far as this writer knows."""
@@ -219,7 +250,8 @@ class ReservationWriter:
         shown: list[JSON] = (_listed(obj) if obj is not None else None) or []
         return shown
 
-    def _patch(self, key: GroupKey, body: list[JSON], seen: Mapping[str, Any] | None) -> bool:
+    def _patch(self, key: GroupKey, body: list[JSON]) -> object:
+        """Send ``body``: _SENT, _GONE (the PodGroup is not there) or _FAILED (the next cycle tries again)."""
         namespace, name = key
         try:
             reply = self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
@@ -233,12 +265,10 @@ class ReservationWriter:
                     status=err.status,
                     error=err.detail,
                 )
-                return False
+                return _FAILED
             reply = None
-        if reply is None:  # the PodGroup is gone
-            self._sent.pop(key, None)
+        if reply is None:
             log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
-            return False
-        self._sent[key] = _Sent(body, seen)
+            return _GONE
         log.info("reservations_written", podgroup=f"{namespace}/{name}", count=len(body))
-        return True
+        return _SENT

@@ -10,6 +10,7 @@ deletion is slow and another test may apply the real ones over them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -22,11 +23,12 @@ import yaml
 from kubernetes import client
 
 from gpuwarden import contract
-from gpuwarden.kube import KubeApi
+from gpuwarden.kube import ApiError, KubeApi
 from scheduler.cluster.assignment import decode_assignment
-from scheduler.cluster.bind import Binder, BindOutcome
-from scheduler.cluster.evict import Evictor, EvictOutcome
+from scheduler.cluster.bind import Binder, BindOutcome, binding_body
+from scheduler.cluster.evict import Evictor, EvictOutcome, eviction_body
 from scheduler.cluster.retrying import RetryPolicy
+from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.status import QUEUE_AMOUNTS_INTERVAL_S, StatusWriter, event_name, now_utc
 from scheduler.engine.model import (
     Bind,
@@ -43,6 +45,7 @@ from tests.harness import (
     ControlPlane,
     complete_pod_deletion,
     create_gpu_node,
+    mark_pod_finished,
     mark_pod_running,
     simple_pod,
     unique_name,
@@ -196,6 +199,30 @@ def test_failed_binds_leave_their_pods_pending_and_the_others_bind(
         assert core.read_namespaced_pod(pod.metadata.name, namespace).spec.node_name == node.name
 
 
+def test_binds_and_evictions_refused_for_their_credentials_fail_with_the_api_servers_words(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    """Binds and evictions leave through the client's pool, not its generated methods: its credentials, its errors."""
+    node = nodes()
+    pod = _pod(k8s, namespace, "stays-pending")
+    config = copy.copy(k8s.configuration)
+    config.api_key = {"authorization": "not-a-token-the-api-server-knows"}
+    with client.ApiClient(config) as stranger:
+        api = _api(stranger)
+        with pytest.raises(ApiError) as bind:
+            api.create_pod_binding(namespace, "stays-pending", binding_body(_bind(pod, node.name), None))
+        with pytest.raises(ApiError) as evict:
+            api.create_pod_eviction(namespace, "stays-pending", eviction_body(_eviction(pod, node.name), None))
+    assert (bind.value.status, evict.value.status) == (401, 401)
+    assert "Unauthorized" in bind.value.detail
+    assert api.stats.snapshot()[1] == {"create_pod_binding": 1, "create_pod_eviction": 1}
+    assert client.CoreV1Api(k8s).read_namespaced_pod("stays-pending", namespace).spec.node_name is None
+    # The same calls with the right credentials: bound, then evicted.
+    _api(k8s).create_pod_binding(namespace, "stays-pending", binding_body(_bind(pod, node.name), None))
+    assert client.CoreV1Api(k8s).read_namespaced_pod("stays-pending", namespace).spec.node_name == node.name
+    _api(k8s).create_pod_eviction(namespace, "stays-pending", eviction_body(_eviction(pod, node.name), None))
+
+
 def test_a_pipelined_bind_waits_until_the_evictions_on_its_node_finish(
     k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
 ) -> None:
@@ -219,6 +246,47 @@ def test_a_pipelined_bind_waits_until_the_evictions_on_its_node_finish(
 
     assert binder.bind_all([pipelined], {node.name: node}, evictions=[eviction])[0].outcome is BindOutcome.BOUND
     assert client.CoreV1Api(k8s).read_namespaced_pod("newcomer", namespace).spec.node_name == node.name
+
+
+def test_a_pipelined_bind_is_held_by_what_the_view_shows_without_asking_and_by_what_it_does_not_yet(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    """The view answers for the victims it shows; a node it shows clear is asked about, finished pods left out."""
+    node = nodes()
+    victim = _pod(k8s, namespace, "victim", node=node.name)
+    mark_pod_running(k8s, victim.metadata.name, namespace)
+    done = _pod(k8s, namespace, "done", node=node.name)
+    mark_pod_running(k8s, done.metadata.name, namespace)
+    mark_pod_finished(k8s, done.metadata.name, namespace)
+    newcomer = _pod(k8s, namespace, "newcomer")
+    eviction = _eviction(victim, node.name)
+    pipelined = _bind(newcomer, node.name, gpus=(0,), pipelined=True)
+    api = _api(k8s)
+    binder = Binder(api, retry=NO_WAIT)
+    core = client.CoreV1Api(k8s)
+
+    def shown(*pods: client.V1Pod) -> list[dict[str, Any]]:
+        return [
+            slim_pod(k8s.sanitize_for_serialization(core.read_namespaced_pod(p.metadata.name, namespace))) for p in pods
+        ]
+
+    # Evicted this cycle and still in the view: held, and no request made.
+    view = shown(victim, done)
+    assert Evictor(api, retry=NO_WAIT).evict_all([eviction])[0].outcome is EvictOutcome.EVICTED
+    asked = api.stats.snapshot()[0].get("list_pods_on_node", 0)
+    result = binder.bind_all([pipelined], {node.name: node}, evictions=[eviction], shown=view)
+    assert result[0].outcome is BindOutcome.DEFERRED and "victim" in (result[0].error or "")
+    assert api.stats.snapshot()[0].get("list_pods_on_node", 0) == asked
+    # A view from before the eviction shows the node clear: the API server is asked, and knows better.
+    result = binder.bind_all([pipelined], {node.name: node}, shown=[])
+    assert result[0].outcome is BindOutcome.DEFERRED and "victim" in (result[0].error or "")
+    assert api.stats.snapshot()[0].get("list_pods_on_node", 0) == asked + 1
+    complete_pod_deletion(k8s, victim.metadata.name, namespace)
+    # Only the finished pod is left on the node: it holds nothing.
+    wait_for(lambda: not api.list_pods_on_node(node.name, running_only=True), description="the victim gone")
+    assert [p["metadata"]["name"] for p in api.list_pods_on_node(node.name)] == ["done"]
+    result = binder.bind_all([pipelined], {node.name: node}, shown=shown(done))
+    assert result[0].outcome is BindOutcome.BOUND
 
 
 # -- evictions ----------------------------------------------------------------------
