@@ -23,19 +23,20 @@ its limits.
 A pipelined bind uses room that evictions on its node are still freeing. It
 waits (is reported deferred) while any pod on that node is terminating or any
 eviction passed along is still there; the next cycle decides it again. The
-cycle's own view answers first: a victim evicted this cycle is still in it,
-so most such nodes need no request. Only a node the view shows clear is
-asked about (its pods that still run, all such nodes at once), since the
-view may not show yet a pod that began terminating. Asking for every node,
-one after the other and with every finished pod on it, took most of a
-cycle's execute stage under a deep backlog.
+API server is asked, not the cycle's view: the view was taken before this
+cycle's evictions, and a cycle under a deep backlog lasts long enough for
+earlier victims to leave while it runs. Answering from the view deferred
+three times as many binds, each keeping its reservation (and its writes)
+for another cycle. The nodes are asked about all at once, and only for
+their pods that still run: one after the other, with every finished pod
+on them, the lists took most of a cycle's execute stage.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -153,19 +154,16 @@ class Binder:
         nodes: Mapping[str, Node],
         *,
         evictions: Sequence[Eviction] = (),
-        shown: Iterable[Mapping[str, Any]] | None = None,
     ) -> list[BindResult]:
         """Execute ``binds``; one result per bind, in the same order.
 
         ``nodes`` is the snapshot's view (by name): a bind to a node missing
         from it fails without a request. ``evictions`` are the ones executed
         in the same cycle; pipelined binds on their nodes wait for them.
-        ``shown`` is the pods of the cycle's view, read only when a bind is
-        pipelined (see the module docstring).
         """
         if not binds:
             return []
-        deferred = self._nodes_still_releasing(binds, evictions, shown)
+        deferred = self._nodes_still_releasing(binds, evictions)
         results: list[BindResult | None] = [None] * len(binds)
         todo: list[int] = []
         for i, bind in enumerate(binds):
@@ -192,6 +190,20 @@ class Binder:
         # Debug: the cycle's own line (cycle_done) says how many bound and failed.
         log.debug("binds_executed", **{k.lower(): v for k, v in counts.items()})
         return done
+
+    def submit_all(self, binds: Sequence[Bind], nodes: Mapping[str, Node]) -> list[Future[BindResult]]:
+        """Start ``binds`` (none of them pipelined) on the bind threads and return at once.
+
+        For a cycle that goes on without waiting for its binds' answers (the
+        scheduling loop's ``binds_behind``): each future holds its bind's
+        result, or the :class:`~scheduler.cluster.fence.LeaseLostError` of a
+        bind the fence stopped. The caller shows the pods as bound meanwhile
+        (:mod:`.assumed`) and forgets those that fail.
+        """
+        if any(bind.pipelined for bind in binds):
+            raise ValueError("a pipelined bind waits for its node's evictions: bind_all, not submit_all")
+        pool = self._pool()
+        return [pool.submit(self._bind_one, bind, nodes.get(bind.node)) for bind in binds]
 
     # -- one pod ------------------------------------------------------------
 
@@ -244,28 +256,15 @@ class Binder:
 
     # -- pipelined binds ----------------------------------------------------
 
-    def _nodes_still_releasing(
-        self, binds: Sequence[Bind], evictions: Sequence[Eviction], shown: Iterable[Mapping[str, Any]] | None
-    ) -> dict[str, str]:
+    def _nodes_still_releasing(self, binds: Sequence[Bind], evictions: Sequence[Eviction]) -> dict[str, str]:
         """For each node of a pipelined bind whose room is not free yet: why not."""
-        nodes = {b.node for b in binds if b.pipelined}
-        if not nodes:
+        ask = sorted({b.node for b in binds if b.pipelined})
+        if not ask:
             return {}
         evicted: dict[str, set[str]] = {}
         for ev in evictions:
             evicted.setdefault(ev.node, set()).add(ev.uid or f"{ev.namespace}/{ev.pod}")
         waiting: dict[str, str] = {}
-        if shown is not None:
-            on_nodes: dict[str, list[Mapping[str, Any]]] = {}
-            for pod in shown:
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node in nodes:
-                    on_nodes.setdefault(node, []).append(pod)
-            for name, pods in on_nodes.items():
-                why = _releasing(name, pods, evicted.get(name, set()))
-                if why is not None:
-                    waiting[name] = why
-        ask = sorted(nodes - waiting.keys())
         if len(ask) == 1:
             answers = [self._asked(ask[0], evicted.get(ask[0], set()))]
         else:

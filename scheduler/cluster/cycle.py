@@ -697,11 +697,7 @@ class SchedulingCycle:
             misplaced = tuple(self.backoff.record(misplaced, now))
             self.misplaced.write(misplaced)
         nodes = {n.name: n for n in snapshot.nodes}
-        bound = (
-            self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions, shown=view.pods.values())
-            if decisions.binds
-            else []
-        )
+        bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
         executed = clock()
         # Room a bind has just taken needs holding no longer; a deferred or
         # failed pipelined bind keeps its reservation for the next cycle.

@@ -28,7 +28,6 @@ from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.bind import Binder, BindOutcome, binding_body
 from scheduler.cluster.evict import Evictor, EvictOutcome, eviction_body
 from scheduler.cluster.retrying import RetryPolicy
-from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.status import QUEUE_AMOUNTS_INTERVAL_S, StatusWriter, event_name, now_utc
 from scheduler.engine.model import (
     Bind,
@@ -248,45 +247,35 @@ def test_a_pipelined_bind_waits_until_the_evictions_on_its_node_finish(
     assert client.CoreV1Api(k8s).read_namespaced_pod("newcomer", namespace).spec.node_name == node.name
 
 
-def test_a_pipelined_bind_is_held_by_what_the_view_shows_without_asking_and_by_what_it_does_not_yet(
+def test_pipelined_binds_ask_about_their_nodes_at_once_and_finished_pods_hold_nothing(
     k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
 ) -> None:
-    """The view answers for the victims it shows; a node it shows clear is asked about, finished pods left out."""
-    node = nodes()
+    """One list per node of a pipelined bind, of its pods that still run: a finished pod on it holds nothing."""
+    node, other = nodes(), nodes()
     victim = _pod(k8s, namespace, "victim", node=node.name)
     mark_pod_running(k8s, victim.metadata.name, namespace)
-    done = _pod(k8s, namespace, "done", node=node.name)
+    done = _pod(k8s, namespace, "done", node=other.name)
     mark_pod_running(k8s, done.metadata.name, namespace)
     mark_pod_finished(k8s, done.metadata.name, namespace)
-    newcomer = _pod(k8s, namespace, "newcomer")
     eviction = _eviction(victim, node.name)
-    pipelined = _bind(newcomer, node.name, gpus=(0,), pipelined=True)
     api = _api(k8s)
     binder = Binder(api, retry=NO_WAIT)
-    core = client.CoreV1Api(k8s)
-
-    def shown(*pods: client.V1Pod) -> list[dict[str, Any]]:
-        return [
-            slim_pod(k8s.sanitize_for_serialization(core.read_namespaced_pod(p.metadata.name, namespace))) for p in pods
-        ]
-
-    # Evicted this cycle and still in the view: held, and no request made.
-    view = shown(victim, done)
     assert Evictor(api, retry=NO_WAIT).evict_all([eviction])[0].outcome is EvictOutcome.EVICTED
+    binds = [
+        _bind(_pod(k8s, namespace, "onto-the-victims-room"), node.name, gpus=(0,), pipelined=True),
+        _bind(_pod(k8s, namespace, "beside-a-finished-pod"), other.name, gpus=(0,), pipelined=True),
+    ]
     asked = api.stats.snapshot()[0].get("list_pods_on_node", 0)
-    result = binder.bind_all([pipelined], {node.name: node}, evictions=[eviction], shown=view)
-    assert result[0].outcome is BindOutcome.DEFERRED and "victim" in (result[0].error or "")
-    assert api.stats.snapshot()[0].get("list_pods_on_node", 0) == asked
-    # A view from before the eviction shows the node clear: the API server is asked, and knows better.
-    result = binder.bind_all([pipelined], {node.name: node}, shown=[])
-    assert result[0].outcome is BindOutcome.DEFERRED and "victim" in (result[0].error or "")
-    assert api.stats.snapshot()[0].get("list_pods_on_node", 0) == asked + 1
-    complete_pod_deletion(k8s, victim.metadata.name, namespace)
-    # Only the finished pod is left on the node: it holds nothing.
-    wait_for(lambda: not api.list_pods_on_node(node.name, running_only=True), description="the victim gone")
-    assert [p["metadata"]["name"] for p in api.list_pods_on_node(node.name)] == ["done"]
-    result = binder.bind_all([pipelined], {node.name: node}, shown=shown(done))
-    assert result[0].outcome is BindOutcome.BOUND
+
+    results = binder.bind_all(binds, {node.name: node, other.name: other}, evictions=[eviction])
+
+    assert [r.outcome for r in results] == [BindOutcome.DEFERRED, BindOutcome.BOUND]
+    assert "victim" in (results[0].error or "")
+    assert api.stats.snapshot()[0].get("list_pods_on_node", 0) == asked + 2
+    assert sorted(p["metadata"]["name"] for p in api.list_pods_on_node(other.name)) == ["beside-a-finished-pod", "done"]
+    assert [p["metadata"]["name"] for p in api.list_pods_on_node(other.name, running_only=True)] == [
+        "beside-a-finished-pod"
+    ]
 
 
 # -- evictions ----------------------------------------------------------------------
