@@ -68,14 +68,6 @@ def register(sub: Any) -> None:
     add_flag(connected, "--bind-workers", type=positive_int, default=16, help="binds sent at once")
     add_flag(
         connected,
-        "--wait-for-binds",
-        action="store_true",
-        default=False,
-        help="every cycle waits for its binds' answers; by default a cycle with no eviction, reservation or "
-        "pipelined bind sends its binds and goes on, showing the pods bound meanwhile",
-    )
-    add_flag(
-        connected,
         "--bookkeeping-defer",
         type=seconds(high=600.0, allow_low=True),
         default=30.0,
@@ -348,7 +340,6 @@ def run_connected(args: argparse.Namespace) -> int:
             retry_period_s=duration * 2 / 15,
         ),
         bind_workers=args.bind_workers,
-        binds_behind=not args.wait_for_binds,
         bookkeeping_defer_s=args.bookkeeping_defer,
         bookkeeping_qps=args.bookkeeping_qps,
         slice_compute=SliceCompute(args.slice_compute),

@@ -29,7 +29,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -41,7 +40,7 @@ from gpuwarden.kube import KubeApi, RequestStats
 from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds
-from scheduler.cluster.bind import Binder, BindOutcome, BindResult
+from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache, default_resources
 from scheduler.cluster.cycle import (
     BACKGROUND_WRITERS,
@@ -59,7 +58,7 @@ from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.cluster.sliceadmission import DEFAULT_RUNTIME_CLASS, SliceAdmission
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.cluster.status import STATUS_WORKERS
-from scheduler.engine.model import Bind, SchedulerConfig
+from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import NODE_PATCH_WORKERS, RemediationController
 from scheduler.remediation.metrics import RemediationMetrics
 from scheduler.remediation.policy import ControllerSettings
@@ -212,8 +211,6 @@ class RunnerSettings:
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))
     bind_workers: int = 16
-    # Whether a cycle that nothing makes wait sends its binds and goes on (SchedulingCycle's binds_behind).
-    binds_behind: bool = True
     # How long a busy scheduler holds back bookkeeping writes that say
     # nothing the pods do not (SchedulingCycle._podgroups_to_create).
     bookkeeping_defer_s: float = BOOKKEEPING_MAX_DEFER_S
@@ -338,10 +335,7 @@ class SchedulerRunner:
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
             bookkeeping_qps=settings.bookkeeping_qps,
             slice_admission=SliceAdmission(settings.slice_runtime_class),
-            binds_behind=settings.binds_behind,
         )
-        # Binds sent by cycles that did not wait for them, until answered (_settle_binds).
-        self._in_flight: list[tuple[Bind, Future[BindResult]]] = []
         # Remediation evicts from a bucket of its own: its passes run on their own
         # thread, and a drain of a full node must not leave the cycle's next
         # reclaim (and the binds behind it) waiting for tokens, nor a storm of
@@ -385,53 +379,6 @@ class SchedulerRunner:
         self.cache.start()
         self._fresh_state()
         self._term = None
-
-    def _take_in_flight(self, result: CycleResult) -> None:
-        """Keep the binds ``result`` sent without waiting; one that fails wakes the loop to place its pod again."""
-        for bind, future in result.in_flight:
-            self._in_flight.append((bind, future))
-            future.add_done_callback(self._bind_answered)
-
-    def _bind_answered(self, future: Future[BindResult]) -> None:
-        """On a bind thread: a failed bind (or a fenced one) must not wait for the period to be seen."""
-        if future.exception() is not None or not future.result().ok:
-            self.cache.wake()
-
-    def _settle_binds(self) -> bool:
-        """Read the answers of binds sent behind earlier cycles; True when one met the fence (the state was reset).
-
-        A bind that failed is no longer shown bound (:meth:`AssumedBinds.forget`),
-        so this turn's cycle places its pod again; the answers are counted
-        as the cycle's own binds are.
-        """
-        if not self._in_flight:
-            return False
-        answered: list[BindResult] = []
-        waiting: list[tuple[Bind, Future[BindResult]]] = []
-        fenced: BaseException | None = None
-        for bind, future in self._in_flight:
-            if not future.done():
-                waiting.append((bind, future))
-                continue
-            error = future.exception()
-            if error is not None:
-                self.assumed.forget(bind.uid)
-                if isinstance(error, LeaseLostError):
-                    fenced = error
-                else:
-                    log.error("bind_crashed", pod=f"{bind.namespace}/{bind.pod}", error=repr(error))
-                    answered.append(BindResult(bind, BindOutcome.FAILED, repr(error)))
-                continue
-            result = future.result()
-            if not result.ok:
-                self.assumed.forget(bind.uid)
-            answered.append(result)
-        self._in_flight = waiting
-        self.metrics.settled(answered)
-        if fenced is not None:
-            self._reset(f"a bind was fenced: {fenced}")
-            return True
-        return False
 
     def liveness(self) -> tuple[bool, str]:
         """Fail only when the loop hangs (see the module docstring)."""
@@ -512,8 +459,6 @@ class SchedulerRunner:
         self.fence.arm(term)
         if term is None:
             return
-        if self._settle_binds():
-            return
         began = time.monotonic()
         view = self.cache.view(since=self.views.generation)
         if not view.synced:
@@ -527,7 +472,6 @@ class SchedulerRunner:
             # Whether the end of a running pod must wake the loop (see ClusterCache.room_wanted).
             self.cache.room_wanted = bool(self.last.decisions.pending or self.last.reservations)
             self.assumed.record(self.last)
-            self._take_in_flight(self.last)
             self.cycles += 1
             self.metrics.observe(self.last, view_seconds=viewed)
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)

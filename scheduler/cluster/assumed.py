@@ -14,16 +14,10 @@ shows the next cycles each such pod as bound until the watch does: until the
 cache has the pod with a ``spec.nodeName`` (whatever node: the API server's
 word wins) or no longer has the pod at all. Nothing expires by time: a bind
 that was answered 201 happened, and the watch will show it.
-
-A cycle that sends its binds without waiting for them (``binds_behind``)
-has them assumed at once, before any answer: the runner reads the answers
-at its next turns and forgets the pods whose bind failed, so that they
-are placed again.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -56,17 +50,11 @@ class AssumedBinds:
         return len(self._pods)
 
     def record(self, result: CycleResult) -> None:
-        """Remember the binds of ``result`` that the API server accepted, and those still in flight.
-
-        A bind in flight (:attr:`CycleResult.in_flight`) is shown bound at
-        once, as kube-scheduler assumes a pod before its binding goes out:
-        the cycles that run before its answer must not place the pod again
-        nor hand its GPUs to another. One that fails is :meth:`forget`-ten.
-        """
+        """Remember the binds of ``result`` that the API server accepted."""
         nodes = {n.name: n for n in result.snapshot.nodes}
-        accepted = [outcome.bind for outcome in result.binds if outcome.ok]
-        for bind in itertools.chain(accepted, (bind for bind, _ in result.in_flight)):
-            if not bind.uid:
+        for outcome in result.binds:
+            bind = outcome.bind
+            if not outcome.ok or not bind.uid:
                 continue
             assignment = None
             node = nodes.get(bind.node)
@@ -76,10 +64,6 @@ class AssumedBinds:
                 except ValueError:
                     assignment = None  # the binder refused such a bind; nothing was written
             self._pods[bind.uid] = AssumedBind(bind.node, assignment)
-
-    def forget(self, uid: str) -> None:
-        """A bind shown bound while in flight failed: show the pod as the cache has it again."""
-        self._pods.pop(uid, None)
 
     def overlay(self, view: ClusterView) -> ClusterView:
         """``view`` with every assumed pod shown bound; assumptions the view confirms are dropped."""

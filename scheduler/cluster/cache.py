@@ -300,10 +300,6 @@ class ClusterCache:
             self._woken = self._generation
             self._changed.notify_all()
 
-    def wake(self) -> None:
-        """Wake the loop without a change in the stores (a bind sent behind a cycle failed: its pod waits again)."""
-        self._bump()
-
     def _bump(self) -> None:
         with self._changed:
             self._generation += 1

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,7 +70,6 @@ from scheduler.engine.backlog import BacklogCounts, BacklogMemo
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
-    Bind,
     Decisions,
     Job,
     JobStatus,
@@ -175,24 +174,6 @@ class CycleResult:
     # What the session's backlog memo spared it (scheduler.engine.backlog);
     # None without one (the full-rebuild path).
     backlog: BacklogCounts | None = None
-    # Binds sent without waiting for their answers (binds_behind), with the
-    # future of each result; they are not in ``binds``.
-    in_flight: tuple[tuple[Bind, Future[BindResult]], ...] = ()
-
-
-def nothing_waits_on(decisions: Decisions) -> bool:
-    """Whether the cycle may send its binds and go on: some binds, and nothing of the cycle depends on their answers.
-
-    Evictions (binds wait for them), reservations (a bind's answer says
-    whether its room is still held) and pipelined binds (sent only once
-    their node's evictions finished) keep the cycle waiting.
-    """
-    return (
-        bool(decisions.binds)
-        and not decisions.evictions
-        and not decisions.reservations
-        and not any(bind.pipelined for bind in decisions.binds)
-    )
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -246,16 +227,8 @@ class SchedulingCycle:
         bookkeeping_quiet_s: float = BOOKKEEPING_QUIET_S,
         bookkeeping_qps: float = 0.0,
         slice_admission: SliceAdmission | None = DEFAULT_SLICE_ADMISSION,
-        binds_behind: bool = False,
     ) -> None:
         self._api = api
-        # Whether a cycle whose binds nothing else of it depends on (no
-        # eviction, no reservation, no pipelined bind: a steady cluster's
-        # arrivals) sends them and goes on, as kube-scheduler's binding
-        # cycle does, instead of waiting for their answers: the next pod's
-        # cycle need not wait behind a round trip. The caller shows them as
-        # bound meanwhile (:mod:`.assumed`) and reads ``in_flight``.
-        self._binds_behind = binds_behind
         # What a pending GPU slice pod must carry to be placed (None: not checked).
         self._admission = slice_admission
         self.refusals = RefusalEvents(api)
@@ -724,12 +697,7 @@ class SchedulingCycle:
             misplaced = tuple(self.backoff.record(misplaced, now))
             self.misplaced.write(misplaced)
         nodes = {n.name: n for n in snapshot.nodes}
-        in_flight: tuple[tuple[Bind, Future[BindResult]], ...] = ()
-        bound: list[BindResult] = []
-        if self._binds_behind and nothing_waits_on(decisions):
-            in_flight = tuple(zip(decisions.binds, self.binder.submit_all(decisions.binds, nodes), strict=True))
-        elif decisions.binds:
-            bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions)
+        bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
         executed = clock()
         # Room a bind has just taken needs holding no longer; a deferred or
         # failed pipelined bind keeps its reservation for the next cycle.
@@ -781,7 +749,6 @@ class SchedulingCycle:
         log.info(
             "cycle_done",
             binds=sum(1 for r in bound if r.ok),
-            binds_sent=len(in_flight),
             bind_failures=sum(1 for r in bound if not r.ok),
             evictions=len(evicted),
             reservations=len(held),
@@ -803,5 +770,4 @@ class SchedulingCycle:
             misplaced,
             stages,
             memo.counts if memo is not None else None,
-            in_flight,
         )

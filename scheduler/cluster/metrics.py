@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from gpuwarden.contract import METRICS_PREFIX, EvictionAction
 from gpuwarden.kube import RequestStats
 from gpuwarden.metricdoc import MetricFamilyDoc, family
-from scheduler.cluster.bind import BindOutcome, BindResult
+from scheduler.cluster.bind import BindOutcome
 from scheduler.cluster.convert import is_external_queue
 from scheduler.cluster.cycle import CycleResult
 from scheduler.cluster.evict import EvictOutcome
@@ -126,7 +126,7 @@ def _base_units(r: Resources) -> tuple[tuple[str, str, float], ...]:
 
 def pending_pods(result: CycleResult) -> dict[str, int]:
     """Pods still pending per queue once the cycle's successful binds are counted out."""
-    bound = {b.bind.uid for b in result.binds if b.ok} | {bind.uid for bind, _ in result.in_flight}
+    bound = {b.bind.uid for b in result.binds if b.ok}
     out: dict[str, int] = {}
     for job in result.snapshot.jobs:
         if is_external_queue(job.queue):
@@ -198,12 +198,6 @@ class SchedulerMetrics:
         self._last: CycleResult | None = None
         self._last_finished: float | None = None
         self.registry.register(_Collector(self))
-
-    def settled(self, results: Iterable[BindResult]) -> None:
-        """Count binds a cycle sent without waiting (``CycleResult.in_flight``), once answered."""
-        with self._lock:
-            for b in results:
-                self._binds[b.outcome.value] = self._binds.get(b.outcome.value, 0) + 1
 
     def observe(self, result: CycleResult, *, view_seconds: float | None = None) -> None:
         """Count one finished cycle (``view_seconds``: how long the runner took to make its view)."""

@@ -19,14 +19,13 @@ import pytest
 from kubernetes import client
 
 from gpuwarden import contract
-from gpuwarden.contract import Action, EvictionAction
+from gpuwarden.contract import Action
 from gpuwarden.kube import KubeApi
 from scheduler.cluster.assignment import decode_assignment
-from scheduler.cluster.bind import Binder, BindOutcome
-from scheduler.cluster.cycle import DEFAULT_SLICE_ADMISSION, ClusterView, SchedulingCycle, nothing_waits_on
+from scheduler.cluster.bind import Binder
+from scheduler.cluster.cycle import DEFAULT_SLICE_ADMISSION, ClusterView, SchedulingCycle
 from scheduler.cluster.retrying import RetryPolicy
 from scheduler.cluster.sliceadmission import SliceAdmission
-from scheduler.engine.model import Bind, Decisions, Eviction, Reservation
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running, unique_name
 from tests.scheduler.cluster.kube_objects import delete_queue, node_of, pod, podgroup, publish_health, slice_env
@@ -398,35 +397,3 @@ def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why
     finally:
         for name in (team_a, team_b, dept):
             delete_queue(k8s, name)
-
-
-def test_binds_behind_the_cycle_go_out_without_being_waited_for(
-    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
-) -> None:
-    nodes = set(cluster(1))
-    q = queue(8)
-    for i in range(3):
-        pod(k8s, namespace, f"p-{i}", queue=q)
-    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
-    cycle = SchedulingCycle(api, binder=Binder(api, retry=NO_WAIT), binds_behind=True)
-    try:
-        result = cycle.run(view(k8s, nodes))
-        assert result.binds == () and len(result.in_flight) == 3
-        answers = [future.result(timeout=30) for _, future in result.in_flight]
-        assert [a.outcome for a in answers] == [BindOutcome.BOUND] * 3
-        assert all(node_of(k8s, namespace, f"p-{i}") in nodes for i in range(3))
-    finally:
-        cycle.close()
-
-
-def test_a_cycle_waits_for_its_binds_when_anything_of_it_depends_on_them() -> None:
-    bind = Bind(job="ns/a", namespace="ns", pod="a-0", uid="u", node="n")
-    eviction = Eviction(
-        job="ns/b", namespace="ns", pod="b-0", uid="v", node="n", action=EvictionAction.RECLAIM, reason="over"
-    )
-    reservation = Reservation(job="ns/a", node="n", gpu_indices=(0,), expires=1.0)
-    assert nothing_waits_on(Decisions(binds=(bind,)))
-    assert not nothing_waits_on(Decisions())
-    assert not nothing_waits_on(Decisions(binds=(bind,), evictions=(eviction,)))
-    assert not nothing_waits_on(Decisions(binds=(bind,), reservations=(reservation,)))
-    assert not nothing_waits_on(Decisions(binds=(replace(bind, pipelined=True),)))

@@ -6,12 +6,10 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from kubernetes import client
 
-from gpuwarden.kube import ApiError
 from scheduler.cluster.leader import LeaderElectionConfig
 from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.harness import ControlPlane, unique_name
@@ -150,35 +148,3 @@ def test_the_end_of_a_pod_wakes_the_loop_only_while_work_waits_for_room(
     client.CoreV1Api(k8s).patch_namespaced_pod_status("first", namespace, {"status": {"phase": "Succeeded"}})
     wait_for(lambda: node_of(k8s, namespace, "second") in nodes, timeout=30, description="the second pod bound")
     wait_for(lambda: not runner.cache.room_wanted, timeout=30, description="no room wanted again")
-
-
-def test_a_bind_sent_behind_its_cycle_that_fails_is_placed_again(
-    k8s: client.ApiClient,
-    namespace: str,
-    cluster: Callable[[int], list[str]],
-    queue: Callable[..., str],
-    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
-) -> None:
-    """The cycle does not wait for its bind; the pod shows bound until the answer, and a refusal puts it back."""
-    nodes = set(cluster(1))
-    q = queue(8)
-    runner, _stop = replicas("replica-a")
-    wait_for(runner.elector.is_leader, timeout=20, description="the leader")
-    real = runner.api.create_pod_binding
-    refused: list[str] = []
-
-    def refuse_once(ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        if ns == namespace and not refused:
-            refused.append(name)
-            raise ApiError("create_pod_binding", 403, "refused once by the test")
-        return real(ns, name, body)
-
-    runner.api.create_pod_binding = refuse_once  # type: ignore[method-assign]
-    pod(k8s, namespace, "first", queue=q, gpus=1)
-    wait_for(lambda: node_of(k8s, namespace, "first") in nodes, timeout=30, description="bound at the second try")
-    assert refused == ["first"]
-    wait_for(lambda: not runner._in_flight, timeout=10, description="every answer read")
-    text = _get(runner, "/metrics")[1]
-    assert _sample(text, 'gpuwarden_scheduler_binds_total{outcome="Failed"}') == 1
-    assert _sample(text, 'gpuwarden_scheduler_binds_total{outcome="Bound"}') >= 1
-    assert runner.last is not None and runner.resets == 0
