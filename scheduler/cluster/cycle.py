@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +73,7 @@ from scheduler.engine.model import (
     Decisions,
     Job,
     JobStatus,
+    Node,
     Queue,
     Reservation,
     SchedulerConfig,
@@ -279,6 +280,8 @@ class SchedulingCycle:
         self._quiet_s = bookkeeping_quiet_s
         self._flushed_at = self._bound_at = time.monotonic()
         self._writers = writers
+        # Sends a cycle's evictions while its binds onto free room go out (_execute); made when first needed.
+        self._beside: ThreadPoolExecutor | None = None
         self._background = WriteBehind(self._after_binds) if writes_in_background else None
         # Derived PodGroups handed to the background writer and not yet created.
         self._queued: set[tuple[str, str]] = set()
@@ -405,6 +408,9 @@ class SchedulingCycle:
             self._background.close()
         self.binder.close()
         self.reservations.close()
+        beside, self._beside = self._beside, None
+        if beside is not None:
+            beside.shutdown(wait=True)
 
     def _podgroups_to_create(
         self,
@@ -461,6 +467,37 @@ class SchedulingCycle:
             else:
                 specs.append(self._deferred_groups.pop(key))
         return specs, busy
+
+    def _execute(self, decisions: Decisions, nodes: Mapping[str, Node]) -> tuple[list[EvictResult], list[BindResult]]:
+        """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order.
+
+        Evictions beyond the rate wait for a later cycle instead of holding
+        up this one's binds (``wait=False``). A pipelined bind goes out only
+        after the evictions (it waits for its node's victims, see
+        :mod:`.bind`); every other bind takes room that is free already and
+        goes out beside them: under a deep backlog the evictions' round
+        trips were a fifth of the cycle, with the binds waiting behind them.
+        """
+        evictions, binds = decisions.evictions, decisions.binds
+        if not evictions:
+            return [], self.binder.bind_all(binds, nodes) if binds else []
+        free = [bind for bind in binds if not bind.pipelined]
+        if not free:
+            attempted = self.evictor.evict_all(evictions, wait=False)
+            return attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else []
+        if self._beside is None:
+            self._beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evictions")
+        evicting = self._beside.submit(self.evictor.evict_all, evictions, wait=False)
+        try:
+            early = self.binder.bind_all(free, nodes)
+        except BaseException:
+            wait([evicting])  # none of the cycle's writes may still be going out behind the caller
+            raise
+        attempted = evicting.result()
+        piped = [bind for bind in binds if bind.pipelined]
+        late = self.binder.bind_all(piped, nodes, evictions=evictions) if piped else []
+        by_bind = {id(result.bind): result for result in itertools.chain(early, late)}
+        return attempted, [by_bind[id(bind)] for bind in binds]
 
     def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
         """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""
@@ -688,17 +725,15 @@ class SchedulingCycle:
         decisions = self.decide(snapshot, timings)
         decided = clock()
         self._tell_ungrouped(view)
-        # Evictions beyond the rate wait for a later cycle instead of holding up this one's binds.
-        attempted = self.evictor.evict_all(decisions.evictions, wait=False) if decisions.evictions else []
+        nodes = {n.name: n for n in snapshot.nodes}
+        attempted, bound = self._execute(decisions, nodes)
+        executed = clock()
         evicted = [r for r in attempted if r.outcome is not EvictOutcome.DEFERRED]
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
         misplaced = tuple(misplaced_evictions(evicted, snapshot, decisions.reservations)) if evicted else ()
         if misplaced:
             misplaced = tuple(self.backoff.record(misplaced, now))
             self.misplaced.write(misplaced)
-        nodes = {n.name: n for n in snapshot.nodes}
-        bound = self.binder.bind_all(decisions.binds, nodes, evictions=decisions.evictions) if decisions.binds else []
-        executed = clock()
         # Room a bind has just taken needs holding no longer; a deferred or
         # failed pipelined bind keeps its reservation for the next cycle.
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}

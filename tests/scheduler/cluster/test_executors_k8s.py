@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -26,6 +27,7 @@ from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.bind import Binder, BindOutcome, binding_body
+from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.evict import Evictor, EvictOutcome, eviction_body
 from scheduler.cluster.retrying import RetryPolicy
 from scheduler.cluster.status import QUEUE_AMOUNTS_INTERVAL_S, StatusWriter, event_name, now_utc
@@ -652,3 +654,46 @@ def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_se
             assert refused == dict.fromkeys(refused, 403)
     finally:
         _delete_queue(k8s, queue)
+
+
+def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    """The cycle's binds that wait for no victim do not wait behind its evictions either."""
+    node = nodes()
+    victim = _pod(k8s, namespace, "victim", node=node.name)
+    mark_pod_running(k8s, victim.metadata.name, namespace)
+    quick = _pod(k8s, namespace, "quick")
+    later = _pod(k8s, namespace, "later")
+    evicting, release = threading.Event(), threading.Event()
+
+    def hold_evictions(operation: str) -> None:
+        if operation == "create_pod_eviction":
+            evicting.set()
+            release.wait(60)
+
+    api = _api(k8s)
+    held = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=hold_evictions)
+    cycle = SchedulingCycle(api, binder=Binder(api, retry=NO_WAIT), evictor=Evictor(held, retry=NO_WAIT))
+    free = _bind(quick, node.name, job="quick", gpus=(1,))
+    piped = _bind(later, node.name, job="later", gpus=(0,), pipelined=True)
+    decisions = Decisions(binds=(piped, free), evictions=(_eviction(victim, node.name),))
+    done: list[tuple[list[Any], list[Any]]] = []
+    runner = threading.Thread(target=lambda: done.append(cycle._execute(decisions, {node.name: node})))
+    runner.start()
+    try:
+        wait_for(evicting.is_set, description="the eviction on its way")
+        wait_for(
+            lambda: client.CoreV1Api(k8s).read_namespaced_pod("quick", namespace).spec.node_name == node.name,
+            description="the bind onto free room, while the eviction is held",
+        )
+        assert client.CoreV1Api(k8s).read_namespaced_pod("later", namespace).spec.node_name is None
+    finally:
+        release.set()
+        runner.join(60)
+        cycle.close()
+    [(attempted, bound)] = done
+    assert [r.outcome for r in attempted] == [EvictOutcome.EVICTED]
+    # In the decisions' order; the pipelined bind waited for the eviction, and the victim is still terminating.
+    assert [r.bind.pod for r in bound] == ["later", "quick"]
+    assert [r.outcome for r in bound] == [BindOutcome.DEFERRED, BindOutcome.BOUND]
