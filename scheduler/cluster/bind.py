@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -190,20 +190,6 @@ class Binder:
         # Debug: the cycle's own line (cycle_done) says how many bound and failed.
         log.debug("binds_executed", **{k.lower(): v for k, v in counts.items()})
         return done
-
-    def submit_all(self, binds: Sequence[Bind], nodes: Mapping[str, Node]) -> list[Future[BindResult]]:
-        """Start ``binds`` (none of them pipelined) on the bind threads and return at once.
-
-        For a cycle that goes on without waiting for its binds' answers (the
-        scheduling loop's ``binds_behind``): each future holds its bind's
-        result, or the :class:`~scheduler.cluster.fence.LeaseLostError` of a
-        bind the fence stopped. The caller shows the pods as bound meanwhile
-        (:mod:`.assumed`) and forgets those that fail.
-        """
-        if any(bind.pipelined for bind in binds):
-            raise ValueError("a pipelined bind waits for its node's evictions: bind_all, not submit_all")
-        pool = self._pool()
-        return [pool.submit(self._bind_one, bind, nodes.get(bind.node)) for bind in binds]
 
     # -- one pod ------------------------------------------------------------
 

@@ -256,17 +256,15 @@ class ReservationWriter:
         try:
             reply = self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
         except ApiError as err:
-            if err.status != 404:
-                # Nothing is recorded: the next cycle compares with the view again and sends again.
-                warn.warning(
-                    "reservation_write_failed",
-                    ("reservation-write", key, err.status),
-                    podgroup=f"{namespace}/{name}",
-                    status=err.status,
-                    error=err.detail,
-                )
-                return _FAILED
-            reply = None
+            # Nothing is recorded: the next cycle compares with the view again and sends again.
+            warn.warning(
+                "reservation_write_failed",
+                ("reservation-write", key, err.status),
+                podgroup=f"{namespace}/{name}",
+                status=err.status,
+                error=err.detail,
+            )
+            return _FAILED
         if reply is None:
             log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
             return _GONE

@@ -651,7 +651,7 @@ class StatusWriter:
                 self._record_error(group, err, report)
                 return
             if reply is None:  # the PodGroup is gone (with its workload)
-                self._record_error(group, ApiError("patch_podgroup_status", 404, "not found"), report)
+                self._record_missing(group, report)
                 return
             uid = str((reply.get("metadata") or {}).get("uid") or "")
             if known is None:
@@ -708,11 +708,15 @@ class StatusWriter:
 
     def _record_error(self, what: str, err: ApiError, report: StatusReport) -> None:
         if err.status == 404:
-            report.missing.append(what)
-            log.debug("status_object_missing", object=what)
+            self._record_missing(what, report)
         else:
             report.errors.append(f"{what}: {err}")
             log.warning("status_write_failed", object=what, status=err.status, error=err.detail)
+
+    @staticmethod
+    def _record_missing(what: str, report: StatusReport) -> None:
+        report.missing.append(what)
+        log.debug("status_object_missing", object=what)
 
     # -- Events ---------------------------------------------------------------
 
