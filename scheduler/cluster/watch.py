@@ -260,6 +260,10 @@ class Reflector:
             self._record(operation, ok=False)
             raise ApiError(operation, None, f"{type(exc).__name__}: {exc}") from exc
         self._record(operation, ok=True)
+        # The API server answers: the outage is over now, not when this
+        # stream ends (a watch lasts up to a minute; the stream that shows
+        # the first changes after a restart would have kept it open so long).
+        self.outages.recovered()
         with self._lock:
             self._response = response
         if self._stop.is_set():  # stop() came between the request and the line above
