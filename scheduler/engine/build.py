@@ -176,6 +176,7 @@ def build_state(snapshot: Snapshot) -> tuple[Cluster, JobBuilder, QueueTree]:
         stale_gang_grace_s=snapshot.config.stale_gang_grace_s,
         reservation_ttl_s=snapshot.config.reservation_ttl_s,
     )
+    cluster.find_sick()
     builder = JobBuilder(cluster, tree.errors, invalid=frozenset(name for name, _ in snapshot.invalid_queues))
     deferred: list[Deferred] = []
     builder.deferred = deferred
@@ -338,6 +339,8 @@ class JobBuilder:
         job.has_pending = has_pending
         if has_pending:
             cluster.pending_jobs.append(job)
+        if spec.below_min_member_since is not None:
+            cluster.dated_gangs.append(job)
         return job
 
     def forget(self, job: JobState) -> None:

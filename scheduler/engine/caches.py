@@ -38,13 +38,21 @@ class Eligibility:
     few: list[NodeState] | None
 
 
-@dataclass(slots=True, eq=False)
-class PoolCaches:
-    """Placement's memory for one pool."""
+# Distinct shapes or affinities a pool's static verdicts remember before
+# they start over: a bound on what a long-lived engine keeps of pods long gone.
+MAX_STATIC_ENTRIES = 4096
 
-    # Shape -> the cluster's release_version when a search for it found no
-    # room: trusted only while nothing has been released since.
-    fail: dict[Shape, int] = field(default_factory=dict)
+
+@dataclass(slots=True, eq=False)
+class PoolStatics:
+    """What placement works out from a pool's nodes alone: their labels, taints and whether they take work.
+
+    None of it changes while the pool's node states do, so a kept state
+    (:mod:`scheduler.engine.incremental`) keeps it from session to session
+    and drops it when one of the pool's nodes is replaced; a session that
+    builds its state starts with an empty one.
+    """
+
     eligibility: dict[Shape, Eligibility] = field(default_factory=dict)
     # (label key, value) -> pidx of the nodes carrying it, built on first use.
     label_index: dict[tuple[str, str], list[int]] | None = None
@@ -55,6 +63,23 @@ class PoolCaches:
     # that do; built on first use by ``predicates.eligibility``.
     open_nodes: list[bool] | None = None
     irregular: list[int] = field(default_factory=list)
+
+    def trim(self) -> None:
+        """Forget the remembered shapes and affinities once there are too many of them."""
+        if len(self.eligibility) > MAX_STATIC_ENTRIES:
+            self.eligibility.clear()
+        if len(self.affinity) > MAX_STATIC_ENTRIES:
+            self.affinity.clear()
+
+
+@dataclass(slots=True, eq=False)
+class PoolCaches:
+    """Placement's memory for one pool: the session's own, and the pool's static verdicts."""
+
+    static: PoolStatics
+    # Shape -> the cluster's release_version when a search for it found no
+    # room: trusted only while nothing has been released since.
+    fail: dict[Shape, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -125,11 +150,19 @@ class SessionCaches:
     # Placement rules: eligible nodes per spread constraint, verdicts per pod.
     rules: DomainCache = field(default_factory=DomainCache)
     # What earlier sessions learned of the backlog (scheduler.engine.backlog),
-    # when the caller keeps one: the only thing here that outlives the session.
+    # when the caller keeps one, and each pool's static verdicts, when the
+    # caller keeps the state they were worked out on: the only things here
+    # that outlive the session.
     backlog: Backlog | None = None
+    statics: dict[str, PoolStatics] = field(default_factory=dict)
 
     def pool(self, pool: PoolState) -> PoolCaches:
         found = self.pools.get(pool.name)
         if found is None:
-            found = self.pools[pool.name] = PoolCaches()
+            static = self.statics.get(pool.name)
+            if static is None:
+                static = self.statics[pool.name] = PoolStatics()
+            else:
+                static.trim()
+            found = self.pools[pool.name] = PoolCaches(static)
         return found

@@ -26,6 +26,7 @@ half changed) and reaches the caller; the next session builds afresh.
 
 from __future__ import annotations
 
+import bisect
 import operator
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.backlog import BacklogMemo
 from scheduler.engine.build import JobBuilder, add_capacity, build_state, make_node, seat_running, share_out
+from scheduler.engine.caches import PoolStatics
 from scheduler.engine.fairshare import QueueTree
 from scheduler.engine.model import Decisions, Job, Node, Reservation, Snapshot
 from scheduler.engine.reservations import seat_reservations
@@ -54,6 +56,12 @@ class _Kept:
     tree: QueueTree
     snapshot: Snapshot
     jobs: dict[str, JobState]
+    # The same jobs by the identity of their spec: which of a snapshot's
+    # jobs are new is then a difference of two key sets, at C speed.
+    by_spec: dict[int, JobState]
+    # Each pool's static verdicts on its nodes (placement's eligibility per
+    # pod shape): good until one of the pool's nodes is replaced.
+    statics: dict[str, PoolStatics]
 
 
 def _seat_order(task: TaskState) -> tuple[str, int]:
@@ -89,7 +97,7 @@ class Engine:
                 kept = self._prepare(snapshot)
                 cluster = kept.cluster
                 built = clock()
-                result = act(cluster, [("build", built - start)], timings, snapshot, self.memo)
+                result = act(cluster, [("build", built - start)], timings, snapshot, self.memo, statics=kept.statics)
                 start = clock()
                 if not self._undo(kept):
                     self._kept = None
@@ -126,7 +134,9 @@ class Engine:
         cluster, builder, tree = build_state(snapshot)
         cluster.journal = []
         cluster.dirty = set()
-        return _Kept(cluster, builder, tree, snapshot, {job.key: job for job in cluster.jobs})
+        by_key = {job.key: job for job in cluster.jobs}
+        by_spec = {id(job.spec): job for job in cluster.jobs}
+        return _Kept(cluster, builder, tree, snapshot, by_key, by_spec, {})
 
     def _apply(self, kept: _Kept, snapshot: Snapshot) -> None:
         """Bring the kept state (as its own snapshot built it) to ``snapshot``."""
@@ -138,51 +148,58 @@ class Engine:
         if snapshot.queues != old.queues or snapshot.invalid_queues != old.invalid_queues:
             raise _RebuildError("the queues changed")
         cluster = kept.cluster
-        changed = self._changed_nodes(cluster, snapshot.nodes)
+        changed = self._changed_nodes(cluster, snapshot.nodes, old.nodes)
         jobs = kept.jobs
-        specs: dict[str, Job] = {}
         gone: list[JobState] = []
+        added: list[Job] = []
         # The same job objects as last time (a cycle that changed only
         # statuses or nodes): nothing to diff, checked at C speed.
         if len(snapshot.jobs) != len(old.jobs) or not all(map(operator.is_, snapshot.jobs, old.jobs)):
-            specs = {spec.key: spec for spec in snapshot.jobs}
+            # Which specs came and went, by identity: the job lists are a
+            # cluster's history and every cycle changes a handful of them.
+            specs = dict(zip(map(id, snapshot.jobs), snapshot.jobs, strict=True))
             if len(specs) != len(snapshot.jobs):
                 raise _RebuildError("a job is listed twice")
-            gone = [job for key, job in jobs.items() if specs.get(key) is not job.spec]
-        queues = {id(job.queue): job.queue for job in gone if job.queue is not None}
+            by_spec = kept.by_spec
+            gone = sorted((by_spec[i] for i in by_spec.keys() - specs.keys()), key=_job_key)
+            added = sorted((specs[i] for i in specs.keys() - by_spec.keys()), key=_spec_key)
         for job in gone:
             self._remove(kept, job)
         for node, node_spec in changed:
             self._replace_node(kept, node, node_spec)
         if kept.builder.irregular:
             raise _RebuildError("a changed node's running pods had guessed GPUs")
-        added = [(key, spec) for key, spec in specs.items() if key not in jobs]
         builder = kept.builder
-        for key, spec in added:
+        dirty = cluster.dirty
+        assert dirty is not None
+        for spec in added:
+            key = spec.key
+            if key in jobs:
+                raise _RebuildError("a job is listed twice")
+            # The builder appends to each list; the job goes where a build
+            # in key order would have put it.
             job = builder.add(key, spec)
             jobs[key] = job
-            if job.queue is not None:
-                queues[id(job.queue)] = job.queue
-            dirty = cluster.dirty
-            assert dirty is not None
+            kept.by_spec[id(spec)] = job
+            for items in _lists_of(cluster, job):
+                _move_last_in_order(items, job)
             for task in job.tasks:
                 if task.node is not None:
                     dirty.add(task.node)
         if builder.irregular:
             raise _RebuildError("a new job had irregular pods")
-        if gone or added:
-            cluster.jobs = [jobs[key] for key in sorted(jobs)]
-            for queue in queues.values():
-                queue.jobs.sort(key=_job_key)
-            cluster.pending_jobs = [job for job in cluster.jobs if job.has_pending]
         cluster.now = snapshot.now
         cluster.set_bystanders(snapshot.bystanders)
         share_out(cluster, kept.tree)
-        self._canonical(cluster, snapshot.reservations)
+        self._canonical(kept, snapshot.reservations)
         kept.snapshot = snapshot
 
     @staticmethod
-    def _changed_nodes(cluster: Cluster, nodes: tuple[Node, ...]) -> list[tuple[NodeState, Node]]:
+    def _changed_nodes(
+        cluster: Cluster, nodes: tuple[Node, ...], before: tuple[Node, ...]
+    ) -> list[tuple[NodeState, Node]]:
+        if nodes is before or (len(nodes) == len(before) and all(map(operator.is_, nodes, before))):
+            return []  # the kept state was built from these very objects
         if len(nodes) != len(cluster.nodes):
             raise _RebuildError("nodes came or went")
         seen: set[str] = set()
@@ -208,12 +225,14 @@ class Engine:
             if task.node is not None:
                 cluster.release(task)
         kept.builder.forget(job)
+        for items in _lists_of(cluster, job):
+            _take_out(items, job)
         queue = job.queue
         if queue is not None:
-            queue.jobs.remove(job)
             for r, amount in enumerate(job.demand):
                 queue.demand[r] -= amount
         del kept.jobs[job.key]
+        del kept.by_spec[id(job.spec)]
 
     @staticmethod
     def _replace_node(kept: _Kept, old: NodeState, spec: Node) -> None:
@@ -228,6 +247,9 @@ class Engine:
         node = make_node(spec, pool, old.pidx)
         pool.nodes[old.pidx] = node
         cluster.nodes[spec.name] = node
+        kept.statics.pop(pool.name, None)
+        if old.is_sick or node.is_sick:
+            cluster.find_sick()
         add_capacity(node)
         for task in holders:
             if seat_running(cluster.nodes, task):
@@ -240,7 +262,7 @@ class Engine:
         dirty.add(node)
 
     @staticmethod
-    def _canonical(cluster: Cluster, reservations: tuple[Reservation, ...]) -> None:
+    def _canonical(kept: _Kept, reservations: tuple[Reservation, ...]) -> None:
         """Indexes up to date and every list in the order a fresh build leaves it.
 
         Placement walks index buckets in insertion order and health
@@ -249,12 +271,13 @@ class Engine:
         into that order wherever a holder came or went. Reservations are
         seated last, as the build seats them.
         """
+        cluster = kept.cluster
         dirty = cluster.dirty
         assert dirty is not None
         live = [node for node in dirty if cluster.nodes.get(node.name) is node]
         for node in live:
             node.tasks.sort(key=_seat_order)
-        live.extend(seat_reservations(cluster, reservations))
+        live.extend(seat_reservations(cluster, reservations, kept.jobs))
         buckets: dict[int, dict[int, NodeState]] = {}
         for node in live:
             cluster.refresh_index(node)
@@ -287,13 +310,18 @@ class Engine:
             log.warning("engine_state_dropped", open_entries=cluster.applied - len(journal))
             return False
         Statement(cluster).undo_committed()
-        for job in cluster.jobs:
-            if job.reserved:
-                for held in job.reserved:
-                    placeholder = held.placeholder
-                    if placeholder is not None and placeholder.node is not None:
-                        cluster.release(placeholder)
-                job.reserved = []
+        for job in cluster.reserving:
+            for held in job.reserved:
+                placeholder = held.placeholder
+                if placeholder is not None and placeholder.node is not None:
+                    cluster.release(placeholder)
+            job.reserved = []
+            job.awaiting_room = False
+        cluster.reserving = []
+        # What a session notes on a job (its reasons, what reclaim tried,
+        # the pod that found no room) it notes only on a job with a pending
+        # pod: the others keep nothing of it to take back.
+        for job in cluster.pending_jobs:
             if job.reasons:
                 job.reasons = []
             if job.notes:
@@ -312,3 +340,35 @@ class Engine:
 
 def _job_key(job: JobState) -> str:
     return job.key
+
+
+def _spec_key(spec: Job) -> str:
+    return spec.key
+
+
+def _lists_of(cluster: Cluster, job: JobState) -> list[list[JobState]]:
+    """The key-ordered lists a build puts ``job`` in (see :meth:`JobBuilder.add`)."""
+    lists = [cluster.jobs]
+    if job.queue is not None:
+        lists.append(job.queue.jobs)
+    if job.has_pending:
+        lists.append(cluster.pending_jobs)
+    if job.spec.below_min_member_since is not None:
+        lists.append(cluster.dated_gangs)
+    return lists
+
+
+def _move_last_in_order(items: list[JobState], job: JobState) -> None:
+    """Move ``job``, which the builder has just appended to ``items``, to its place in key order."""
+    if not items or items[-1] is not job:
+        raise _RebuildError("the builder did not list a new job where expected")
+    items.pop()
+    bisect.insort(items, job, key=_job_key)
+
+
+def _take_out(items: list[JobState], job: JobState) -> None:
+    """Remove ``job`` from the key-ordered ``items``."""
+    at = bisect.bisect_left(items, job.key, key=_job_key)
+    if at == len(items) or items[at] is not job:
+        raise _RebuildError(f"job {job.key} is not where key order puts it")
+    del items[at]

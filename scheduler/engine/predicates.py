@@ -56,13 +56,13 @@ FEW_NODES_SHARE = 8
 
 
 def _label_index(cache: PoolCaches, pool: PoolState) -> dict[tuple[str, str], list[int]]:
-    index = cache.label_index
+    index = cache.static.label_index
     if index is None:
         index = {}
         for node in pool.nodes:
             for item in node.spec.labels.items():
                 index.setdefault(item, []).append(node.pidx)
-        cache.label_index = index
+        cache.static.label_index = index
     return index
 
 
@@ -94,7 +94,7 @@ def _term_matches(cache: PoolCaches, pool: PoolState, term: NodeTerm) -> set[int
 def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) -> set[int]:
     """Nodes satisfying the pod's required node affinity and its volumes', cached per distinct set of terms."""
     key = placement.static
-    found = cache.affinity.get(key)
+    found = cache.static.affinity.get(key)
     if found is None:
         if placement.node_terms:
             found = set().union(*(_term_matches(cache, pool, t) for t in placement.node_terms))
@@ -105,7 +105,7 @@ def _affinity_matches(cache: PoolCaches, pool: PoolState, placement: Placement) 
         if placement.avoid:
             avoid = placement.avoid
             found -= {node.pidx for node in pool.nodes if node.name in avoid}
-        cache.affinity[key] = found
+        cache.static.affinity[key] = found
     return found
 
 
@@ -116,15 +116,15 @@ def _open_nodes(cache: PoolCaches, pool: PoolState) -> list[bool]:
     request; judging the taint-free, MIG-free accepting nodes once leaves
     each shape only the few nodes whose taints or MIG it could fail on.
     """
-    found = cache.open_nodes
+    found = cache.static.open_nodes
     if found is None:
         found = []
         for node in pool.nodes:
             plain = not node.mig and not any(t.effect in _BLOCKING_EFFECTS for t in node.spec.taints)
             found.append(node.accepts and plain)
             if node.accepts and not plain:
-                cache.irregular.append(node.pidx)
-        cache.open_nodes = found
+                cache.static.irregular.append(node.pidx)
+        cache.static.open_nodes = found
     return found
 
 
@@ -139,7 +139,7 @@ def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibil
         else None
     )
     key: Shape = (selector, spec.tolerations, task.gpu.is_slice, static)
-    cached = cache.eligibility.get(key)
+    cached = cache.static.eligibility.get(key)
     if cached is None:
         nodes = pool.nodes
         if selector or static is not None:
@@ -157,12 +157,12 @@ def eligibility(cache: PoolCaches, pool: PoolState, task: TaskState) -> Eligibil
                 )
         else:
             ok = list(_open_nodes(cache, pool))
-            for pidx in cache.irregular:
+            for pidx in cache.static.irregular:
                 ok[pidx] = static_exclusion(nodes[pidx], task) is None
         count = sum(ok)
         few = [n for n in nodes if ok[n.pidx]] if count * FEW_NODES_SHARE <= len(nodes) else None
         cached = Eligibility(ok, few)
-        cache.eligibility[key] = cached
+        cache.static.eligibility[key] = cached
     return cached
 
 

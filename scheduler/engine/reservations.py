@@ -29,6 +29,8 @@ pod finds the room kept for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpuwarden.logconfig import get_logger
 from scheduler.engine.model import Reservation, Task, TaskStatus
 from scheduler.engine.predicates import static_exclusion
@@ -115,18 +117,23 @@ def _placeholder(job: JobState, res: Reservation, node: NodeState, positions: tu
     )
 
 
-def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -> list[NodeState]:
+def seat_reservations(
+    cluster: Cluster, reservations: tuple[Reservation, ...], jobs: Mapping[str, JobState] | None = None
+) -> list[NodeState]:
     """Seat each valid reservation's placeholder, or mark its job awaiting; log what lapsed.
 
     Called by the build once every running pod is seated and before the
     placement indexes exist, like a running pod. Returns the nodes that
     placeholders were seated on (whose index entries are then out of date
-    if the indexes do exist).
+    if the indexes do exist). ``jobs`` is the cluster's jobs by key, where
+    the caller keeps them. Each job that holds room is listed once in
+    ``cluster.reserving``.
     """
     seated: list[NodeState] = []
     if not reservations:
         return seated
-    jobs = {job.key: job for job in cluster.jobs}
+    if jobs is None:
+        jobs = {job.key: job for job in cluster.jobs}
     for res in sorted(reservations, key=lambda r: (r.job, r.node, r.gpu_indices)):
         job = jobs.get(res.job)
         why = _lapsed(cluster, job, res)
@@ -144,8 +151,12 @@ def seat_reservations(cluster: Cluster, reservations: tuple[Reservation, ...]) -
             seated.append(node)
             if job.queue is not None:
                 Cluster.charge(job.queue, job.preemptible, placeholder.milli, placeholder.cpu, placeholder.mem)
+            if not job.reserved:
+                cluster.reserving.append(job)
             job.reserved.append(HeldRoom(res, node, placeholder))
         elif _releasing_on(node, positions):
+            if not job.reserved:
+                cluster.reserving.append(job)
             job.reserved.append(HeldRoom(res, node, awaiting=True))
             job.awaiting_room = True
             job.notes.append(_AWAITING_NOTE.format(node=node.name))
@@ -256,7 +267,7 @@ def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tupl
 def kept(cluster: Cluster, new: list[Reservation]) -> tuple[Reservation, ...]:
     """Every reservation to hold after the session: unused old ones, then ``new`` ones, once each."""
     out: dict[tuple[str, str, tuple[int, ...]], Reservation] = {}
-    for job in cluster.jobs:
+    for job in cluster.reserving:
         for held in job.reserved:
             if held.kept:
                 res = held.reservation

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from scheduler.engine.actions import allocate, consolidate, health_evict, preempt, reclaim, stale_gangs
 from scheduler.engine.backlog import BacklogMemo
 from scheduler.engine.build import build_cluster
-from scheduler.engine.caches import SessionCaches
+from scheduler.engine.caches import PoolStatics, SessionCaches
 from scheduler.engine.decisions import decisions
 from scheduler.engine.model import Decisions, Snapshot
 from scheduler.engine.state import Cluster
@@ -64,14 +64,17 @@ def act(
     timings: dict[str, float] | None,
     snapshot: Snapshot | None = None,
     memo: BacklogMemo | None = None,
+    *,
+    statics: dict[str, PoolStatics] | None = None,
 ) -> Decisions:
     """The actions in their order over a built state (of ``snapshot``), then its decisions.
 
     An exception drops everything ``memo`` knew: the session that taught
-    it may have been left half done.
+    it may have been left half done. ``statics`` are the pools' static
+    verdicts on this state's nodes, when the caller keeps them.
     """
     clock = time.perf_counter
-    caches = SessionCaches(backlog=memo)
+    caches = SessionCaches(backlog=memo, statics=statics if statics is not None else {})
     if memo is not None:
         assert snapshot is not None, "a memo compares each session's snapshot with the last"
         memo.begin(snapshot)

@@ -78,6 +78,11 @@ class NodeState:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def is_sick(self) -> bool:
+        """A fatal fault or a GPU out of service: health eviction has work here (fixed for the state's life)."""
+        return self.node_fatal is not None or any(self.gpu_bad_reason)
+
     def position(self, gpu_index: int) -> int | None:
         try:
             return self.gpu_index.index(gpu_index)
@@ -269,6 +274,14 @@ class Cluster:
     indexed: bool = False
     # Jobs with at least one pod that has never run (allocate's work list).
     pending_jobs: list[JobState] = field(default_factory=list)
+    # Jobs whose gang was dated short (``below_min_member_since``): what
+    # the stale-gang action looks at, instead of every job.
+    dated_gangs: list[JobState] = field(default_factory=list)
+    # Jobs that had reservations seated this session, in seating order.
+    reserving: list[JobState] = field(default_factory=list)
+    # Nodes with a fatal fault or a GPU out of service, in the order of
+    # ``nodes``: what health eviction looks at, instead of every node.
+    sick: list[NodeState] = field(default_factory=list)
     # Kept only while the state outlives its session
     # (scheduler.engine.incremental): every committed statement's undo log,
     # how many entries statements applied and did not roll back (equal to
@@ -287,6 +300,10 @@ class Cluster:
     bystanders: tuple[Task, ...] = ()
     bystander_anti: bool = False
     pod_index: PodIndex | None = None
+
+    def find_sick(self) -> None:
+        """Set :attr:`sick` from every node (after a build, or once a node changed its health)."""
+        self.sick = [node for node in self.nodes.values() if node.is_sick]
 
     def set_bystanders(self, tasks: tuple[Task, ...]) -> None:
         """The snapshot's pods on nodes that take no work of ours (see :class:`Snapshot`)."""

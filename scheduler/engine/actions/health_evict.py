@@ -35,7 +35,7 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
     gone: dict[int, str] = {}  # gangs with a member already leaving the failed hardware
     # Jobs with a pod the device manager put on a GPU out of service, and that node.
     misplaced: dict[int, NodeState] = {}
-    for node in cluster.nodes.values():
+    for node in cluster.sick:
         if node.node_fatal is not None:
             why = f"node {node.name}: {node.node_fatal}"
             for task in node.tasks:
@@ -46,8 +46,6 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                     gone.setdefault(id(task.job), why)
             continue
         bad = node.gpu_bad_reason
-        if not any(bad):
-            continue
         for task in node.tasks:
             if not (evictable(task) or task.releasing):
                 continue
@@ -67,9 +65,10 @@ def run(cluster: Cluster, caches: SessionCaches) -> None:
                         hit[id(task)] = (task, why)
                         jobs.setdefault(id(task.job), task.job)
                     break
-    for job in cluster.jobs:
-        if id(job) in gone and job.spec.min_member > 1 and id(job) not in jobs:
-            jobs[id(job)] = job
+    if gone:
+        for job in cluster.jobs:
+            if id(job) in gone and job.spec.min_member > 1 and id(job) not in jobs:
+                jobs[id(job)] = job
     for job in sorted(jobs.values(), key=lambda j: j.key):
         first = next((why for t, why in hit.values() if t.job is job), None) or gone[id(job)]
         for task in job.tasks:

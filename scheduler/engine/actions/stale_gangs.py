@@ -28,7 +28,7 @@ from scheduler.engine.victims import evictable
 
 def run(cluster: Cluster, caches: SessionCaches) -> None:
     stmt = Statement(cluster)
-    for job in cluster.jobs:
+    for job in cluster.dated_gangs:
         since = job.spec.below_min_member_since
         if since is None or cluster.now - since < cluster.stale_gang_grace_s:
             continue

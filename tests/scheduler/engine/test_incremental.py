@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.contract import Action, ConditionType
+from scheduler.engine.build import build_cluster
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import Decisions, Gpu, Job, Node, NodeCondition, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
-from tests.scheduler.engine.test_properties import snapshots, with_running_work
+from scheduler.engine.state import JobState
+from tests.scheduler.engine.test_properties import TAINTS, snapshots, with_running_work
 
 
 def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: int) -> Snapshot:
@@ -49,7 +51,17 @@ def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: i
             else:
                 tasks.append(task)
         if tasks:
-            jobs.append(replace(job, tasks=tuple(tasks), min_member=min(job.min_member, len(tasks))))
+            short = job.below_min_member_since
+            if job.min_member > 1 and data.draw(st.booleans(), label="gang dated short"):
+                short = snapshot.now - data.draw(st.sampled_from([10.0, 10_000.0]), label="short for")
+            jobs.append(
+                replace(
+                    job,
+                    tasks=tuple(tasks),
+                    min_member=min(job.min_member, len(tasks)),
+                    below_min_member_since=short,
+                )
+            )
     if data.draw(st.booleans(), label="new job"):
         queue = data.draw(st.sampled_from([q.name for q in snapshot.queues]), label="queue")
         gpus = data.draw(st.integers(0, 2), label="gpus")
@@ -66,8 +78,14 @@ def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: i
     if data.draw(st.booleans(), label="a node changes"):
         i = data.draw(st.integers(0, len(nodes) - 1), label="node")
         node = nodes[i]
-        change = data.draw(st.sampled_from(["cordon", "drain", "gpu", "xid", "heal"]), label="change")
-        if change == "cordon":
+        change = data.draw(st.sampled_from(["cordon", "drain", "gpu", "xid", "heal", "taint", "zone"]), label="change")
+        if change == "taint":
+            # What placement worked out from the old taints (kept between sessions) must not outlive them.
+            taints = () if node.taints else (data.draw(st.sampled_from(TAINTS), label="taint"),)
+            node = replace(node, taints=taints)
+        elif change == "zone":
+            node = replace(node, labels={**node.labels, "zone": "b" if node.labels.get("zone") == "a" else "a"})
+        elif change == "cordon":
             node = replace(node, schedulable=not node.schedulable)
         elif change == "drain":
             node = replace(node, draining=not node.draining)
@@ -107,6 +125,7 @@ def test_kept_state_decides_as_a_fresh_build(first: Snapshot, data: st.DataObjec
         fresh = run_session(snapshot)
         kept = engine.run(snapshot)
         assert kept == fresh, f"step {step}: the kept state decided differently"
+        _assert_lists_as_built(engine, snapshot)
         snapshot = _next(snapshot, fresh, data, step)
     assert engine.updates + engine.rebuilds == 8
 
@@ -156,3 +175,28 @@ def test_a_nodes_holders_keep_the_builds_order_when_pods_share_a_name_across_nam
     again = replace(first, now=1.0)
     assert engine.run(again) == run_session(again)
     assert engine.updates == 1
+
+
+def _assert_lists_as_built(engine: Engine, snapshot: Snapshot) -> None:
+    """The kept state's work lists hold what a build of ``snapshot`` puts there, in the build's order.
+
+    Decisions alone would miss a list that is wrong only where an action
+    rarely looks (a stale gang, a sick node): the lists are compared
+    themselves.
+    """
+    kept = engine._kept  # the invariant is about the kept state itself
+    if kept is None:
+        return
+    built = build_cluster(snapshot)
+    state = kept.cluster
+
+    def keys(jobs: list[JobState]) -> list[str]:
+        return [job.key for job in jobs]
+
+    assert keys(state.jobs) == keys(built.jobs)
+    assert keys(state.pending_jobs) == keys(built.pending_jobs)
+    assert keys(state.dated_gangs) == keys(built.dated_gangs)
+    assert [n.name for n in state.sick] == [n.name for n in built.sick]
+    for name, queue in built.queues.items():
+        assert keys(state.queues[name].jobs) == keys(queue.jobs), f"queue {name}"
+    assert state.reserving == []  # taken back with the session
