@@ -39,7 +39,7 @@ from gpuwarden.http import HealthServer
 from gpuwarden.kube import KubeApi, RequestStats
 from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
-from scheduler.cluster.assumed import AssumedBinds
+from scheduler.cluster.assumed import AssumedBinds, AssumedEvictions
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache, default_resources
 from scheduler.cluster.cycle import (
@@ -359,6 +359,8 @@ class SchedulerRunner:
         self.remediation_worker = RemediationWorker(self.remediation) if self.remediation is not None else None
         # Binds made that the watch has not shown yet (see :mod:`.assumed`).
         self.assumed = AssumedBinds()
+        # Evictions made that the watch has not shown yet (see :mod:`.assumed`).
+        self.evicting = AssumedEvictions()
         self.views = ClusterViews()
 
     def _reset(self, why: str) -> None:
@@ -465,13 +467,14 @@ class SchedulerRunner:
             return
         self._term = term
         self._cycle_since = time.monotonic()
-        current = self.assumed.overlay(self.views.next(view))
+        current = self.evicting.overlay(self.assumed.overlay(self.views.next(view)))
         viewed = time.monotonic() - began
         try:
             self.last = self.cycle.run(current)
             # Whether the end of a running pod must wake the loop (see ClusterCache.room_wanted).
             self.cache.room_wanted = bool(self.last.decisions.pending or self.last.reservations)
             self.assumed.record(self.last)
+            self.evicting.record(self.last)
             self.cycles += 1
             self.metrics.observe(self.last, view_seconds=viewed)
             self.remediation_metrics.lost(self.last.lost_gpu_seconds)

@@ -14,17 +14,26 @@ shows the next cycles each such pod as bound until the watch does: until the
 cache has the pod with a ``spec.nodeName`` (whatever node: the API server's
 word wins) or no longer has the pod at all. Nothing expires by time: a bind
 that was answered 201 happened, and the watch will show it.
+
+Evictions the same (:class:`AssumedEvictions`): a pod whose eviction the
+API server accepted is shown terminating until the watch shows it so or
+gone. Scheduled from the cache alone, the next cycle (often a few
+milliseconds later) saw the victim still running on the room just freed,
+found the reservation made for that room "held by other work", dropped it,
+and evicted another victim for the same job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
 from scheduler.cluster.assignment import encode_assignment
 from scheduler.cluster.cycle import ClusterView, CycleResult
+from scheduler.cluster.evict import EvictOutcome
 
 JSON = dict[str, Any]
 
@@ -98,3 +107,48 @@ def shown_bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: Assume
             ANNOTATION_GPU_ASSIGNMENT: assumed.assignment,
         }
     return {**pod, "metadata": meta, "spec": {**spec, "nodeName": assumed.node}}
+
+
+class AssumedEvictions:
+    """Pods evicted by earlier cycles that the cache still shows running, by pod UID (the time asked).
+
+    Used from the scheduling loop's one thread. An eviction the API server
+    answered 201 (or 404: gone already) has set the pod's deletion
+    timestamp or removed it, and the watch will show which: nothing
+    expires by time.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def record(self, result: CycleResult) -> None:
+        """Remember the evictions of ``result`` that the API server accepted."""
+        if not result.evictions:
+            return
+        asked = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for outcome in result.evictions:
+            uid = outcome.eviction.uid
+            if uid and outcome.outcome in (EvictOutcome.EVICTED, EvictOutcome.GONE):
+                self._pods[uid] = asked
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """``view`` with every assumed victim shown terminating; assumptions the view confirms are dropped."""
+        if not self._pods:
+            return view
+        shown: dict[str, JSON] = {}
+        for uid, asked in list(self._pods.items()):
+            pod = view.pods.get(uid)
+            meta = pod.get("metadata") if pod is not None else None
+            if pod is None or not isinstance(meta, dict) or meta.get("deletionTimestamp"):
+                del self._pods[uid]  # gone, or the watch caught up
+                continue
+            shown[uid] = {**pod, "metadata": {**meta, "deletionTimestamp": asked}}
+        if not shown:
+            return view
+        changed = view.changed
+        if changed is not None:
+            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
+        return replace(view, pods={**view.pods, **shown}, changed=changed)

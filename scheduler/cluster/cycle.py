@@ -55,7 +55,7 @@ from scheduler.cluster.queues import queue_from_object
 from scheduler.cluster.reservations import (
     ReservationWriter,
     lists_reservations,
-    reservations_from,
+    reservations_by_group,
     reservations_of,
 )
 from scheduler.cluster.short_gangs import ShortGangs
@@ -545,7 +545,7 @@ class SchedulingCycle:
             list(pool.map(lambda spec: self._ensure_podgroup(spec, paced), specs))
 
     def _reservations(self, view: ClusterView, *, full: bool) -> tuple[Reservation, ...]:
-        """:func:`reservations_from` over the view's PodGroups; unless ``full``, only changed ones read again."""
+        """The view's reservations under the writer's unseen writes; unless ``full``, only changed groups read again."""
         keys: Collection[tuple[str, str]]
         if full or view.changed is None:
             self._reserved.clear()
@@ -571,7 +571,7 @@ class SchedulingCycle:
                 self._listing.add(key)
             else:
                 self._listing.discard(key)
-        return tuple(res for key in sorted(self._reserved) for res in self._reserved[key])
+        return self.reservations.overlay(self._reserved, view.podgroups)
 
     def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], dict[str, Finished]]:
         """The groups whose minMember already runs, and how each finished group ended.
@@ -669,7 +669,7 @@ class SchedulingCycle:
                 pod_groups=self.grouper.by_uid,
                 admission=self._admission,
             )
-            reservations = reservations_from(view.podgroups)
+            reservations = self.reservations.overlay(reservations_by_group(view.podgroups), view.podgroups)
             snapshot = self._set_finished_apart(snapshot)
         # Dated first, on the assembler's own jobs: the passes after it
         # replace tasks and keep the date (see JobChanges).

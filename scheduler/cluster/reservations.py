@@ -147,16 +147,47 @@ def reservations_from(podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> tuple[
     return tuple(res for key, obj in sorted(podgroups.items()) for res in reservations_of(key, obj))
 
 
+def reservations_by_group(podgroups: Mapping[GroupKey, Mapping[str, Any]]) -> dict[GroupKey, tuple[Reservation, ...]]:
+    """:func:`reservations_from` by group, leaving out the groups that list none."""
+    found = ((key, reservations_of(key, obj)) for key, obj in podgroups.items())
+    return {key: listed for key, listed in found if listed}
+
+
 @dataclass(slots=True)
 class _Sent:
-    """A write the watch has not shown yet: what was sent, and the PodGroup entry the view held then."""
+    """A write the watch has not shown yet: what was sent, what it lists, and the PodGroup entry the view held then."""
 
     body: list[JSON]
     seen: Mapping[str, Any] | None
+    reservations: tuple[Reservation, ...]
+    # The resourceVersion the API server gave the write, when it reads as a
+    # number (etcd's revision): entries older than it do not show the write.
+    version: int | None = None
+
+    def shown_in(self, obj: Mapping[str, Any] | None) -> bool:
+        """Whether the watched entry ``obj`` shows this write, or something newer, or the group gone.
+
+        A newer entry is not enough: the echo of another write to the same
+        status (the status writer's conditions) can arrive after this write
+        went out and still predate it. Where versions are not numbers,
+        any entry other than the one written over counts as newer.
+        """
+        if obj is self.seen:
+            return False
+        if obj is None or self.version is None:
+            return True
+        version = _version(obj)
+        return version is None or version >= self.version
 
 
-# What one reservation patch came to (ReservationWriter._patch).
-_SENT, _GONE, _FAILED = object(), object(), object()
+def _version(obj: Mapping[str, Any] | None) -> int | None:
+    meta = obj.get("metadata") if obj is not None else None
+    value = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+# What one reservation patch came to when it wrote nothing (ReservationWriter._patch).
+_GONE, _FAILED = object(), object()
 # Reservation patches in flight at once.
 RESERVATION_WRITERS = 8
 
@@ -223,12 +254,38 @@ class ReservationWriter:
         for (key, body, obj), answer in zip(todo, answers, strict=True):
             if answer is _GONE:
                 self._sent.pop(key, None)
-            elif answer is _SENT:
-                self._sent[key] = _Sent(body, obj)
+            elif answer is not _FAILED:
+                job = f"{key[0]}/{key[1]}"
+                written = tuple(decode_entry(job, entry) for entry in body)
+                self._sent[key] = _Sent(body, obj, written, _version(answer if isinstance(answer, dict) else None))
                 sent_now += 1
         for key in [k for k in self._sent if k not in groups]:
             del self._sent[key]
         return sent_now
+
+    def overlay(
+        self,
+        shown: Mapping[GroupKey, tuple[Reservation, ...]],
+        podgroups: Mapping[GroupKey, Mapping[str, Any]],
+    ) -> tuple[Reservation, ...]:
+        """``shown`` (each watched PodGroup's reservations) with this writer's writes the view does not show yet.
+
+        The next cycle often starts before the watch has brought back the
+        cycle's own reservation patches. Read from the view alone, room
+        just reserved for a job looked free and went to another job (the
+        reservation then lapsed, and the evictions that made the room were
+        for nothing), and room a bind had just taken was held again. Under
+        a deep backlog that turned most reclaims into waste.
+        """
+        merged = dict(shown)
+        for key, sent in self._sent.items():
+            if sent.shown_in(podgroups.get(key)):
+                continue  # the view has caught up: its word stands
+            if sent.reservations:
+                merged[key] = sent.reservations
+            else:
+                merged.pop(key, None)
+        return tuple(res for key in sorted(merged) for res in merged[key])
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -244,14 +301,14 @@ class ReservationWriter:
     def _held(self, key: GroupKey, obj: Mapping[str, Any] | None) -> list[JSON]:
         """What the API server holds for ``key``, as far as this writer knows."""
         sent = self._sent.get(key)
-        if sent is not None and sent.seen is obj:
-            return sent.body  # the view has shown nothing newer than the entry it held when this was sent
-        self._sent.pop(key, None)  # a newer entry: the server's word from now on
+        if sent is not None and not sent.shown_in(obj):
+            return sent.body  # the view has not caught up with this write
+        self._sent.pop(key, None)  # the view shows it or newer: the server's word from now on
         shown: list[JSON] = (_listed(obj) if obj is not None else None) or []
         return shown
 
     def _patch(self, key: GroupKey, body: list[JSON]) -> object:
-        """Send ``body``: _SENT, _GONE (the PodGroup is not there) or _FAILED (the next cycle tries again)."""
+        """Send ``body``: the PodGroup as written, _GONE (it is not there) or _FAILED (the next cycle tries again)."""
         namespace, name = key
         try:
             reply = self._api.patch_podgroup_status(namespace, name, {"status": {STATUS_FIELD: body or None}})
@@ -269,4 +326,4 @@ class ReservationWriter:
             log.debug("reservation_group_gone", podgroup=f"{namespace}/{name}")
             return _GONE
         log.info("reservations_written", podgroup=f"{namespace}/{name}", count=len(body))
-        return _SENT
+        return reply

@@ -1,14 +1,15 @@
-"""Assumed binds: a pod bound by an earlier cycle counts as bound until the watch shows it."""
+"""Assumed binds and evictions: what an earlier cycle did counts as done until the watch shows it."""
 
 from __future__ import annotations
 
-from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
+from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT, EvictionAction
 from scheduler.cluster.assignment import decode_assignment
-from scheduler.cluster.assumed import AssumedBinds
+from scheduler.cluster.assumed import AssumedBinds, AssumedEvictions
 from scheduler.cluster.bind import BindOutcome, BindResult
 from scheduler.cluster.convert import task_from_pod
 from scheduler.cluster.cycle import ClusterView, CycleResult
-from scheduler.engine.model import Bind, Decisions, Snapshot, TaskStatus
+from scheduler.cluster.evict import EvictOutcome, EvictResult
+from scheduler.engine.model import Bind, Decisions, Eviction, Snapshot, TaskStatus
 from tests.scheduler.builders import node
 from tests.scheduler.cluster.objects import pod_json
 
@@ -80,3 +81,47 @@ def test_a_pod_without_gpus_is_shown_bound_without_an_assignment() -> None:
 
     assert shown["spec"]["nodeName"] == "n2"
     assert ANNOTATION_GPU_ASSIGNMENT not in shown["metadata"]["annotations"]
+
+
+def _evicted(*outcomes: tuple[str, EvictOutcome]) -> CycleResult:
+    return CycleResult(
+        snapshot=Snapshot(nodes=(node("n1"),)),
+        decisions=Decisions(),
+        binds=(),
+        evictions=tuple(
+            EvictResult(
+                Eviction(
+                    job=f"team-a/{name}",
+                    namespace="team-a",
+                    pod=name,
+                    uid=f"uid-team-a-{name}",
+                    node="n1",
+                    action=EvictionAction.RECLAIM,
+                    reason="r",
+                ),
+                outcome,
+            )
+            for name, outcome in outcomes
+        ),
+        seconds=0.0,
+    )
+
+
+def test_an_evicted_pod_the_watch_still_shows_running_is_seen_terminating_until_the_watch_catches_up() -> None:
+    """The room it holds is freeing, not held: a reservation made for it must not lapse as 'held by other work'."""
+    evicting = AssumedEvictions()
+    evicting.record(_evicted(("a", EvictOutcome.EVICTED), ("b", EvictOutcome.REFUSED), ("c", EvictOutcome.GONE)))
+    running = pod_json("a", gpus=1, node="n1")
+    refused = pod_json("b", gpus=1, node="n1")
+
+    view = evicting.overlay(_view(running, refused))
+
+    assert task_from_pod(view.pods["uid-team-a-a"]).status is TaskStatus.RELEASING
+    assert view.pods["uid-team-a-b"] is refused, "a refused eviction changed nothing"
+    assert "deletionTimestamp" not in running["metadata"], "the cache's own object is left as it is"
+    assert len(evicting) == 1, "c is in no view: forgotten"
+    # The watch shows the deletion: its object from then on.
+    deleting = pod_json("a", gpus=1, node="n1")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+    assert evicting.overlay(_view(deleting)).pods["uid-team-a-a"] is deleting
+    assert len(evicting) == 0

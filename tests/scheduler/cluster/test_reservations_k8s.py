@@ -24,6 +24,7 @@ from gpuwarden import contract
 from gpuwarden.contract import Action, EvictionAction
 from gpuwarden.localcluster import ControlPlane
 from scheduler.cluster.assignment import decode_assignment
+from scheduler.cluster.assumed import AssumedEvictions
 from scheduler.engine.model import Reservation
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
@@ -153,6 +154,59 @@ def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
     assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
     assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
     assert not podgroup_status(k8s, namespace, "big").get("reservations")
+
+
+def test_room_reserved_a_cycle_ago_is_held_before_the_watch_shows_the_reservation(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """The next cycle often starts before the PodGroup's echo: the room must not go to another job meanwhile."""
+    nodes, q = _fragmented(k8s, namespace, cluster, queue)
+    podgroup(k8s, namespace, "big", q, 1)
+    pod(k8s, namespace, "big", group="big", gpus=2)
+    cycle = new_cycle(k8s)
+    before = view(k8s, nodes)
+    (moved,) = cycle.run(before).evictions
+    target = moved.eviction.node
+    (entry,) = podgroup_status(k8s, namespace, "big")["reservations"]
+    complete_pod_deletion(k8s, moved.eviction.pod, namespace)
+    podgroup(k8s, namespace, "urgent", queue(16), 1)
+    pod(k8s, namespace, "urgent", group="urgent", gpus=2)
+    # Everything current but big's PodGroup, whose watched entry is still the
+    # one the reservation was written over.
+    now = view(k8s, nodes)
+    key = (namespace, "big")
+    lagging = replace(now, podgroups={**now.podgroups, key: before.podgroups[key]})
+    assert not (before.podgroups[key].get("status") or {}).get("reservations")
+    cycle.run(lagging)
+    assert node_of(k8s, namespace, "big") == target
+    assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
+    assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
+
+
+def test_room_freed_a_cycle_ago_is_held_before_the_watch_shows_the_victim_leave(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """Seen running by a view that predates its eviction, the victim must not make the reservation lapse."""
+    nodes, q = _fragmented(k8s, namespace, cluster, queue)
+    podgroup(k8s, namespace, "big", q, 1)
+    pod(k8s, namespace, "big", group="big", gpus=2)
+    cycle = new_cycle(k8s)
+    evicting = AssumedEvictions()
+    before = view(k8s, nodes)
+    first = cycle.run(before)
+    evicting.record(first)
+    (moved,) = first.evictions
+    (entry,) = podgroup_status(k8s, namespace, "big")["reservations"]
+    # The watch has shown the reservation, not yet the eviction: the victim still runs there.
+    now = view(k8s, nodes)
+    victim = moved.eviction.uid
+    lagging = replace(now, pods={**now.pods, victim: before.pods[victim]})
+    assert not before.pods[victim]["metadata"].get("deletionTimestamp")
+    with capture_logs() as logs:
+        second = cycle.run(evicting.overlay(lagging))
+    assert not [e for e in logs if e["event"] == "reservation_lapsed" and e["job"] == f"{namespace}/big"]
+    assert second.evictions == (), "nothing more is evicted for big"
+    assert podgroup_status(k8s, namespace, "big")["reservations"] == [entry]
 
 
 def test_a_faulted_gpu_loses_its_gang_through_evictions_a_budget_holds_back_and_only_it_stops(

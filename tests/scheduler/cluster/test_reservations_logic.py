@@ -118,3 +118,59 @@ def test_a_watch_that_lags_never_makes_the_writer_keep_a_lapsed_reservation() ->
     assert api.patches[-1] == ("g", None)
     # A newer entry that shows it cleared: nothing more to send.
     assert writer.write([], {("ns", "g"): _group(None)}) == 0
+
+
+def test_the_next_cycle_reads_the_writers_own_writes_before_the_watch_shows_them() -> None:
+    """Room just reserved must not look free (nor room just released look held) until the echo comes."""
+    api = _Api()
+    writer = ReservationWriter(api)  # type: ignore[arg-type]
+    room = Reservation("ns/g", "n1", (0,), cpu_milli=1000, memory_mib=1024, expires=2_000_000_000)
+    other = Reservation("ns/h", "n2", (1,), expires=2_000_000_000)
+    before = {("ns", "g"): _group(None), ("ns", "h"): _group(encode([other]))}
+    shown = {("ns", "h"): (other,)}
+    assert writer.overlay(shown, before) == (other,)
+    assert writer.write([room, other], before) == 1
+    # The view has not changed: the written room is held all the same.
+    assert writer.overlay(shown, before) == (room, other)
+    # The room is taken (a bind) and the clear is written; the view still shows the write before it.
+    echoed = {**before, ("ns", "g"): _group(encode([room]))}
+    assert writer.write([other], echoed) == 1
+    assert writer.overlay({**shown, ("ns", "g"): (room,)}, echoed) == (other,)
+    # A newer entry than the one the clear was sent over: the view's word stands.
+    again = {**before, ("ns", "g"): _group(encode([room]))}
+    assert writer.overlay({**shown, ("ns", "g"): (room,)}, again) == (room, other)
+
+
+class _VersionedApi(_Api):
+    """Answers each patch with the PodGroup as written, at the next resourceVersion."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.version = version
+
+    def patch_podgroup_status(self, namespace: str, name: str, patch: Any) -> Any:
+        super().patch_podgroup_status(namespace, name, patch)
+        self.version += 1
+        return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": str(self.version)}}
+
+
+def _at(version: int, reservations: list[dict[str, Any]] | None) -> dict[str, Any]:
+    group = _group(reservations)
+    group["metadata"]["resourceVersion"] = str(version)
+    return group
+
+
+def test_an_echo_older_than_the_write_does_not_hide_it() -> None:
+    """Another writer's status patch, echoed after the reservation went out, predates it: the room stays held."""
+    api = _VersionedApi(100)
+    writer = ReservationWriter(api)  # type: ignore[arg-type]
+    room = Reservation("ns/g", "n1", (0,), cpu_milli=1000, memory_mib=1024, expires=2_000_000_000)
+    key = ("ns", "g")
+    assert writer.write([room], {key: _at(100, None)}) == 1  # written at version 101
+    # Another entry than the one written over, but from before the write: a status patch echoed late.
+    older = {key: {**_at(100, None), "status": {"phase": "Pending"}}}
+    assert writer.overlay({}, older) == (room,)
+    assert writer.write([room], older) == 0, "the server holds it: not sent again"
+    # The echo of the write itself, or anything after it: the view's word.
+    assert writer.overlay({}, {key: _at(101, None)}) == ()
+    assert writer.overlay({}, {}) == (), "a PodGroup gone holds nothing"
