@@ -44,7 +44,9 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # Below the level, a line is dropped before anything is stamped or
+        # merged: the scheduler's hot paths keep their debug lines.
+        processors=[structlog.stdlib.filter_by_level, *shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         # Not cached: a module's logger keeps following the configuration,

@@ -103,7 +103,10 @@ def register(sub: Any) -> None:
         "--evictions-per-second",
         type=number(high=10_000.0, what="rate"),
         default=10.0,
-        help="eviction rate limit of scheduling: reclaim, preemption, consolidation (a gang's pods leave together)",
+        help=(
+            "eviction rate limit of scheduling: reclaim, preemption, consolidation (a gang's pods leave together, "
+            "as do the victims evicted for one job)"
+        ),
     )
     add_flag(
         connected,

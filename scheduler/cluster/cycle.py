@@ -71,6 +71,7 @@ from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
     Decisions,
+    Eviction,
     Job,
     JobStatus,
     Node,
@@ -175,6 +176,21 @@ class CycleResult:
     # What the session's backlog memo spared it (scheduler.engine.backlog);
     # None without one (the full-rebuild path).
     backlog: BacklogCounts | None = None
+
+
+def _freed_only(held: tuple[Reservation, ...], unsent: Sequence[Eviction]) -> tuple[Reservation, ...]:
+    """``held`` without the room that evictions the rate deferred were to free.
+
+    Nothing of it is freeing (the rate defers a beneficiary's victims
+    together): held, the next cycle would find the victims still running
+    there, let the reservation lapse and plan the evictions afresh anyway,
+    having kept the room from everyone for a cycle. Dropped, the next
+    cycle plans them afresh at once. A consolidation's deferred move also
+    takes back the room kept for the moved pod's job.
+    """
+    lost = {(ev.beneficiary, ev.node) for ev in unsent if ev.beneficiary is not None}
+    moved = {ev.job for ev in unsent if ev.action is contract.EvictionAction.CONSOLIDATE}
+    return tuple(r for r in held if (r.job, r.node) not in lost and r.job not in moved)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -738,6 +754,9 @@ class SchedulingCycle:
         # failed pipelined bind keeps its reservation for the next cycle.
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
         held = tuple(r for r in decisions.reservations if (r.job, r.node, r.gpu_indices) not in taken)
+        unsent = [r.eviction for r in attempted if r.outcome is EvictOutcome.DEFERRED]
+        if unsent:
+            held = _freed_only(held, unsent)
         gang_met, finished = self._job_facts(snapshot)
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))

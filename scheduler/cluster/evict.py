@@ -159,22 +159,21 @@ class Evictor:
     def evict_all(self, evictions: Sequence[Eviction], *, wait: bool = True) -> list[EvictResult]:
         """Execute ``evictions``; one result per eviction, in the same order.
 
-        With ``wait`` a gang whose tokens are not there yet waits for them.
+        With ``wait`` a unit whose tokens are not there yet waits for them.
         Without it (the scheduling cycle, whose binds must not sleep behind
-        the eviction rate) the gangs the bucket does not cover now are
+        the eviction rate) the units the bucket does not cover now are
         reported ``DEFERRED`` and not sent: the engine decides them again
-        next cycle. The first gang deferred defers every gang after it, so
-        that small gangs cannot keep taking the tokens a large one waits for.
+        next cycle. A unit is what must go together (:func:`eviction_units`):
+        a victim gang, and every victim of one beneficiary. The first unit
+        deferred defers every unit after it, so that small ones cannot keep
+        taking the tokens a large one waits for.
         """
         if not evictions:
             return []
-        gangs: dict[str, list[int]] = {}
-        for i, ev in enumerate(evictions):
-            gangs.setdefault(ev.job, []).append(i)
         futures: dict[int, Future[EvictResult]] = {}
         deferred: dict[int, EvictResult] = {}
         with ThreadPoolExecutor(max_workers=min(self._workers, len(evictions)), thread_name_prefix="evict") as pool:
-            for members in gangs.values():
+            for members in eviction_units(evictions):
                 if wait:
                     self._bucket.take(len(members))
                 elif deferred or not self._bucket.try_take(len(members)):
@@ -204,6 +203,32 @@ class Evictor:
             return EvictResult(ev, EvictOutcome.REFUSED, f"refused: {answer.detail}", tries)
         log.warning("eviction_failed", error=answer.detail, status=answer.status, **fields)
         return EvictResult(ev, EvictOutcome.FAILED, str(answer), tries)
+
+
+def eviction_units(evictions: Sequence[Eviction]) -> list[list[int]]:
+    """``evictions`` (by index) in the units the rate lets through whole, in order of first appearance.
+
+    Evictions of one victim gang are one unit: a gang leaves whole. So are
+    the victims evicted for one beneficiary: half of them sent, the room
+    made for it would be half free, its reservation would lapse once the
+    sent ones were gone, and the engine would evict others for it while
+    the rest still ran. Units that share a gang or a beneficiary merge.
+    """
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for ev in evictions:
+        if ev.beneficiary is not None:
+            parent[root("victim:" + ev.job)] = root("for:" + ev.beneficiary)
+    units: dict[str, list[int]] = {}
+    for i, ev in enumerate(evictions):
+        units.setdefault(root("victim:" + ev.job), []).append(i)
+    return list(units.values())
 
 
 def refused_pods(results: Sequence[EvictResult]) -> dict[str, str]:

@@ -41,7 +41,9 @@ class RetryPolicy:
 
 def call_with_retries(policy: RetryPolicy, request: Callable[[], T]) -> tuple[T | ApiError, int]:
     """``request()``'s answer, or the last ApiError; with the number of tries made."""
-    backoff = policy.backoff()
+    # Made at the first failure: a Backoff seeds its own random generator,
+    # which cost a bind's hot path more than building the request did.
+    backoff: Backoff | None = None
     tries = 0
     while True:
         tries += 1
@@ -51,4 +53,6 @@ def call_with_retries(policy: RetryPolicy, request: Callable[[], T]) -> tuple[T 
             retry = err.transient and err.status not in policy.never_retry and tries < policy.attempts
             if not retry:
                 return err, tries
+        if backoff is None:
+            backoff = policy.backoff()
         policy.sleep(backoff.next_delay())

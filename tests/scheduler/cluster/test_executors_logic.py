@@ -13,7 +13,7 @@ from gpuwarden.kube import ApiError, Backoff
 from scheduler.cluster import status
 from scheduler.cluster.bind import binding_body
 from scheduler.cluster.cycle import SchedulingCycle
-from scheduler.cluster.evict import Evictor, EvictOutcome, TokenBucket, eviction_body
+from scheduler.cluster.evict import Evictor, EvictOutcome, TokenBucket, eviction_body, eviction_units
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
@@ -647,3 +647,18 @@ def test_the_writer_forgets_deleted_podgroups_and_writes_one_made_again_afresh()
     # A full check (the view was read whole, after that write) finds c gone too.
     shown = {("ns", "a"): api.shown[("ns", "a")]}
     assert writer.forget_gone(shown, None) == 1
+
+
+def test_a_beneficiarys_victims_and_a_victim_gang_are_one_unit_of_the_rate() -> None:
+    def ev(job: str, pod: str, beneficiary: str | None) -> Eviction:
+        return Eviction(f"ns/{job}", "ns", pod, "", "n", EvictionAction.RECLAIM, "r", beneficiary)
+
+    decided = [
+        ev("a", "a-0", "ns/x"),  # x needs a-0 and b-0 (two victim jobs)
+        ev("c", "c-0", "ns/y"),
+        ev("b", "b-0", "ns/x"),
+        ev("c", "c-1", "ns/y"),
+        ev("d", "d-0", None),  # health: its own unit
+        ev("b", "b-1", "ns/z"),  # gang b leaves whole: z joins x's unit
+    ]
+    assert eviction_units(decided) == [[0, 2, 5], [1, 3], [4]]

@@ -22,9 +22,12 @@ from structlog.testing import capture_logs
 
 from gpuwarden import contract
 from gpuwarden.contract import Action, EvictionAction
+from gpuwarden.kube import KubeApi
 from gpuwarden.localcluster import ControlPlane
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.assumed import AssumedEvictions
+from scheduler.cluster.cycle import SchedulingCycle
+from scheduler.cluster.evict import Evictor, TokenBucket
 from scheduler.engine.model import Reservation
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running
@@ -109,6 +112,38 @@ def test_reclaim_brings_two_queues_to_their_fair_shares_and_holds_the_room_until
     for q in (lender, owed):
         status = _queue_status(k8s, q)
         assert status["allocated"]["gpu"] == status["fairShare"]["gpu"] == 4, status
+
+
+def test_victims_the_eviction_rate_holds_back_go_together_and_no_room_is_held_for_them_meanwhile(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """Two victims of two jobs for one beneficiary, one token: neither goes, and nothing is reserved."""
+    nodes = set(cluster(1))
+    lender, owed = queue(4), queue(4)
+    borrowed = [f"lend-{i}" for i in range(8)]
+    for name in borrowed:
+        podgroup(k8s, namespace, name, lender, 1)
+        pod(k8s, namespace, name, group=name)
+    _run_all(k8s, namespace, borrowed, nodes)
+    podgroup(k8s, namespace, "owed", owed, 1)
+    pod(k8s, namespace, "owed", group="owed", gpus=2)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    clock = [0.0]
+    bucket = TokenBucket(rate=1.0, burst=3, clock=lambda: clock[0], sleep=lambda _: None)
+    bucket.take(2)  # one token left
+    cycle = SchedulingCycle(api, evictor=Evictor(api, bucket=bucket))
+
+    first = cycle.run(view(k8s, nodes))
+    assert [r.outcome for r in first.evictions] == [], "deferred evictions are not the cycle's evictions"
+    assert _terminating(k8s, namespace, borrowed) == []
+    assert first.reservations == () and not podgroup_status(k8s, namespace, "owed").get("reservations")
+
+    clock[0] += 2.0  # two tokens: both victims go at once, and the room is held
+    second = cycle.run(view(k8s, nodes))
+    assert len(second.evictions) == 2 and all(r.ok for r in second.evictions)
+    assert len(_terminating(k8s, namespace, borrowed)) == 2
+    (entry,) = podgroup_status(k8s, namespace, "owed")["reservations"]
+    assert len(entry["gpus"]) == 2
 
 
 def _fragmented(
