@@ -552,7 +552,13 @@ class SnapshotAssembler:
             for indices in state.held.get(name, {}).values():
                 held.update(indices)
             tasks = [f.foreign_task() for f in node_pods.values()]
-            externals[name] = external_job(engine_node, tasks, held)
+            job = external_job(engine_node, tasks, held)
+            # A node is dirty whenever a pod of ours binds or ends there:
+            # the same external job as before stays the same object, so that
+            # the engine (which diffs jobs by identity) does not take it out
+            # and put it back.
+            before = externals.get(name)
+            externals[name] = before if before == job else job
         return {state.engine_nodes[name].pool for name in externals}
 
     def _job(  # noqa: PLR0917 (one call site)

@@ -286,3 +286,29 @@ def test_other_schedulers_pods_that_did_not_change_leave_every_job_as_it_was_for
     monkeypatch.setattr(JobBuilder, "add", counting)
     engine.run(second)
     assert added == []
+
+
+def test_a_pod_of_ours_binding_beside_other_schedulers_pods_leaves_their_job_as_it_was() -> None:
+    """Our bind dirties the node; the external job of its other pods is the same object unless it changed."""
+    nodes = {name: node_json(name) for name in NODE_NAMES}
+    gpunodes = {name: gpunode_json(report(name)) for name in NODE_NAMES}
+    pods = {
+        "other": pod_json("other", node="n0", gpus=2, scheduler="default-scheduler"),
+        "ours": pod_json("ours", group="g", gpus=1),
+    }
+    groups = {("team-a", "g"): GroupInfo("team-a")}
+    assembler = SnapshotAssembler()
+    first = assembler.snapshot(nodes, gpunodes, pods, QUEUES, groups, NOW, CONFIG)
+    assignment = json.dumps({"node": "n0", "gpus": [{"index": 7, "memoryMiB": 81559}]})
+    bound = {**pods, "ours": pod_json("ours", group="g", gpus=1, node="n0", assignment=assignment)}
+    second = assembler.snapshot(
+        nodes, gpunodes, bound, QUEUES, groups, NOW + 1, CONFIG, changes=Changes(pods=frozenset({"ours"}))
+    )
+    assert canonical(second) == canonical(
+        snapshot_from(nodes, gpunodes, bound.values(), QUEUES, groups, NOW + 1, CONFIG)
+    )
+
+    def external(snapshot: Snapshot) -> Job:
+        return next(j for j in snapshot.jobs if j.name == f"{EXTERNAL_JOB_PREFIX}n0")
+
+    assert external(second) is external(first)
