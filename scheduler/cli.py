@@ -80,7 +80,8 @@ def register(sub: Any) -> None:
         type=number(high=10_000.0, allow_low=True, what="rate"),
         default=200.0,
         help="PodGroup creates and status patches per second, written behind the cycles, so that a flush of "
-        "deferred bookkeeping never takes the API server from binds at once (0: unpaced)",
+        "deferred bookkeeping never takes the API server from binds at once; a quarter of it while cycles "
+        "are binding (0: unpaced)",
     )
     add_flag(
         connected,

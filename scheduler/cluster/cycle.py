@@ -97,6 +97,11 @@ BOOKKEEPING_QUIET_S = 1.0
 # status patches behind the cycles, per second): five times what steady
 # arrivals of 20 pods a second need, a fifth of a busy API server's writes.
 BOOKKEEPING_QPS = 200.0
+# While cycles are binding, the pace is this share of it: the writes held
+# back for 30 s of steady arrivals (a create and a status per pod) then go
+# out over most of the next 30 s instead of in a few seconds, during which
+# every bind waited longer on the shared API server.
+BOOKKEEPING_BUSY_SHARE = 0.25
 warn = WarnOnce(__name__)
 # Threads that write PodGroups and their status behind the cycles (the
 # runner's choice). Few: those writes wait for nobody, and every thread that
@@ -263,6 +268,8 @@ class SchedulingCycle:
             if writes_in_background and bookkeeping_qps > 0
             else None
         )
+        busy_qps = bookkeeping_qps * BOOKKEEPING_BUSY_SHARE
+        self._busy_bucket = TokenBucket(busy_qps, max(1, int(busy_qps / 10))) if self._bucket is not None else None
         # Set by close: what is still queued then goes out at once (a
         # stopping process drains; after a lost lease every write is refused
         # at the fence, and pacing a thousand refusals would only hold up the
@@ -353,9 +360,12 @@ class SchedulingCycle:
         return problems
 
     def _take_token(self) -> None:
-        """Wait for the bookkeeping pace (see ``_bucket``), unless the cycle is closing."""
-        if self._bucket is not None and not self._closing:
-            self._bucket.take()
+        """Wait for the bookkeeping pace (see ``_bucket``; slower while cycles bind), unless the cycle is closing."""
+        if self._bucket is None or self._closing:
+            return
+        binding = time.monotonic() - self._bound_at < self._quiet_s
+        bucket = self._busy_bucket if binding and self._busy_bucket is not None else self._bucket
+        bucket.take()
 
     def _ensure_podgroup(self, spec: GroupSpec, paced: bool = False) -> None:
         """Create the PodGroup a derived group needs (once; it is owned by the workload)."""

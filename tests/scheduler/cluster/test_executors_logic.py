@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -576,7 +577,7 @@ def test_a_closing_cycle_drains_its_bookkeeping_without_waiting_for_the_pace() -
     api = _CreateApi()
     clock = FakeTime()
     cycle = SchedulingCycle(api, writes_in_background=True, bookkeeping_qps=1.0)  # type: ignore[arg-type]
-    cycle._bucket = TokenBucket(1.0, 1, clock=clock.clock, sleep=clock.sleep)
+    cycle._bucket = cycle._busy_bucket = TokenBucket(1.0, 1, clock=clock.clock, sleep=clock.sleep)
     specs = [GroupSpec(namespace="ns", name=f"pg-{i}", queue="q", min_member=1) for i in range(6)]
     try:
         for spec in specs[:3]:  # one at a time: the fake clock is not shared between threads
@@ -586,6 +587,27 @@ def test_a_closing_cycle_drains_its_bookkeeping_without_waiting_for_the_pace() -
         cycle.close()
     cycle._create_podgroups(specs[3:], paced=True)  # what a drain still writes once closing
     assert len(clock.slept) == 2 and len(api.created) == 6
+
+
+def test_bookkeeping_goes_slower_while_cycles_are_binding() -> None:
+    """Held-back writes flushed while pods keep arriving must not take the API server from their binds at once."""
+    api = _CreateApi()
+    fast, slow = FakeTime(), FakeTime()
+    cycle = SchedulingCycle(api, writes_in_background=True, bookkeeping_qps=4.0)  # type: ignore[arg-type]
+    cycle._bucket = TokenBucket(4.0, 1, clock=fast.clock, sleep=fast.sleep)
+    cycle._busy_bucket = TokenBucket(1.0, 1, clock=slow.clock, sleep=slow.sleep)
+    specs = [GroupSpec(namespace="ns", name=f"pg-{i}", queue="q", min_member=1) for i in range(6)]
+    try:
+        cycle._bound_at = time.monotonic()  # a cycle has just bound
+        for spec in specs[:3]:
+            cycle._create_podgroups([spec], paced=True)
+        assert (slow.slept, fast.slept) == ([1.0, 1.0], [])
+        cycle._bound_at = time.monotonic() - 60  # no bind for a minute: the full pace
+        for spec in specs[3:]:
+            cycle._create_podgroups([spec], paced=True)
+        assert fast.slept == [0.25, 0.25] and len(slow.slept) == 2
+    finally:
+        cycle.close()
 
 
 class _ShownApi(_GroupApi):
