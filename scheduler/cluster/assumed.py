@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
 from scheduler.cluster.assignment import encode_assignment
@@ -36,6 +36,48 @@ from scheduler.cluster.cycle import ClusterView, CycleResult
 from scheduler.cluster.evict import EvictOutcome
 
 JSON = dict[str, Any]
+T = TypeVar("T")
+
+
+class _Assumed(Generic[T]):
+    """Pods an earlier cycle wrote that the cache does not show written yet, by pod UID, with what was written.
+
+    Used from the scheduling loop's one thread.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, T] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def _confirmed(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the cache's ``pod`` shows the write (or can show nothing of it)."""
+        raise NotImplementedError
+
+    def _shown(self, pod: Mapping[str, Any], assumed: T) -> JSON:
+        """A copy of ``pod`` as the API server holds it after the write (the cache's own dict is not touched)."""
+        raise NotImplementedError
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """``view`` with every assumed pod shown written; assumptions the view confirms are dropped."""
+        if not self._pods:
+            return view
+        shown: dict[str, JSON] = {}
+        for uid, assumed in list(self._pods.items()):
+            pod = view.pods.get(uid)
+            if pod is None or self._confirmed(pod):
+                del self._pods[uid]  # gone, or the watch caught up
+                continue
+            shown[uid] = self._shown(pod, assumed)
+        if not shown:
+            return view
+        # The shown pods are new objects: a cycle reading only what changed
+        # must read them too (and again each cycle while they are assumed).
+        changed = view.changed
+        if changed is not None:
+            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
+        return replace(view, pods={**view.pods, **shown}, changed=changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +88,8 @@ class AssumedBind:
     assignment: str | None
 
 
-class AssumedBinds:
-    """Pods bound by earlier cycles whose binding the cache does not show yet, by pod UID.
-
-    Used from the scheduling loop's one thread.
-    """
-
-    def __init__(self) -> None:
-        self._pods: dict[str, AssumedBind] = {}
-
-    def __len__(self) -> int:
-        return len(self._pods)
+class AssumedBinds(_Assumed[AssumedBind]):
+    """Pods bound by earlier cycles whose binding the cache does not show yet."""
 
     def record(self, result: CycleResult) -> None:
         """Remember the binds of ``result`` that the API server accepted."""
@@ -74,26 +107,12 @@ class AssumedBinds:
                     assignment = None  # the binder refused such a bind; nothing was written
             self._pods[bind.uid] = AssumedBind(bind.node, assignment)
 
-    def overlay(self, view: ClusterView) -> ClusterView:
-        """``view`` with every assumed pod shown bound; assumptions the view confirms are dropped."""
-        if not self._pods:
-            return view
-        shown: dict[str, JSON] = {}
-        for uid, assumed in list(self._pods.items()):
-            pod = view.pods.get(uid)
-            spec = pod.get("spec") if pod is not None else None
-            if pod is None or not isinstance(spec, dict) or spec.get("nodeName"):
-                del self._pods[uid]  # gone, or the watch caught up
-                continue
-            shown[uid] = shown_bound(pod, spec, assumed)
-        if not shown:
-            return view
-        # The shown pods are new objects: a cycle reading only what changed
-        # must read them too (and again each cycle while they are assumed).
-        changed = view.changed
-        if changed is not None:
-            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
-        return replace(view, pods={**view.pods, **shown}, changed=changed)
+    def _confirmed(self, pod: Mapping[str, Any]) -> bool:
+        spec = pod.get("spec")
+        return not isinstance(spec, dict) or bool(spec.get("nodeName"))
+
+    def _shown(self, pod: Mapping[str, Any], assumed: AssumedBind) -> JSON:
+        return shown_bound(pod, pod["spec"], assumed)
 
 
 def shown_bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: AssumedBind) -> JSON:
@@ -109,20 +128,13 @@ def shown_bound(pod: Mapping[str, Any], spec: Mapping[str, Any], assumed: Assume
     return {**pod, "metadata": meta, "spec": {**spec, "nodeName": assumed.node}}
 
 
-class AssumedEvictions:
-    """Pods evicted by earlier cycles that the cache still shows running, by pod UID (the time asked).
+class AssumedEvictions(_Assumed[str]):
+    """Pods evicted by earlier cycles that the cache still shows running, with the time asked.
 
-    Used from the scheduling loop's one thread. An eviction the API server
-    answered 201 (or 404: gone already) has set the pod's deletion
-    timestamp or removed it, and the watch will show which: nothing
-    expires by time.
+    An eviction the API server answered 201 (or 404: gone already) has set
+    the pod's deletion timestamp or removed it, and the watch will show
+    which: nothing expires by time.
     """
-
-    def __init__(self) -> None:
-        self._pods: dict[str, str] = {}
-
-    def __len__(self) -> int:
-        return len(self._pods)
 
     def record(self, result: CycleResult) -> None:
         """Remember the evictions of ``result`` that the API server accepted."""
@@ -134,21 +146,9 @@ class AssumedEvictions:
             if uid and outcome.outcome in (EvictOutcome.EVICTED, EvictOutcome.GONE):
                 self._pods[uid] = asked
 
-    def overlay(self, view: ClusterView) -> ClusterView:
-        """``view`` with every assumed victim shown terminating; assumptions the view confirms are dropped."""
-        if not self._pods:
-            return view
-        shown: dict[str, JSON] = {}
-        for uid, asked in list(self._pods.items()):
-            pod = view.pods.get(uid)
-            meta = pod.get("metadata") if pod is not None else None
-            if pod is None or not isinstance(meta, dict) or meta.get("deletionTimestamp"):
-                del self._pods[uid]  # gone, or the watch caught up
-                continue
-            shown[uid] = {**pod, "metadata": {**meta, "deletionTimestamp": asked}}
-        if not shown:
-            return view
-        changed = view.changed
-        if changed is not None:
-            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
-        return replace(view, pods={**view.pods, **shown}, changed=changed)
+    def _confirmed(self, pod: Mapping[str, Any]) -> bool:
+        meta = pod.get("metadata")
+        return not isinstance(meta, dict) or bool(meta.get("deletionTimestamp"))
+
+    def _shown(self, pod: Mapping[str, Any], assumed: str) -> JSON:
+        return {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": assumed}}

@@ -68,17 +68,23 @@ def _queue_status(k8s: client.ApiClient, name: str) -> dict[str, Any]:
     return status
 
 
-def test_reclaim_brings_two_queues_to_their_fair_shares_and_holds_the_room_until_it_is_used(
+def _lent_out(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
-) -> None:
+) -> tuple[set[str], str, str, list[str], dict[str, tuple[int, ...]]]:
+    """One 8-GPU node and two queues of 4: the lender borrows all 8 GPUs (one pod each) while the other has no work."""
     nodes = set(cluster(1))
     lender, owed = queue(4), queue(4)
-    # The lender borrows all 8 GPUs while the other queue has no work.
     borrowed = [f"lend-{i}" for i in range(8)]
     for name in borrowed:
         podgroup(k8s, namespace, name, lender, 1)
         pod(k8s, namespace, name, group=name)
-    held = _run_all(k8s, namespace, borrowed, nodes)
+    return nodes, lender, owed, borrowed, _run_all(k8s, namespace, borrowed, nodes)
+
+
+def test_reclaim_brings_two_queues_to_their_fair_shares_and_holds_the_room_until_it_is_used(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes, lender, owed, borrowed, held = _lent_out(k8s, namespace, cluster, queue)
 
     # The owed queue comes back for its quota: four single-GPU jobs.
     wanted = [f"owed-{i}" for i in range(4)]
@@ -118,13 +124,7 @@ def test_victims_the_eviction_rate_holds_back_go_together_and_no_room_is_held_fo
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     """Two victims of two jobs for one beneficiary, one token: neither goes, and nothing is reserved."""
-    nodes = set(cluster(1))
-    lender, owed = queue(4), queue(4)
-    borrowed = [f"lend-{i}" for i in range(8)]
-    for name in borrowed:
-        podgroup(k8s, namespace, name, lender, 1)
-        pod(k8s, namespace, name, group=name)
-    _run_all(k8s, namespace, borrowed, nodes)
+    nodes, _, owed, borrowed, _ = _lent_out(k8s, namespace, cluster, queue)
     podgroup(k8s, namespace, "owed", owed, 1)
     pod(k8s, namespace, "owed", group="owed", gpus=2)
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
@@ -163,12 +163,32 @@ def _fragmented(
     return nodes, q
 
 
-def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
+def _big_behind_fragments(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
-) -> None:
+) -> set[str]:
+    """:func:`_fragmented`, and a 2-GPU job "big" that only a consolidation can place."""
     nodes, q = _fragmented(k8s, namespace, cluster, queue)
     podgroup(k8s, namespace, "big", q, 1)
     pod(k8s, namespace, "big", group="big", gpus=2)
+    return nodes
+
+
+def _urgent_arrives(k8s: client.ApiClient, namespace: str, queue: Callable[..., str]) -> None:
+    """A two-GPU job of an idle queue (first in allocate's order: offered free room first)."""
+    podgroup(k8s, namespace, "urgent", queue(16), 1)
+    pod(k8s, namespace, "urgent", group="urgent", gpus=2)
+
+
+def _assert_big_got_its_room(k8s: client.ApiClient, namespace: str, target: str, entry: dict[str, Any]) -> None:
+    assert node_of(k8s, namespace, "big") == target
+    assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
+    assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
+
+
+def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = _big_behind_fragments(k8s, namespace, cluster, queue)
 
     first = new_cycle(k8s).run(view(k8s, nodes))
     (moved,) = first.evictions
@@ -182,12 +202,9 @@ def test_a_consolidations_reservation_is_honoured_on_the_next_cycle(
     # be offered the freed room first) arrives; the room stays big's.
     assert new_cycle(k8s).run(view(k8s, nodes)).evictions == ()
     complete_pod_deletion(k8s, moved.eviction.pod, namespace)
-    podgroup(k8s, namespace, "urgent", queue(16), 1)
-    pod(k8s, namespace, "urgent", group="urgent", gpus=2)
+    _urgent_arrives(k8s, namespace, queue)
     new_cycle(k8s).run(view(k8s, nodes))
-    assert node_of(k8s, namespace, "big") == target
-    assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
-    assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
+    _assert_big_got_its_room(k8s, namespace, target, entry)
     assert not podgroup_status(k8s, namespace, "big").get("reservations")
 
 
@@ -195,17 +212,14 @@ def test_room_reserved_a_cycle_ago_is_held_before_the_watch_shows_the_reservatio
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     """The next cycle often starts before the PodGroup's echo: the room must not go to another job meanwhile."""
-    nodes, q = _fragmented(k8s, namespace, cluster, queue)
-    podgroup(k8s, namespace, "big", q, 1)
-    pod(k8s, namespace, "big", group="big", gpus=2)
+    nodes = _big_behind_fragments(k8s, namespace, cluster, queue)
     cycle = new_cycle(k8s)
     before = view(k8s, nodes)
     (moved,) = cycle.run(before).evictions
     target = moved.eviction.node
     (entry,) = podgroup_status(k8s, namespace, "big")["reservations"]
     complete_pod_deletion(k8s, moved.eviction.pod, namespace)
-    podgroup(k8s, namespace, "urgent", queue(16), 1)
-    pod(k8s, namespace, "urgent", group="urgent", gpus=2)
+    _urgent_arrives(k8s, namespace, queue)
     # Everything current but big's PodGroup, whose watched entry is still the
     # one the reservation was written over.
     now = view(k8s, nodes)
@@ -213,18 +227,14 @@ def test_room_reserved_a_cycle_ago_is_held_before_the_watch_shows_the_reservatio
     lagging = replace(now, podgroups={**now.podgroups, key: before.podgroups[key]})
     assert not (before.podgroups[key].get("status") or {}).get("reservations")
     cycle.run(lagging)
-    assert node_of(k8s, namespace, "big") == target
-    assert sorted(_gpus(k8s, namespace, "big")) == sorted(entry["gpus"])
-    assert node_of(k8s, namespace, "urgent") is None or not set(_gpus(k8s, namespace, "urgent")) & set(entry["gpus"])
+    _assert_big_got_its_room(k8s, namespace, target, entry)
 
 
 def test_room_freed_a_cycle_ago_is_held_before_the_watch_shows_the_victim_leave(
     k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
 ) -> None:
     """Seen running by a view that predates its eviction, the victim must not make the reservation lapse."""
-    nodes, q = _fragmented(k8s, namespace, cluster, queue)
-    podgroup(k8s, namespace, "big", q, 1)
-    pod(k8s, namespace, "big", group="big", gpus=2)
+    nodes = _big_behind_fragments(k8s, namespace, cluster, queue)
     cycle = new_cycle(k8s)
     evicting = AssumedEvictions()
     before = view(k8s, nodes)
