@@ -25,6 +25,7 @@ and evicted another victim for the same job.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 
 
-class _Assumed(Generic[T]):
+class _Assumed(ABC, Generic[T]):
     """Pods an earlier cycle wrote that the cache does not show written yet, by pod UID, with what was written.
 
     Used from the scheduling loop's one thread.
@@ -51,13 +52,13 @@ class _Assumed(Generic[T]):
     def __len__(self) -> int:
         return len(self._pods)
 
+    @abstractmethod
     def _confirmed(self, pod: Mapping[str, Any]) -> bool:
         """Whether the cache's ``pod`` shows the write (or can show nothing of it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _shown(self, pod: Mapping[str, Any], assumed: T) -> JSON:
         """A copy of ``pod`` as the API server holds it after the write (the cache's own dict is not touched)."""
-        raise NotImplementedError
 
     def overlay(self, view: ClusterView) -> ClusterView:
         """``view`` with every assumed pod shown written; assumptions the view confirms are dropped."""
