@@ -335,6 +335,7 @@ class SchedulerRunner:
             bookkeeping_max_defer_s=settings.bookkeeping_defer_s,
             bookkeeping_qps=settings.bookkeeping_qps,
             slice_admission=SliceAdmission(settings.slice_runtime_class),
+            binds_in_background=True,
         )
         # Remediation evicts from a bucket of its own: its passes run on their own
         # thread, and a drain of a full node must not leave the cycle's next

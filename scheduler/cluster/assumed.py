@@ -35,6 +35,7 @@ from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT
 from scheduler.cluster.assignment import encode_assignment
 from scheduler.cluster.cycle import ClusterView, CycleResult
 from scheduler.cluster.evict import EvictOutcome
+from scheduler.engine.model import Bind, Node
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -48,6 +49,10 @@ class _Assumed(ABC, Generic[T]):
 
     def __init__(self) -> None:
         self._pods: dict[str, T] = {}
+        # Pods no longer assumed although the cache did not change them: the
+        # next view names them changed, so that a cycle reading only what
+        # changed reads them again.
+        self._dropped: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -62,7 +67,8 @@ class _Assumed(ABC, Generic[T]):
 
     def overlay(self, view: ClusterView) -> ClusterView:
         """``view`` with every assumed pod shown written; assumptions the view confirms are dropped."""
-        if not self._pods:
+        dropped, self._dropped = self._dropped, set()
+        if not self._pods and not dropped:
             return view
         shown: dict[str, JSON] = {}
         for uid, assumed in list(self._pods.items()):
@@ -71,14 +77,14 @@ class _Assumed(ABC, Generic[T]):
                 del self._pods[uid]  # gone, or the watch caught up
                 continue
             shown[uid] = self._shown(pod, assumed)
-        if not shown:
+        if not shown and not dropped:
             return view
         # The shown pods are new objects: a cycle reading only what changed
         # must read them too (and again each cycle while they are assumed).
         changed = view.changed
         if changed is not None:
-            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown))
-        return replace(view, pods={**view.pods, **shown}, changed=changed)
+            changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown) | dropped)
+        return replace(view, pods={**view.pods, **shown} if shown else view.pods, changed=changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,23 +96,38 @@ class AssumedBind:
 
 
 class AssumedBinds(_Assumed[AssumedBind]):
-    """Pods bound by earlier cycles whose binding the cache does not show yet."""
+    """Pods bound by earlier cycles whose binding the cache does not show yet.
+
+    A bind sent in the background (:mod:`.inflight`) is assumed when sent;
+    if its answer says it failed, the pod is shown as the cache has it
+    again, and read again by the next cycle although the cache did not
+    change it.
+    """
 
     def record(self, result: CycleResult) -> None:
-        """Remember the binds of ``result`` that the API server accepted."""
+        """Remember the binds of ``result`` sent or accepted; forget those answered as failed."""
         nodes = {n.name: n for n in result.snapshot.nodes}
+        for bind in result.sent:
+            self._assume(bind, nodes.get(bind.node))
         for outcome in result.binds:
             bind = outcome.bind
-            if not outcome.ok or not bind.uid:
+            if not bind.uid:
                 continue
-            assignment = None
-            node = nodes.get(bind.node)
-            if bind.gpu_indices and node is not None:
-                try:
-                    assignment = encode_assignment(bind, node)
-                except ValueError:
-                    assignment = None  # the binder refused such a bind; nothing was written
-            self._pods[bind.uid] = AssumedBind(bind.node, assignment)
+            if outcome.ok:
+                self._assume(bind, nodes.get(bind.node))
+            elif self._pods.pop(bind.uid, None) is not None:
+                self._dropped.add(bind.uid)
+
+    def _assume(self, bind: Bind, node: Node | None) -> None:
+        if not bind.uid:
+            return
+        assignment = None
+        if bind.gpu_indices and node is not None:
+            try:
+                assignment = encode_assignment(bind, node)
+            except ValueError:
+                assignment = None  # the binder refuses such a bind; nothing is written
+        self._pods[bind.uid] = AssumedBind(bind.node, assignment)
 
     def _confirmed(self, pod: Mapping[str, Any]) -> bool:
         spec = pod.get("spec")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -190,6 +190,12 @@ class Binder:
         # Debug: the cycle's own line (cycle_done) says how many bound and failed.
         log.debug("binds_executed", **{k.lower(): v for k, v in counts.items()})
         return done
+
+    def submit(self, bind: Bind, node: Node | None) -> Future[BindResult]:
+        """Send one bind (not pipelined) from the pool without waiting (see :mod:`.inflight`)."""
+        if bind.pipelined:
+            raise ValueError("a pipelined bind waits for evictions: bind_all it")
+        return self._pool().submit(self._bind_one, bind, node)
 
     # -- one pod ------------------------------------------------------------
 

@@ -14,7 +14,10 @@ The order is the one that keeps the cluster consistent when a step fails:
    its group pending with the reason, the pod with an Event.
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
-   double-booked.
+   double-booked. With ``binds_in_background`` (the runner's choice) the
+   binds onto free room are sent and not waited for (:mod:`.inflight`): the
+   runner shows their pods bound until the watch does or an answer says
+   the bind failed.
 5. Keep the reservations the engine holds on their PodGroups
    (:mod:`.reservations`), less the room a bind has just taken.
 6. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
@@ -47,6 +50,7 @@ from scheduler.cluster.convert import is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictOutcome, EvictResult, TokenBucket
 from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.groups import PodGrouper, podgroup_object, spec_fields, waiting
+from scheduler.cluster.inflight import BindsInFlight
 from scheduler.cluster.logonce import WarnOnce
 from scheduler.cluster.lost import gpu_seconds_lost, lost_totals
 from scheduler.cluster.misplaced import Misplaced, MisplacedBackoff, MisplacedEvents, misplaced_evictions
@@ -70,6 +74,7 @@ from scheduler.engine.backlog import BacklogCounts, BacklogMemo
 from scheduler.engine.fairshare import build_tree
 from scheduler.engine.incremental import Engine
 from scheduler.engine.model import (
+    Bind,
     Decisions,
     Eviction,
     Job,
@@ -160,6 +165,8 @@ class ClusterView:
 class CycleResult:
     snapshot: Snapshot
     decisions: Decisions
+    # What the API server answered to the cycle's binds; with binds in the
+    # background, to those of earlier cycles answered since (:mod:`.inflight`).
     binds: tuple[BindResult, ...]
     evictions: tuple[EvictResult, ...]
     seconds: float
@@ -181,6 +188,8 @@ class CycleResult:
     # What the session's backlog memo spared it (scheduler.engine.backlog);
     # None without one (the full-rebuild path).
     backlog: BacklogCounts | None = None
+    # The binds sent in the background and not answered yet (:mod:`.inflight`).
+    sent: tuple[Bind, ...] = ()
 
 
 def _freed_only(held: tuple[Reservation, ...], unsent: Sequence[Eviction]) -> tuple[Reservation, ...]:
@@ -249,6 +258,7 @@ class SchedulingCycle:
         bookkeeping_quiet_s: float = BOOKKEEPING_QUIET_S,
         bookkeeping_qps: float = 0.0,
         slice_admission: SliceAdmission | None = DEFAULT_SLICE_ADMISSION,
+        binds_in_background: bool = False,
     ) -> None:
         self._api = api
         # What a pending GPU slice pod must carry to be placed (None: not checked).
@@ -257,6 +267,9 @@ class SchedulingCycle:
         self._config = config or SchedulerConfig()
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
+        # With binds in the background (the runner's choice) the cycle sends
+        # its binds onto free room and goes on (:mod:`.inflight`).
+        self.inflight = BindsInFlight(self.binder) if binds_in_background else None
         self.evictor = evictor or Evictor(api)
         # With writes in the background, their PodGroup creates and status
         # patches go out at most ``bookkeeping_qps`` a second (0: unpaced):
@@ -494,8 +507,10 @@ class SchedulingCycle:
                 specs.append(self._deferred_groups.pop(key))
         return specs, busy
 
-    def _execute(self, decisions: Decisions, nodes: Mapping[str, Node]) -> tuple[list[EvictResult], list[BindResult]]:
-        """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order.
+    def _execute(
+        self, decisions: Decisions, nodes: Mapping[str, Node]
+    ) -> tuple[list[EvictResult], list[BindResult], tuple[Bind, ...]]:
+        """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order, and those sent.
 
         Evictions beyond the rate wait for a later cycle instead of holding
         up this one's binds (``wait=False``). A pipelined bind goes out only
@@ -503,14 +518,22 @@ class SchedulingCycle:
         :mod:`.bind`); every other bind takes room that is free already and
         goes out beside them: under a deep backlog the evictions' round
         trips were a fifth of the cycle, with the binds waiting behind them.
+        With ``binds_in_background`` those are sent and not waited for
+        (:mod:`.inflight`): the third value.
         """
         evictions, binds = decisions.evictions, decisions.binds
+        if self.inflight is not None:
+            sent = tuple(bind for bind in binds if not bind.pipelined)
+            self.inflight.send(sent, nodes)
+            attempted = self.evictor.evict_all(evictions, wait=False) if evictions else []
+            piped = [bind for bind in binds if bind.pipelined]
+            return attempted, self.binder.bind_all(piped, nodes, evictions=evictions) if piped else [], sent
         if not evictions:
-            return [], self.binder.bind_all(binds, nodes) if binds else []
+            return [], self.binder.bind_all(binds, nodes) if binds else [], ()
         free = [bind for bind in binds if not bind.pipelined]
         if not free:
             attempted = self.evictor.evict_all(evictions, wait=False)
-            return attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else []
+            return attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else [], ()
         if self._beside is None:
             self._beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evictions")
         evicting = self._beside.submit(self.evictor.evict_all, evictions, wait=False)
@@ -523,7 +546,7 @@ class SchedulingCycle:
         piped = [bind for bind in binds if bind.pipelined]
         late = self.binder.bind_all(piped, nodes, evictions=evictions) if piped else []
         by_bind = {id(result.bind): result for result in itertools.chain(early, late)}
-        return attempted, [by_bind[id(bind)] for bind in binds]
+        return attempted, [by_bind[id(bind)] for bind in binds], ()
 
     def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
         """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""
@@ -744,6 +767,8 @@ class SchedulingCycle:
     def run(self, view: ClusterView) -> CycleResult:
         clock = time.monotonic
         started = clock()
+        # Binds of earlier cycles answered since (raises if one met the fence).
+        answered = self.inflight.answered() if self.inflight is not None else []
         now = self._clock()
         snapshot = self.prepare(view, now)
         prepared = clock()
@@ -752,7 +777,7 @@ class SchedulingCycle:
         decided = clock()
         self._tell_ungrouped(view)
         nodes = {n.name: n for n in snapshot.nodes}
-        attempted, bound = self._execute(decisions, nodes)
+        attempted, bound, sent = self._execute(decisions, nodes)
         executed = clock()
         evicted = [r for r in attempted if r.outcome is not EvictOutcome.DEFERRED]
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
@@ -762,7 +787,10 @@ class SchedulingCycle:
             self.misplaced.write(misplaced)
         # Room a bind has just taken needs holding no longer; a deferred or
         # failed pipelined bind keeps its reservation for the next cycle.
+        # A bind sent in the background counts as taken: if it fails, the
+        # next cycles place the pod again (see :mod:`.inflight`).
         taken = {(r.bind.job, r.bind.node, r.bind.gpu_indices) for r in bound if r.ok}
+        taken.update((b.job, b.node, b.gpu_indices) for b in sent)
         held = tuple(r for r in decisions.reservations if (r.job, r.node, r.gpu_indices) not in taken)
         unsent = [r.eviction for r in attempted if r.outcome is EvictOutcome.DEFERRED]
         if unsent:
@@ -812,8 +840,8 @@ class SchedulingCycle:
         }
         log.info(
             "cycle_done",
-            binds=sum(1 for r in bound if r.ok),
-            bind_failures=sum(1 for r in bound if not r.ok),
+            binds=sum(1 for r in bound if r.ok) + len(sent),
+            bind_failures=sum(1 for r in itertools.chain(answered, bound) if not r.ok),
             evictions=len(evicted),
             reservations=len(held),
             pending=len(pending),
@@ -825,7 +853,7 @@ class SchedulingCycle:
         return CycleResult(
             snapshot,
             decisions,
-            tuple(bound),
+            (*answered, *bound),
             tuple(evicted),
             seconds,
             timings,
@@ -834,4 +862,5 @@ class SchedulingCycle:
             misplaced,
             stages,
             memo.counts if memo is not None else None,
+            sent,
         )

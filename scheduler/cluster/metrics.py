@@ -63,8 +63,8 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "cycle_stage_duration_seconds",
         "histogram",
         "Seconds one scheduling cycle spent per stage: view (the watch cache's copy), prepare (grouping "
-        "and the Snapshot), engine (the session), execute (evictions and binds), bookkeeping (PodGroups, "
-        "reservations, status).",
+        "and the Snapshot), engine (the session), execute (evictions, binds behind them, and the binds "
+        "onto free room sent without waiting for their answers), bookkeeping (PodGroups, reservations, status).",
         ["stage"],
     ),
     _doc("cycles_total", "counter", "Scheduling cycles run by this replica, by result (ok, error).", ["result"]),
@@ -125,8 +125,8 @@ def _base_units(r: Resources) -> tuple[tuple[str, str, float], ...]:
 
 
 def pending_pods(result: CycleResult) -> dict[str, int]:
-    """Pods still pending per queue once the cycle's successful binds are counted out."""
-    bound = {b.bind.uid for b in result.binds if b.ok}
+    """Pods still pending per queue once the cycle's successful binds, and those it sent, are counted out."""
+    bound = {b.bind.uid for b in result.binds if b.ok} | {b.uid for b in result.sent}
     out: dict[str, int] = {}
     for job in result.snapshot.jobs:
         if is_external_queue(job.queue):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT, EvictionAction
 from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.assumed import AssumedBinds, AssumedEvictions
 from scheduler.cluster.bind import BindOutcome, BindResult
 from scheduler.cluster.convert import task_from_pod
-from scheduler.cluster.cycle import ClusterView, CycleResult
+from scheduler.cluster.cycle import ClusterView, CycleResult, ViewChanges
 from scheduler.cluster.evict import EvictOutcome, EvictResult
 from scheduler.engine.model import Bind, Decisions, Eviction, Snapshot, TaskStatus
 from tests.scheduler.builders import node
@@ -45,6 +47,34 @@ def test_a_bound_pod_the_watch_has_not_shown_is_seen_bound_with_its_gpus() -> No
     assert (task.status, task.node, task.gpu_indices) == (TaskStatus.RUNNING, "n1", (2,))
     assert decode_assignment(shown["metadata"]["annotations"][ANNOTATION_GPU_ASSIGNMENT], node="n1") == (2,)
     assert "nodeName" not in pending["spec"], "the cache's own object is left as it is"
+
+
+def test_a_bind_sent_in_the_background_is_assumed_until_its_answer_says_it_failed() -> None:
+    """Sent and unanswered: shown bound; answered as failed: shown pending again, and named changed."""
+    assumed = AssumedBinds()
+    sent, other = _bind("a", "n1", (3,)), _bind("b", "n2", (0,))
+    result = _result()
+    assumed.record(replace(result, sent=(sent, other)))
+    pending_a, pending_b = pod_json("a", gpus=1), pod_json("b", gpus=1)
+    unchanged = ViewChanges(since=7)
+    view = ClusterView(pods={"uid-team-a-a": pending_a, "uid-team-a-b": pending_b}, changed=unchanged)
+
+    shown = assumed.overlay(view)
+    assert task_from_pod(shown.pods["uid-team-a-a"]).node == "n1"
+    assert task_from_pod(shown.pods["uid-team-a-b"]).node == "n2"
+    assert shown.changed is not None and shown.changed.pods == {"uid-team-a-a", "uid-team-a-b"}
+
+    # The next cycle takes the answers: a's bind failed, b's went through.
+    assumed.record(replace(result, binds=(BindResult(sent, BindOutcome.FAILED, "refused"),)))
+    assumed.record(replace(result, binds=(BindResult(other, BindOutcome.BOUND),)))
+    again = assumed.overlay(view)
+    assert again.pods["uid-team-a-a"] is pending_a, "shown as the cache has it"
+    assert task_from_pod(again.pods["uid-team-a-b"]).node == "n2"
+    # The cache did not change a, but a cycle reading only what changed must read it again, once.
+    assert again.changed is not None and again.changed.pods == {"uid-team-a-a", "uid-team-a-b"}
+    assert len(assumed) == 1
+    later = assumed.overlay(view)
+    assert later.changed is not None and later.changed.pods == {"uid-team-a-b"}
 
 
 def test_failed_and_conflicting_binds_are_not_assumed() -> None:

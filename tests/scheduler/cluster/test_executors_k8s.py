@@ -29,6 +29,8 @@ from scheduler.cluster.assignment import decode_assignment
 from scheduler.cluster.bind import Binder, BindOutcome, binding_body
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.evict import Evictor, EvictOutcome, eviction_body
+from scheduler.cluster.fence import LeaseLostError
+from scheduler.cluster.inflight import BindsInFlight
 from scheduler.cluster.retrying import RetryPolicy
 from scheduler.cluster.status import QUEUE_AMOUNTS_INTERVAL_S, StatusWriter, event_name, now_utc
 from scheduler.engine.model import (
@@ -198,6 +200,77 @@ def test_failed_binds_leave_their_pods_pending_and_the_others_bind(
     assert contract.ANNOTATION_GPU_ASSIGNMENT not in (stored_taken.metadata.annotations or {})
     for pod in good:
         assert core.read_namespaced_pod(pod.metadata.name, namespace).spec.node_name == node.name
+
+
+def test_binds_sent_in_the_background_leave_at_once_and_their_answers_come_to_the_next_taker(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node, other = nodes(), nodes()
+    pods = [_pod(k8s, namespace, f"sent-{i}") for i in range(3)]
+    taken = _pod(k8s, namespace, "bound-elsewhere", node=other.name)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_binds(operation: str) -> None:
+        if operation == "create_pod_binding":
+            held.set()
+            release.wait(60)
+
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=hold_binds)
+    binder = Binder(api, workers=4, retry=NO_WAIT)
+    inflight = BindsInFlight(binder)
+    binds = [_bind(p, node.name, job=f"j{i}", gpus=(i,)) for i, p in enumerate(pods)]
+    binds.append(_bind(taken, node.name, job="taken", gpus=(5,)))
+    ghost = Bind(job=f"{namespace}/ghost", namespace=namespace, pod="never-created", uid="", node=node.name)
+    try:
+        inflight.send([*binds, ghost], {node.name: node})
+        # Sent, not answered: the caller is back while every request is held.
+        wait_for(held.is_set, description="a bind on its way")
+        assert len(inflight) == 5
+        assert inflight.answered() == []
+        with pytest.raises(ValueError, match="pipelined"):
+            binder.submit(replace(binds[0], pipelined=True), node)
+    finally:
+        release.set()
+    wait_for(lambda: len(inflight) == 0, description="every bind answered")
+    answers = {r.bind.pod: r for r in inflight.answered()}
+    assert {pod: r.outcome for pod, r in answers.items()} == {
+        "sent-0": BindOutcome.BOUND,
+        "sent-1": BindOutcome.BOUND,
+        "sent-2": BindOutcome.BOUND,
+        "bound-elsewhere": BindOutcome.CONFLICT,
+        "never-created": BindOutcome.FAILED,
+    }
+    assert inflight.answered() == [], "each answer is taken once"
+    core = client.CoreV1Api(k8s)
+    for pod in pods:
+        assert core.read_namespaced_pod(pod.metadata.name, namespace).spec.node_name == node.name
+    binder.close()
+
+
+def test_a_bind_sent_in_the_background_and_refused_at_the_fence_ends_the_cycle_that_takes_its_answer(
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+) -> None:
+    node = nodes()
+    good, late = _pod(k8s, namespace, "before-the-lease-went"), _pod(k8s, namespace, "after-the-lease-went")
+    lost = threading.Event()
+
+    def fence(operation: str) -> None:
+        if lost.is_set():
+            raise LeaseLostError(operation, 3)
+
+    binder = Binder(KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=fence), retry=NO_WAIT)
+    inflight = BindsInFlight(binder)
+    inflight.send([_bind(good, node.name, job="good", gpus=(0,))], {node.name: node})
+    wait_for(lambda: len(inflight) == 0, description="the first bind answered")
+    lost.set()
+    inflight.send([_bind(late, node.name, job="late", gpus=(1,))], {node.name: node})
+    wait_for(lambda: len(inflight) == 0, description="the second bind refused")
+    with pytest.raises(LeaseLostError):
+        inflight.answered()
+    assert inflight.answered() == [], "the answers before the refusal go with it: the runner starts over"
+    core = client.CoreV1Api(k8s)
+    assert core.read_namespaced_pod(late.metadata.name, namespace).spec.node_name is None
+    binder.close()
 
 
 def test_binds_and_evictions_refused_for_their_credentials_fail_with_the_api_servers_words(
@@ -678,7 +751,7 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
     free = _bind(quick, node.name, job="quick", gpus=(1,))
     piped = _bind(later, node.name, job="later", gpus=(0,), pipelined=True)
     decisions = Decisions(binds=(piped, free), evictions=(_eviction(victim, node.name),))
-    done: list[tuple[list[Any], list[Any]]] = []
+    done: list[tuple[list[Any], list[Any], tuple[Bind, ...]]] = []
     runner = threading.Thread(target=lambda: done.append(cycle._execute(decisions, {node.name: node})))
     runner.start()
     try:
@@ -692,7 +765,8 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
         release.set()
         runner.join(60)
         cycle.close()
-    [(attempted, bound)] = done
+    [(attempted, bound, sent)] = done
+    assert sent == ()  # this cycle waits for every bind's answer
     assert [r.outcome for r in attempted] == [EvictOutcome.EVICTED]
     # In the decisions' order; the pipelined bind waited for the eviction, and the victim is still terminating.
     assert [r.bind.pod for r in bound] == ["later", "quick"]

@@ -26,8 +26,9 @@ from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.kube import KubeApi
+from scheduler.cluster.assumed import AssumedBinds
 from scheduler.cluster.bind import Binder
-from scheduler.cluster.cycle import SchedulingCycle
+from scheduler.cluster.cycle import CycleResult, SchedulingCycle
 from scheduler.cluster.sliceconfig import SliceConfigWriter, config_map_name
 from scheduler.cluster.webhook.app import Webhook, WebhookSettings
 from scheduler.cluster.webhook.certs import CertSettings
@@ -151,10 +152,10 @@ def config_map(k8s: client.ApiClient, namespace: str, pod_name: str) -> dict[str
     return data
 
 
-def slice_cycle(k8s: client.ApiClient) -> SchedulingCycle:
+def slice_cycle(k8s: client.ApiClient, *, binds_in_background: bool = False) -> SchedulingCycle:
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
     binder = Binder(api, retry=NO_WAIT, prebind=SliceConfigWriter(api))
-    return SchedulingCycle(api, binder=binder)
+    return SchedulingCycle(api, binder=binder, binds_in_background=binds_in_background)
 
 
 def assignment(k8s: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
@@ -369,6 +370,55 @@ def test_a_pod_whose_configmap_cannot_be_written_is_not_bound_is_explained_and_r
     core.delete_namespaced_config_map(config_map_name("blocked"), ns)
     (retried,) = cycle.run(view(k8s, nodes)).binds
     assert retried.ok
+    assert core.read_namespaced_pod("blocked", ns).spec.node_name in nodes
+    assert config_map(k8s, ns, "blocked")["data"][contract.ENV_CUDA_DEVICE_MEMORY_LIMIT] == f"{GPU_MIB // 2}m"
+
+
+def test_a_slice_bind_sent_in_the_background_that_fails_shows_its_pod_pending_again_and_it_is_retried(
+    k8s: client.ApiClient, harness: Harness, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    """As the runner drives the cycle: binds sent, assumed, and forgotten when their answer says they failed."""
+    nodes = set(cluster(1))
+    q = queue(8)
+    ns = harness.namespace
+    core = client.CoreV1Api(k8s)
+    slice_pod(k8s, ns, "blocked", {contract.ANNOTATION_GPU_FRACTION: "0.5"}, queue=q)
+    name = config_map_name("blocked")
+    core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={}))
+    cycle = slice_cycle(k8s, binds_in_background=True)
+    assert cycle.inflight is not None
+    inflight = cycle.inflight
+    assumed = AssumedBinds()
+
+    def turn() -> CycleResult:
+        result = cycle.run(assumed.overlay(view(k8s, nodes)))
+        assumed.record(result)
+        return result
+
+    def answered() -> None:
+        wait_for(lambda: len(inflight) == 0, description="the bind sent answered")
+
+    try:
+        sent = turn()
+        assert [b.pod for b in sent.sent] == ["blocked"] and sent.binds == ()
+        answered()
+        # The next cycle takes the answer; the pod was still shown bound to it.
+        taken = turn()
+        assert taken.sent == ()
+        [failed] = taken.binds
+        assert failed.outcome.value == "Failed" and "exists and is not this pod's" in (failed.error or "")
+        assert core.read_namespaced_pod("blocked", ns).spec.node_name is None
+        # Forgotten: the cycle after places it again.
+        assert [b.pod for b in turn().sent] == ["blocked"]
+        answered()
+        core.delete_namespaced_config_map(name, ns)
+        assert [r.outcome.value for r in turn().binds] == ["Failed"]  # sent while the name was taken
+        retried = turn()
+        assert [b.pod for b in retried.sent] == ["blocked"]
+        answered()
+        assert [r.outcome.value for r in turn().binds] == ["Bound"]
+    finally:
+        cycle.close()
     assert core.read_namespaced_pod("blocked", ns).spec.node_name in nodes
     assert config_map(k8s, ns, "blocked")["data"][contract.ENV_CUDA_DEVICE_MEMORY_LIMIT] == f"{GPU_MIB // 2}m"
 
