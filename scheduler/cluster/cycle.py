@@ -15,9 +15,9 @@ The order is the one that keeps the cluster consistent when a step fails:
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
    double-booked. With ``binds_in_background`` (the runner's choice) the
-   binds onto free room are sent and not waited for (:mod:`.inflight`): the
-   runner shows their pods bound until the watch does or an answer says
-   the bind failed.
+   binds onto free room after the first are sent and not waited for
+   (:mod:`.inflight`): the runner shows their pods bound until the watch
+   does or an answer says the bind failed.
 5. Keep the reservations the engine holds on their PodGroups
    (:mod:`.reservations`), less the room a bind has just taken.
 6. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -192,6 +192,16 @@ class CycleResult:
     sent: tuple[Bind, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class _Executed:
+    """What :meth:`SchedulingCycle._execute` did: evictions attempted, binds answered, binds sent and their futures."""
+
+    attempted: list[EvictResult]
+    bound: list[BindResult]
+    sent: tuple[Bind, ...] = ()
+    sending: tuple[Future[BindResult], ...] = ()
+
+
 def _freed_only(held: tuple[Reservation, ...], unsent: Sequence[Eviction]) -> tuple[Reservation, ...]:
     """``held`` without the room that evictions the rate deferred were to free.
 
@@ -334,6 +344,8 @@ class SchedulingCycle:
         self._gang_met: dict[str, None] = {}
         self._ended: dict[str, Finished] = {}
         self._ended_out: dict[str, Finished] | None = None  # the copy handed out, None once changed
+        # The groups whose end changed since that copy (None: unknown, after a full read).
+        self._ended_delta: set[str] | None = None
         self._facts_serial: int | None = None
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
         # The jobs of the last prepared view that have no pod left to run (_set_finished_apart).
@@ -507,9 +519,7 @@ class SchedulingCycle:
                 specs.append(self._deferred_groups.pop(key))
         return specs, busy
 
-    def _execute(
-        self, decisions: Decisions, nodes: Mapping[str, Node]
-    ) -> tuple[list[EvictResult], list[BindResult], tuple[Bind, ...]]:
+    def _execute(self, decisions: Decisions, nodes: Mapping[str, Node]) -> _Executed:
         """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order, and those sent.
 
         Evictions beyond the rate wait for a later cycle instead of holding
@@ -518,22 +528,29 @@ class SchedulingCycle:
         :mod:`.bind`); every other bind takes room that is free already and
         goes out beside them: under a deep backlog the evictions' round
         trips were a fifth of the cycle, with the binds waiting behind them.
-        With ``binds_in_background`` those are sent and not waited for
-        (:mod:`.inflight`): the third value.
+        With ``binds_in_background`` those after the first are sent and not
+        waited for (:mod:`.inflight`).
         """
         evictions, binds = decisions.evictions, decisions.binds
         if self.inflight is not None:
-            sent = tuple(bind for bind in binds if not bind.pipelined)
-            self.inflight.send(sent, nodes)
+            free = [bind for bind in binds if not bind.pipelined]
+            # The first goes out from this thread, the rest from the pool
+            # while it does: waking a pool thread put a millisecond or two
+            # (on two busy cores) between a lone arrival and its bind.
+            first, sent = free[:1], tuple(free[1:])
+            sending = self.inflight.send(sent, nodes)
+            bound = self.binder.bind_all(first, nodes) if first else []
             attempted = self.evictor.evict_all(evictions, wait=False) if evictions else []
             piped = [bind for bind in binds if bind.pipelined]
-            return attempted, self.binder.bind_all(piped, nodes, evictions=evictions) if piped else [], sent
+            if piped:
+                bound += self.binder.bind_all(piped, nodes, evictions=evictions)
+            return _Executed(attempted, bound, sent, sending)
         if not evictions:
-            return [], self.binder.bind_all(binds, nodes) if binds else [], ()
+            return _Executed([], self.binder.bind_all(binds, nodes) if binds else [])
         free = [bind for bind in binds if not bind.pipelined]
         if not free:
             attempted = self.evictor.evict_all(evictions, wait=False)
-            return attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else [], ()
+            return _Executed(attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else [])
         if self._beside is None:
             self._beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evictions")
         evicting = self._beside.submit(self.evictor.evict_all, evictions, wait=False)
@@ -546,7 +563,7 @@ class SchedulingCycle:
         piped = [bind for bind in binds if bind.pipelined]
         late = self.binder.bind_all(piped, nodes, evictions=evictions) if piped else []
         by_bind = {id(result.bind): result for result in itertools.chain(early, late)}
-        return attempted, [by_bind[id(bind)] for bind in binds], ()
+        return _Executed(attempted, [by_bind[id(bind)] for bind in binds])
 
     def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
         """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""
@@ -577,6 +594,7 @@ class SchedulingCycle:
             queue_problems=batch.queue_problems,
             defer_placed=batch.defer_placed,
             finished=batch.finished,
+            finished_changed=batch.finished_changed,
             podgroups=batch.podgroups,
         )
 
@@ -622,14 +640,17 @@ class SchedulingCycle:
                 self._listing.discard(key)
         return self.reservations.overlay(self._reserved, view.podgroups)
 
-    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], dict[str, Finished]]:
-        """The groups whose minMember already runs, and how each finished group ended.
+    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], dict[str, Finished], frozenset[str] | None]:
+        """The groups whose minMember already runs, how each finished group ended, and which of those changed.
 
         Kept from cycle to cycle and read again only for the jobs the
         assembler changed (:class:`~.assemble.JobChanges`): a cycle costs
         what changed, not a walk over every job, finished ones included.
         Without the assembler's changes (the full-rebuild path, a cycle
-        that missed some) every job is read.
+        that missed some) every job is read. The third value names the
+        groups whose end changed since the mapping last handed out (None:
+        unknown, every one may have), so that the status writer looks at
+        those and not at every finished group of the cluster's history.
         """
         changes = self._snapshots.job_changes if self._incremental else None
         changed = changes.after(self._facts_serial) if changes is not None else None
@@ -638,6 +659,7 @@ class SchedulingCycle:
             self._gang_met.clear()
             self._ended.clear()
             self._ended_out = None
+            self._ended_delta = None
             finished = self._snapshots.finished_jobs.values() if self._incremental else self._finished
             for job in itertools.chain(snapshot.jobs, finished):
                 self._read_facts(job.key, job)
@@ -646,12 +668,15 @@ class SchedulingCycle:
                 self._read_facts(key, now)
         if changes is not None:
             self._facts_serial = changes.serial
+        delta: frozenset[str] | None = frozenset()
         if self._ended_out is None:
             # A new mapping only when something ended or un-ended: the same
             # one otherwise, which tells the status writer so (it reads the
             # mapping on its own thread, so this one is never changed).
             self._ended_out = dict(self._ended)
-        return tuple(self._gang_met), self._ended_out
+            delta = frozenset(self._ended_delta) if self._ended_delta is not None else None
+            self._ended_delta = set()
+        return tuple(self._gang_met), self._ended_out, delta
 
     def _read_facts(self, key: str, job: Job | None) -> None:
         """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone).
@@ -669,6 +694,8 @@ class SchedulingCycle:
         ended = finished_phase(job) if job is not None else None
         if self._ended.get(key) != ended:
             self._ended_out = None
+            if self._ended_delta is not None:
+                self._ended_delta.add(key)
             if ended is not None:
                 self._ended[key] = ended
             else:
@@ -777,7 +804,8 @@ class SchedulingCycle:
         decided = clock()
         self._tell_ungrouped(view)
         nodes = {n.name: n for n in snapshot.nodes}
-        attempted, bound, sent = self._execute(decisions, nodes)
+        done = self._execute(decisions, nodes)
+        attempted, bound, sent = done.attempted, done.bound, done.sent
         executed = clock()
         evicted = [r for r in attempted if r.outcome is not EvictOutcome.DEFERRED]
         lost = gpu_seconds_lost(evicted, snapshot, view.pods, now)
@@ -795,7 +823,7 @@ class SchedulingCycle:
         unsent = [r.eviction for r in attempted if r.outcome is EvictOutcome.DEFERRED]
         if unsent:
             held = _freed_only(held, unsent)
-        gang_met, finished = self._job_facts(snapshot)
+        gang_met, finished, finished_changed = self._job_facts(snapshot)
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
         self._explain_refused(snapshot, pending)
@@ -816,6 +844,7 @@ class SchedulingCycle:
             decisions=written,
             gang_met=tuple(gang_met),
             finished=finished,
+            finished_changed=finished_changed,
             blocked=blocked,
             shown_blocked=frozenset(self._shown_blocked),
             lost=lost,
@@ -824,6 +853,7 @@ class SchedulingCycle:
             defer_placed=defer_placed,
             podgroups=view.podgroups,
             podgroups_changed=view.changed.podgroups if view.changed is not None else None,
+            after=done.sending,
         )
         if self._background is None:
             self._after_binds(batch)

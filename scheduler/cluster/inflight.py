@@ -1,14 +1,19 @@
-"""Binds sent behind the cycle: the scheduling thread never waits for the API server's answer.
+"""Binds sent behind the cycle: the scheduling thread does not wait for every answer.
 
-A bind is one round trip to the API server. With the cycle waiting for it,
-the scheduling thread spent most of a busy cluster's cycle (seven of ten
-milliseconds under steady arrivals) blocked on that answer, and a pod that
-arrived meanwhile waited for it too. kube-scheduler splits the two the same
-way: its scheduling cycle assumes the pod bound and goes on to the next pod,
-and the binding cycle runs in a goroutine of its own.
+A bind is one round trip to the API server. With the cycle waiting for all
+of them, a cycle that placed a gang or a fill waited for its slowest bind,
+and pods that arrived meanwhile waited behind it. kube-scheduler splits
+the two: its scheduling cycle assumes the pod bound and goes on to the
+next pod, and the binding cycle runs in a goroutine of its own.
 
-So the cycle hands its binds onto free room to the binder's pool and goes
-on; the runner shows the next cycles each sent pod as bound
+So the cycle binds its first pod onto free room itself and hands the rest
+to the binder's pool, not waiting for them (:meth:`BindsInFlight.send`).
+The first stays on the cycle's thread because a Python thread is not a
+goroutine: waking a pool thread on two busy cores put one to two
+milliseconds between a lone arrival and its bind (bind latency p50 6 ms
+against 8 ms beside kube-scheduler's 5 ms, `benchmarks/scheduler_soak.py
+--mode contender`), and a cycle that binds one pod is the common one under
+steady arrivals. The runner shows the next cycles each sent pod as bound
 (:class:`~.assumed.AssumedBinds`) until the watch does, or until its answer
 says it failed, when the pod is shown pending again and placed anew. The
 answers are collected here and taken by the next cycle (:meth:`answered`):
@@ -18,6 +23,11 @@ A failed answer does not wake the loop: a bind that fails for good (a
 slice whose ConfigMap name someone else holds) would otherwise be tried
 again as fast as the API server answers; it is tried again at the pace a
 failed bind always was, the next cycle's, at least every ``--period``.
+
+The cycle's bookkeeping (PodGroup creates, status) still goes out after
+its binds are answered, behind the cycles (``WriteBatch.after``), as it did
+when the cycle waited for them: it never comes between a bind and the API
+server.
 
 A bind refused at the lease fence is not an answer: :meth:`answered`
 raises it, which ends the cycle, and the runner starts over (see
@@ -55,8 +65,13 @@ class BindsInFlight:
         with self._lock:
             return self._sent
 
-    def send(self, binds: Sequence[Bind], nodes: Mapping[str, Node]) -> None:
-        """Send ``binds`` (none pipelined) without waiting; their answers come through :meth:`answered`."""
+    def send(self, binds: Sequence[Bind], nodes: Mapping[str, Node]) -> tuple[Future[BindResult], ...]:
+        """Send ``binds`` (none pipelined) without waiting; their answers come through :meth:`answered`.
+
+        The futures returned are for what must not go out before these binds
+        (the cycle's bookkeeping, see :class:`~.writebehind.WriteBatch`).
+        """
+        futures: list[Future[BindResult]] = []
         for bind in binds:
             with self._lock:
                 self._sent += 1
@@ -67,6 +82,8 @@ class BindsInFlight:
                     self._sent -= 1
                 raise
             future.add_done_callback(functools.partial(self._answer, bind))
+            futures.append(future)
+        return tuple(futures)
 
     def _answer(self, bind: Bind, done: Future[BindResult]) -> None:
         error = done.exception()

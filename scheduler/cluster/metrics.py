@@ -63,8 +63,9 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "cycle_stage_duration_seconds",
         "histogram",
         "Seconds one scheduling cycle spent per stage: view (the watch cache's copy), prepare (grouping "
-        "and the Snapshot), engine (the session), execute (evictions, binds behind them, and the binds "
-        "onto free room sent without waiting for their answers), bookkeeping (PodGroups, reservations, status).",
+        "and the Snapshot), engine (the session), execute (evictions, and the binds the cycle waits for: its "
+        "first onto free room and those behind evictions; the others are sent without waiting), bookkeeping "
+        "(PodGroups, reservations, status).",
         ["stage"],
     ),
     _doc("cycles_total", "counter", "Scheduling cycles run by this replica, by result (ok, error).", ["result"]),

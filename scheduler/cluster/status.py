@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -415,6 +415,7 @@ class StatusWriter:
         defer_placed: bool = False,
         finished: Mapping[str, Finished] | None = None,
         podgroups: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+        finished_changed: Collection[str] | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -428,7 +429,10 @@ class StatusWriter:
         scheduler sends its binds first. ``queue_problems`` maps a Queue that
         cannot take work to the (reason, message) of its Invalid condition.
         ``finished`` maps a group none of whose pods is left to run to how
-        it ended (:func:`finished_phase`). ``podgroups`` are the watched
+        it ended (:func:`finished_phase`); ``finished_changed`` names the
+        groups whose entry changed since the mapping of the last call (None:
+        unknown), so that a new mapping costs its changes, not a walk over
+        every finished group. ``podgroups`` are the watched
         PodGroups by (namespace, name): a group this writer has not written
         yet whose object already shows the status it would write is taken
         as written, so that a new leader does not patch every PodGroup of
@@ -446,6 +450,7 @@ class StatusWriter:
                 report,
                 defer_placed=defer_placed,
                 finished=finished or {},
+                finished_changed=finished_changed,
             )
             self._write_queues(decisions.queue_shares, lost_totals or {}, queue_problems or {}, report)
         log.info(
@@ -521,6 +526,7 @@ class StatusWriter:
         *,
         defer_placed: bool = False,
         finished: Mapping[str, Finished] | None = None,
+        finished_changed: Collection[str] | None = None,
     ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
@@ -530,12 +536,16 @@ class StatusWriter:
         finished = finished or {}
         ended: dict[str, Finished] = {}
         candidates: Iterable[str] = finished
-        if finished is self._finished_seen:
-            # The very mapping of the last call (nothing ended since): of its
-            # groups, only those not settled then, or named again now, can
-            # need a write. Thousands of finished groups left in place by
-            # their Jobs would otherwise be walked on every call.
-            named = itertools.chain(by_job, placed_now, blocked, was_blocked)
+        # Unknown until this call has looked: a call that fails before then
+        # leaves the next one to look at every finished group.
+        seen, self._finished_seen = self._finished_seen, None
+        if seen is not None and (finished is seen or finished_changed is not None):
+            # The very mapping of the last call (nothing ended since), or a
+            # new one whose changes are named: of its groups, only those not
+            # settled then, changed since, or named again now, can need a
+            # write. Thousands of finished groups left in place by their
+            # Jobs would otherwise be walked on every call.
+            named = itertools.chain(by_job, placed_now, blocked, was_blocked, finished_changed or ())
             candidates = self._unsettled | {group for group in named if group in finished}
         for group in candidates:
             how = finished.get(group)

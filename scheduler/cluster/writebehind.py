@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,6 +67,15 @@ class WriteBatch:
     # The PodGroups added, replaced or deleted in the merged cycles' views
     # (None: any may have; the view was read whole).
     podgroups_changed: frozenset[tuple[str, str]] | None = frozenset()
+    # The groups whose entry in ``finished`` changed in the merged cycles
+    # (None: any may have; the status writer then looks at every one).
+    finished_changed: frozenset[str] | None = None
+    # The binds the merged cycles sent in the background: their bookkeeping
+    # goes out once they are answered, as it did when the cycle waited for
+    # them, so that its creates and status patches (and the writer's own
+    # work, which takes the interpreter's lock from the bind threads) never
+    # come between a bind and the API server.
+    after: tuple[Future[Any], ...] = ()
 
     def then(self, newer: WriteBatch) -> WriteBatch:
         """This batch and the ``newer`` one, as one batch that leaves what writing both in turn would."""
@@ -91,6 +100,12 @@ class WriteBatch:
                 None
                 if self.podgroups_changed is None or newer.podgroups_changed is None
                 else self.podgroups_changed | newer.podgroups_changed
+            ),
+            after=self.after + newer.after,
+            finished_changed=(
+                None
+                if self.finished_changed is None or newer.finished_changed is None
+                else self.finished_changed | newer.finished_changed
             ),
         )
 
@@ -142,6 +157,7 @@ class WriteBehind:
                     self._draining = None
                     return
             try:
+                wait(batch.after)
                 self.write(batch)
             except LeaseLostError as error:
                 log.info("cycle_writes_fenced", error=str(error))  # the lease went; the runner starts over

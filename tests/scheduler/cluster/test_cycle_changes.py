@@ -126,6 +126,7 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
     api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
     incremental, full = SchedulingCycle(api), SchedulingCycle(api, incremental=False)
     views = ClusterViews()
+    before: dict[str, Any] | None = None
     for step, (batch, forget) in enumerate(batches):
         for store, event in batch:
             cache.apply(store, event)
@@ -136,9 +137,14 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
         rebuilt = full.prepare(cluster_view(cache.view()), now)
         assert canonical(told) == canonical(rebuilt)
         # The facts the status writer gets, kept from the assembler's changes, are the ones read afresh.
-        met, ended = incremental._job_facts(told)
-        met_full, ended_full = full._job_facts(rebuilt)
+        met, ended, named = incremental._job_facts(told)
+        met_full, ended_full, _ = full._job_facts(rebuilt)
         assert set(met) == set(met_full) and ended == ended_full
+        # Every group whose end changed since the last mapping is named (the status writer looks at no other).
+        if named is not None:
+            assert before is not None
+            assert {g for g in ended.keys() | before.keys() if ended.get(g) != before.get(g)} <= named
+        before = dict(ended)
 
 
 def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
@@ -242,7 +248,7 @@ def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pyt
     cycle = SchedulingCycle(api, owners=owners)
     views = ClusterViews()
     first = cycle.prepare(views.next(cache.view(since=None)), NOW)
-    met, ended = cycle._job_facts(first)
+    met, ended, _ = cycle._job_facts(first)
     assert len(ended) == 8 and all(job.tasks for job in first.jobs)  # the finished groups are apart
     assert not set(met) & set(ended)  # how a group ended is its status; it is not "running at minMember"
 
@@ -261,7 +267,7 @@ def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pyt
     owners.calls = 0
     second = cycle.prepare(views.next(cache.view(since=views.generation)), NOW + 1)
     again = cycle._job_facts(second)
-    assert again == (met, ended)
+    assert again == (met, ended, frozenset())
     assert again[1] is ended  # the same mapping: the status writer knows nothing ended
     assert counted == {"facts": 0, "gangs": 0, "jobs": 0}
     assert owners.calls == 1

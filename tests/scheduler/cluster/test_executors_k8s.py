@@ -751,7 +751,7 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
     free = _bind(quick, node.name, job="quick", gpus=(1,))
     piped = _bind(later, node.name, job="later", gpus=(0,), pipelined=True)
     decisions = Decisions(binds=(piped, free), evictions=(_eviction(victim, node.name),))
-    done: list[tuple[list[Any], list[Any], tuple[Bind, ...]]] = []
+    done: list[Any] = []
     runner = threading.Thread(target=lambda: done.append(cycle._execute(decisions, {node.name: node})))
     runner.start()
     try:
@@ -765,8 +765,9 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
         release.set()
         runner.join(60)
         cycle.close()
-    [(attempted, bound, sent)] = done
-    assert sent == ()  # this cycle waits for every bind's answer
+    [executed] = done
+    attempted, bound = executed.attempted, executed.bound
+    assert executed.sent == ()  # this cycle waits for every bind's answer
     assert [r.outcome for r in attempted] == [EvictOutcome.EVICTED]
     # In the decisions' order; the pipelined bind waited for the eviction, and the victim is still terminating.
     assert [r.bind.pod for r in bound] == ["later", "quick"]

@@ -522,6 +522,26 @@ def test_finished_groups_leave_the_writers_work_once_written(monkeypatch: pytest
     assert api.patched[-1] == "ns/done-7" and len(api.patched) == 503
 
 
+def test_a_new_finished_mapping_costs_the_groups_named_changed_not_a_walk_over_every_one() -> None:
+    api = _GroupApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    ended = {f"ns/done-{i}": finished_phase(Job(f"done-{i}", "q", succeeded=2)) for i in range(500)}
+    finished = {group: how for group, how in ended.items() if how is not None}
+    # The first call has nothing to diff against: every group, although changes are named.
+    assert writer.write(Decisions(), finished=finished, finished_changed=()).pod_groups_patched == 500
+    assert writer.write(Decisions(), finished=finished).unchanged == 500  # and found settled
+    late = finished_phase(Job("late", "q", succeeded=1))
+    failed = finished_phase(Job("done-9", "q", failed=2))
+    assert late is not None and failed is not None
+    more = {**finished, "ns/late": late, "ns/done-9": failed}
+    report = writer.write(Decisions(), finished=more, finished_changed={"ns/late", "ns/done-9"})
+    assert (report.pod_groups_patched, report.unchanged) == (2, 0)
+    assert sorted(api.patched[-2:]) == ["ns/done-9", "ns/late"]
+    # Changes not known (a full read): every finished group is looked at, and found written.
+    report = writer.write(Decisions(), finished=dict(more), finished_changed=None)
+    assert (report.pod_groups_patched, report.unchanged) == (0, 501)
+
+
 def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_change() -> None:
     api = _GroupApi()
     writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,9 +17,16 @@ from scheduler.cluster.grouping import GroupSpec
 from scheduler.cluster.lost import lost_totals
 from scheduler.cluster.writebehind import WriteBatch, WriteBehind
 from scheduler.engine.model import Bind, Decisions, JobStatus
+from tests.waiting import wait_for
 
 
-def batch(cycle: int, *, lost: Mapping[str, float] | None = None, defer: bool = True) -> WriteBatch:
+def batch(
+    cycle: int,
+    *,
+    lost: Mapping[str, float] | None = None,
+    defer: bool = True,
+    finished_changed: frozenset[str] | None = frozenset(),
+) -> WriteBatch:
     """What cycle ``cycle`` hands over: one bind, one pending job, one missing PodGroup."""
     job = f"ns/job-{cycle}"
     spec = GroupSpec(f"pg-{cycle}", "ns", 1, "q")
@@ -35,6 +45,7 @@ def batch(cycle: int, *, lost: Mapping[str, float] | None = None, defer: bool = 
         queues={"q": {"status": {contract.QUEUE_STATUS_GPU_SECONDS_LOST: 100.0}}},
         queue_problems={},
         defer_placed=defer,
+        finished_changed=finished_changed,
     )
 
 
@@ -82,6 +93,31 @@ def test_cycles_never_wait_while_a_write_is_slow_and_their_batches_merge_into_on
     assert merged.defer_placed is False
 
 
+def test_a_batch_goes_out_once_the_binds_its_cycles_sent_are_answered() -> None:
+    """Bookkeeping never comes between a bind sent in the background and the API server."""
+    written: list[int] = []
+    bind_a: Future[object] = Future()
+    bind_b: Future[object] = Future()
+    writer = WriteBehind(lambda b: written.append(b.cycles))
+    try:
+        writer.submit(replace(batch(0), after=(bind_a,)))
+        time.sleep(0.2)
+        assert written == [], "written while a bind of its cycle was unanswered"
+        bind_a.set_result(None)
+        wait_for(lambda: written == [1], description="the first batch written once its bind is answered")
+        writer.submit(replace(batch(1), after=(bind_b,)))
+        time.sleep(0.2)
+        assert written == [1]
+        bind_b.set_exception(RuntimeError("a failed bind is answered too"))
+        writer.flush()
+        assert written == [1, 1]
+    finally:
+        for bind in (bind_a, bind_b):
+            if not bind.done():
+                bind.set_result(None)  # so that close never waits on a test that failed
+        writer.close()
+
+
 def test_a_failed_write_does_not_stop_the_next_batch() -> None:
     seen: list[int] = []
 
@@ -126,10 +162,21 @@ def test_a_write_ended_by_a_base_exception_leaves_the_writer_able_to_write_the_n
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.floats(0, 1e6, allow_nan=False)), min_size=1, max_size=6))
-def test_merging_in_any_grouping_gives_the_same_batch(parts: list[tuple[bool, float]]) -> None:
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.floats(0, 1e6, allow_nan=False),
+            st.none() | st.frozensets(st.sampled_from(["ns/a", "ns/b", "ns/c"])),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_merging_in_any_grouping_gives_the_same_batch(parts: list[tuple[bool, float, frozenset[str] | None]]) -> None:
     batches = [
-        batch(i, lost={"q": seconds} if seconds else {}, defer=defer) for i, (defer, seconds) in enumerate(parts)
+        batch(i, lost={"q": seconds} if seconds else {}, defer=defer, finished_changed=ended)
+        for i, (defer, seconds, ended) in enumerate(parts)
     ]
     left = batches[0]
     for b in batches[1:]:
@@ -140,7 +187,11 @@ def test_merging_in_any_grouping_gives_the_same_batch(parts: list[tuple[bool, fl
     assert left.decisions == right.decisions
     assert left.specs == right.specs
     assert left.blocked == right.blocked
-    assert left.defer_placed == right.defer_placed == all(d for d, _ in parts)
+    assert left.defer_placed == right.defer_placed == all(d for d, _, _ in parts)
+    # The groups whose end changed in any merged cycle, or unknown if unknown in one.
+    named = [ended for _, _, ended in parts]
+    union = None if None in named else frozenset().union(*(n for n in named if n is not None))
+    assert left.finished_changed == right.finished_changed == union
     assert left.lost.keys() == right.lost.keys()
     for queue in left.lost:
         assert abs(left.lost[queue] - right.lost[queue]) <= 1e-6 * max(1.0, left.lost[queue])
