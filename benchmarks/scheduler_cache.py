@@ -606,7 +606,7 @@ def timed_cycle(
     """
     clock = time.perf_counter
     began = clock()
-    view = views.next(cache.view(since=views.generation)) if views is not None else cluster_view(cache.view())
+    view = views.next(views.take(cache)) if views is not None else cluster_view(cache.view())
     viewed = clock()
     snapshot = cycle.prepare(view, NOW)
     prepared = clock()

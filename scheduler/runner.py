@@ -138,9 +138,15 @@ class ClusterViews:
         self._pods = _Rekeyed(_pod_slot)
         self._groups = _Rekeyed(_group_slot)
 
+    def take(self, cache: ClusterCache) -> CacheView:
+        """The cache's view since the last one this made a cluster view of: its pods and PodGroups only as changed."""
+        return cache.view(since=self.generation, partial=(PODS, PODGROUPS))
+
     def next(self, view: CacheView) -> ClusterView:
         """The cluster view of ``view``; it says what changed when ``view`` was taken since :attr:`generation`."""
         changed = view.changed if self.generation is not None and view.since == self.generation else None
+        if changed is None and view.partial:
+            raise ValueError(f"a view of the changes since generation {view.since} continues no view taken here")
         self.generation = None
         changes: ViewChanges | None = None
         if changed is None:
@@ -463,7 +469,7 @@ class SchedulerRunner:
         if term is None:
             return
         began = time.monotonic()
-        view = self.cache.view(since=self.views.generation)
+        view = self.views.take(self.cache)
         if not view.synced:
             return
         self._term = term

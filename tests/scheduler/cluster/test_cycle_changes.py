@@ -131,7 +131,8 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
         for store, event in batch:
             cache.apply(store, event)
         # Now and then a view taken without ``since``: the cycle must notice it cannot tell what changed.
-        view = views.next(cache.view(since=None if forget else views.generation))
+        # As the runner takes it: pods and PodGroups only as they changed, when the log reaches back.
+        view = views.next(cache.view() if forget else views.take(cache))
         now = NOW + step
         told = incremental.prepare(view, now)
         rebuilt = full.prepare(cluster_view(cache.view()), now)
@@ -163,6 +164,33 @@ def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
     assert last.changed == {PODS: frozenset({"team-a/p0"})}
     assert "team-a/p0" not in last.pods
     assert cache.view(since=last.generation).changed == {}
+
+
+def test_a_partial_view_holds_only_what_changed_and_continues_only_the_view_before_it() -> None:
+    cache = _cache(100)
+    for name in ("p0", "p1", "p2"):
+        obj = pod_json(name)
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    views = ClusterViews()
+    first = views.take(cache)
+    assert first.partial == frozenset() and len(first.pods) == 3  # nothing to continue: everything
+    assert len(views.next(first).pods) == 3
+    moved = pod_json("p1", node="n0")
+    cache.apply(PODS, WatchEvent(EventType.MODIFIED, object_key(moved), moved))
+    cache.apply(PODS, WatchEvent(EventType.DELETED, "team-a/p2", pod_json("p2")))
+    second = views.take(cache)
+    assert second.partial == {PODS, PODGROUPS}
+    assert list(second.pods) == ["team-a/p1"]  # p2 is named changed and absent: gone
+    assert second.pods["team-a/p1"]["spec"]["nodeName"] == "n0"
+    shown = views.next(second)
+    assert {p["metadata"]["name"] for p in shown.pods.values()} == {"p0", "p1"}
+    assert shown.changed is not None and len(shown.changed.pods) == 2
+    # A partial view of changes since a view this did not continue cannot be used.
+    stale = cache.view(since=first.generation, partial=(PODS,))
+    with pytest.raises(ValueError, match="continues no view"):
+        views.next(stale)
+    # And a cache whose log no longer reaches back gives every pod.
+    assert cache.view(since=-5, partial=(PODS,)).partial == frozenset()
 
 
 def test_a_view_past_the_change_log_says_it_cannot_tell() -> None:
