@@ -26,7 +26,7 @@ and evicted another victim for the same job.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -84,7 +84,39 @@ class _Assumed(ABC, Generic[T]):
         changed = view.changed
         if changed is not None:
             changed = replace(changed, pods=frozenset(changed.pods) | frozenset(shown) | dropped)
-        return replace(view, pods={**view.pods, **shown} if shown else view.pods, changed=changed)
+        return replace(view, pods=_Shown(shown, view.pods) if shown else view.pods, changed=changed)
+
+
+class _Shown(Mapping[str, JSON]):
+    """``base`` with the pods of ``shown`` (all of them in ``base``) shown as written.
+
+    Not a merged copy: copying every pod for every cycle in which a bind
+    was still unconfirmed cost more than the cycle's own reading of what
+    changed.
+    """
+
+    __slots__ = ("_base", "_shown")
+
+    def __init__(self, shown: Mapping[str, JSON], base: Mapping[str, JSON]) -> None:
+        self._shown = shown
+        self._base = base
+
+    def __getitem__(self, uid: str) -> JSON:
+        found = self._shown.get(uid)
+        return found if found is not None else self._base[uid]
+
+    def get(self, uid: str, default: Any = None) -> Any:
+        found = self._shown.get(uid)
+        return found if found is not None else self._base.get(uid, default)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def __len__(self) -> int:
+        return len(self._base)
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,5 +123,20 @@ def test_a_view_that_changed_no_node_is_skipped_once_every_node_is_quiet(
             worker.offer(replace(view(k8s, nodes), changed=replace(quiet, nodes=frozenset({name}))), {})
             worker.offer(replace(view(k8s, nodes), changed=quiet), {})
         wait_for(lambda: worker.idle() and worker.passes == passes + 2, timeout=30, description="a pass")
+        # The view's pods are the loop's own dict: an offer copies them only when a pass is expected.
+        with worker._cond:
+            worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+            assert worker._offer is not None and worker._offer.pods is None
+            worker.offer(replace(view(k8s, nodes), changed=quiet), {"team/p": "refused"})
+            assert worker._offer is not None and worker._offer.pods is not None
+        wait_for(lambda: worker.idle() and worker.passes == passes + 3, timeout=30, description="a pass")
+        # Work in hand (a drain's, a timer's) with no node changed: the view offered without its pods
+        # is passed over, and the next one comes with them.
+        controller.at_rest = lambda: False  # type: ignore[method-assign]
+        worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+        wait_for(worker.idle, timeout=30, description="the view without pods taken")
+        assert worker.passes == passes + 3
+        worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+        wait_for(lambda: worker.idle() and worker.passes == passes + 4, timeout=30, description="a pass")
     finally:
         worker.stop()
