@@ -342,9 +342,9 @@ class ClusterCache:
         Then the collections named in ``partial`` hold only their entries
         changed since (a key named changed and absent is gone): a caller
         that keeps its own copy up to date by the changes needs no more.
-        Copying every pod for every cycle was a third of the scheduling
-        thread's CPU under steady arrivals at 11,000 pods, most of it
-        touching each pod to count the new reference.
+        Copying every pod and PodGroup for every cycle was 8 % of the
+        scheduling thread's CPU under steady arrivals at 11,000 pods, most
+        of it touching each entry to count the new reference.
         """
         missing = frozenset(r.name for r in self._reflectors if r.missing)
         with self._changed:

@@ -278,7 +278,7 @@ class SchedulingCycle:
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
         # With binds in the background (the runner's choice) the cycle sends
-        # its binds onto free room and goes on (:mod:`.inflight`).
+        # its binds onto free room after the first and goes on (:mod:`.inflight`).
         self.inflight = BindsInFlight(self.binder) if binds_in_background else None
         self.evictor = evictor or Evictor(api)
         # With writes in the background, their PodGroup creates and status
@@ -575,12 +575,19 @@ class SchedulingCycle:
         """A cycle's bookkeeping (or several cycles', merged): creates, owners read again, statuses."""
         specs = list(batch.specs.values())
         try:
-            self._create_podgroups(specs, paced=True)
-        finally:
-            # Created, or to be tried again by the next cycle that finds it missing.
-            self._queued.difference_update(batch.specs)
-        self._follow_owners(list(batch.drifted.values()))
-        self.status.forget_gone(batch.podgroups, batch.podgroups_changed)
+            try:
+                self._create_podgroups(specs, paced=True)
+            finally:
+                # Created, or to be tried again by the next cycle that finds it missing.
+                self._queued.difference_update(batch.specs)
+            self._follow_owners(list(batch.drifted.values()))
+            self.status.forget_gone(batch.podgroups, batch.podgroups_changed)
+        except BaseException:
+            # The status writer never saw this batch's finished changes; the
+            # next batch names only its own, so the writer must look at
+            # every finished group once.
+            self.status.forget_finished()
+            raise
         totals = lost_totals(batch.queues, batch.lost, self._lost_written)
         # Only queues that still exist keep a total (one deleted and made
         # again starts from what its new object shows).
@@ -870,7 +877,8 @@ class SchedulingCycle:
         }
         log.info(
             "cycle_done",
-            binds=sum(1 for r in bound if r.ok) + len(sent),
+            binds=sum(1 for r in bound if r.ok),
+            binds_sent=len(sent),  # answered to a later cycle
             bind_failures=sum(1 for r in itertools.chain(answered, bound) if not r.ok),
             evictions=len(evicted),
             reservations=len(held),

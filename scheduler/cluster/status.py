@@ -464,6 +464,11 @@ class StatusWriter:
         )
         return report
 
+    def forget_finished(self) -> None:
+        """Look at every finished group on the next write: changes named since may not cover what it last saw."""
+        with self._lock:
+            self._finished_seen = None
+
     def forget_gone(
         self,
         podgroups: Mapping[tuple[str, str], Mapping[str, Any]],

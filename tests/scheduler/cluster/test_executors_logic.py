@@ -540,6 +540,11 @@ def test_a_new_finished_mapping_costs_the_groups_named_changed_not_a_walk_over_e
     # Changes not known (a full read): every finished group is looked at, and found written.
     report = writer.write(Decisions(), finished=dict(more), finished_changed=None)
     assert (report.pod_groups_patched, report.unchanged) == (0, 501)
+    # A batch that never reached the writer (its bookkeeping failed first): the next one's changes do not
+    # cover what the writer last saw, so it looks at every finished group again.
+    writer.forget_finished()
+    report = writer.write(Decisions(), finished=dict(more), finished_changed=())
+    assert (report.pod_groups_patched, report.unchanged) == (0, 501)
 
 
 def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_change() -> None:
