@@ -522,35 +522,41 @@ class SchedulingCycle:
     def _execute(self, decisions: Decisions, nodes: Mapping[str, Node]) -> _Executed:
         """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order, and those sent.
 
+        With ``binds_in_background`` the binds onto free room after the
+        first are sent and not waited for (:mod:`.inflight`); the first goes
+        out from this thread, because waking a pool thread put a millisecond
+        or two (on two busy cores) between a lone arrival and its bind.
+        """
+        binds: Sequence[Bind] = decisions.binds
+        later: tuple[Bind, ...] = ()
+        sending: tuple[Future[BindResult], ...] = ()
+        if self.inflight is not None:
+            later = tuple([bind for bind in binds if not bind.pipelined][1:])
+            if later:
+                sending = self.inflight.send(later, nodes)
+                left = {id(bind) for bind in later}
+                binds = [bind for bind in binds if id(bind) not in left]
+        attempted, bound = self._evict_and_bind(decisions.evictions, binds, nodes)
+        return _Executed(attempted, bound, later, sending)
+
+    def _evict_and_bind(
+        self, evictions: Sequence[Eviction], binds: Sequence[Bind], nodes: Mapping[str, Node]
+    ) -> tuple[list[EvictResult], list[BindResult]]:
+        """Evictions and the binds waited for: what was attempted of each, binds in their order.
+
         Evictions beyond the rate wait for a later cycle instead of holding
         up this one's binds (``wait=False``). A pipelined bind goes out only
         after the evictions (it waits for its node's victims, see
         :mod:`.bind`); every other bind takes room that is free already and
         goes out beside them: under a deep backlog the evictions' round
         trips were a fifth of the cycle, with the binds waiting behind them.
-        With ``binds_in_background`` those after the first are sent and not
-        waited for (:mod:`.inflight`).
         """
-        evictions, binds = decisions.evictions, decisions.binds
-        if self.inflight is not None:
-            free = [bind for bind in binds if not bind.pipelined]
-            # The first goes out from this thread, the rest from the pool
-            # while it does: waking a pool thread put a millisecond or two
-            # (on two busy cores) between a lone arrival and its bind.
-            first, sent = free[:1], tuple(free[1:])
-            sending = self.inflight.send(sent, nodes)
-            bound = self.binder.bind_all(first, nodes) if first else []
-            attempted = self.evictor.evict_all(evictions, wait=False) if evictions else []
-            piped = [bind for bind in binds if bind.pipelined]
-            if piped:
-                bound += self.binder.bind_all(piped, nodes, evictions=evictions)
-            return _Executed(attempted, bound, sent, sending)
         if not evictions:
-            return _Executed([], self.binder.bind_all(binds, nodes) if binds else [])
+            return [], self.binder.bind_all(binds, nodes) if binds else []
         free = [bind for bind in binds if not bind.pipelined]
         if not free:
             attempted = self.evictor.evict_all(evictions, wait=False)
-            return _Executed(attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else [])
+            return attempted, self.binder.bind_all(binds, nodes, evictions=evictions) if binds else []
         if self._beside is None:
             self._beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evictions")
         evicting = self._beside.submit(self.evictor.evict_all, evictions, wait=False)
@@ -563,7 +569,7 @@ class SchedulingCycle:
         piped = [bind for bind in binds if bind.pipelined]
         late = self.binder.bind_all(piped, nodes, evictions=evictions) if piped else []
         by_bind = {id(result.bind): result for result in itertools.chain(early, late)}
-        return _Executed(attempted, [by_bind[id(bind)] for bind in binds])
+        return attempted, [by_bind[id(bind)] for bind in binds]
 
     def _explain_refused(self, snapshot: Snapshot, pending: Sequence[JobStatus]) -> None:
         """An Event on each slice pod refused for lacking what the webhook injects (its group has the condition)."""

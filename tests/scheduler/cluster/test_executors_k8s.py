@@ -729,10 +729,14 @@ def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_se
         _delete_queue(k8s, queue)
 
 
+@pytest.mark.parametrize("in_background", [False, True], ids=["waited-for", "others-sent"])
 def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
-    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
+    k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node], in_background: bool
 ) -> None:
-    """The cycle's binds that wait for no victim do not wait behind its evictions either."""
+    """The cycle's binds that wait for no victim do not wait behind its evictions either.
+
+    With binds in the background the first onto free room is still made by the cycle, beside the evictions.
+    """
     node = nodes()
     victim = _pod(k8s, namespace, "victim", node=node.name)
     mark_pod_running(k8s, victim.metadata.name, namespace)
@@ -747,7 +751,12 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
 
     api = _api(k8s)
     held = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=hold_evictions)
-    cycle = SchedulingCycle(api, binder=Binder(api, retry=NO_WAIT), evictor=Evictor(held, retry=NO_WAIT))
+    cycle = SchedulingCycle(
+        api,
+        binder=Binder(api, retry=NO_WAIT),
+        evictor=Evictor(held, retry=NO_WAIT),
+        binds_in_background=in_background,
+    )
     free = _bind(quick, node.name, job="quick", gpus=(1,))
     piped = _bind(later, node.name, job="later", gpus=(0,), pipelined=True)
     decisions = Decisions(binds=(piped, free), evictions=(_eviction(victim, node.name),))
