@@ -58,6 +58,7 @@ from scheduler.cluster.metrics import SchedulerMetrics
 from scheduler.cluster.sliceadmission import DEFAULT_RUNTIME_CLASS, SliceAdmission
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.cluster.status import STATUS_WORKERS
+from scheduler.cluster.versions import Versioned
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import NODE_PATCH_WORKERS, RemediationController
 from scheduler.remediation.metrics import RemediationMetrics
@@ -137,6 +138,7 @@ class ClusterViews:
         self.generation: int | None = None
         self._pods = _Rekeyed(_pod_slot)
         self._groups = _Rekeyed(_group_slot)
+        self._group_versions = Versioned(self._groups.entries)
 
     def take(self, cache: ClusterCache) -> CacheView:
         """The cache's view since the last one this made a cluster view of: its pods and PodGroups only as changed."""
@@ -156,15 +158,18 @@ class ClusterViews:
                 self._pods.put(key, pod)
             for key, group in view.podgroups.items():
                 self._groups.put(key, group)
+            self._group_versions = Versioned(self._groups.entries)
         else:
             assert view.since is not None
+            groups_changed = self._groups.update(view.podgroups, changed.get(PODGROUPS, ()))
+            self._group_versions.changed(groups_changed)
             changes = ViewChanges(
                 since=view.since,
                 nodes=changed.get(NODES, frozenset()),
                 gpunodes=changed.get(GPUNODES, frozenset()),
                 pods=self._pods.update(view.pods, changed.get(PODS, ())),
                 queues=changed.get(QUEUES, frozenset()),
-                podgroups=self._groups.update(view.podgroups, changed.get(PODGROUPS, ())),
+                podgroups=groups_changed,
             )
         self.generation = view.generation
         return ClusterView(
@@ -173,11 +178,12 @@ class ClusterViews:
             # Not a copy (every pod, every cycle, was a fifth of the loop's
             # CPU at 11,000 pods): the next call changes it. Read it on the
             # loop's thread during the cycle; a thread that keeps it copies it
-            # (the remediation worker's offer does). The PodGroups are a copy:
-            # the status writer reads them behind the cycles.
+            # (the remediation worker's offer does). The PodGroups are a
+            # version that stays as it is (the status writer reads them
+            # behind the cycles), made at the cost of what changed.
             pods=self._pods.entries,
             queues=view.queues,
-            podgroups=dict(self._groups.entries),
+            podgroups=self._group_versions.freeze(),
             generation=view.generation,
             changed=changes,
             claims=view.claims,

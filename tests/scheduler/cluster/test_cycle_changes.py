@@ -127,12 +127,16 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
     incremental, full = SchedulingCycle(api), SchedulingCycle(api, incremental=False)
     views = ClusterViews()
     before: dict[str, Any] | None = None
+    handed_out: list[tuple[Mapping[Any, Any], dict[Any, Any]]] = []
     for step, (batch, forget) in enumerate(batches):
         for store, event in batch:
             cache.apply(store, event)
         # Now and then a view taken without ``since``: the cycle must notice it cannot tell what changed.
         # As the runner takes it: pods and PodGroups only as they changed, when the log reaches back.
         view = views.next(cache.view() if forget else views.take(cache))
+        # Each view's PodGroups stay as they were (the status writer reads them behind the cycles).
+        assert dict(view.podgroups) == cluster_view(cache.view()).podgroups
+        handed_out.append((view.podgroups, dict(view.podgroups)))
         now = NOW + step
         told = incremental.prepare(view, now)
         rebuilt = full.prepare(cluster_view(cache.view()), now)
@@ -146,6 +150,7 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
             assert before is not None
             assert {g for g in ended.keys() | before.keys() if ended.get(g) != before.get(g)} <= named
         before = dict(ended)
+    assert all(dict(version) == then for version, then in handed_out)
 
 
 def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
