@@ -397,6 +397,14 @@ class StatusWriter:
         # The watched PodGroups of the current write (see write's podgroups).
         self._shown: Mapping[tuple[str, str], Mapping[str, Any]] = {}
         self._unsettled: set[str] = set()
+        # The groups placed (or running) at the last call, those of them
+        # that call wrote (found settled, or written again, by the next),
+        # and those it deferred: a group placed then and now and settled or
+        # still deferred is not looked at again until another input
+        # (pending, blocked, ended) or a forget names it.
+        self._placed_before: set[str] | None = None
+        self._recheck: set[str] = set()
+        self._deferred: set[str] = set()
         # Per group, the inputs its written status and Events were last found to match (_unchanged).
         self._said: dict[str, tuple[object, ...]] = {}
         self._queues: dict[str, JSON] = {}
@@ -513,6 +521,7 @@ class StatusWriter:
                 self._blocked.discard(pod_group)
                 self._final.pop(pod_group, None)
                 self._unsettled.add(pod_group)  # looked at again even if nothing else ended since
+                self._recheck.add(pod_group)  # ... or if it still runs
                 self._said.pop(pod_group, None)
             if queue is not None:
                 self._queues.pop(queue, None)
@@ -565,8 +574,27 @@ class StatusWriter:
                 ended[group] = how
         self._finished_seen = finished
         self._unsettled = set(ended)
+        # Every running group is placed at every call: walking them all was
+        # the writer's cost at a thousand running groups, twenty calls a
+        # second, on a thread the cycles share the interpreter with. Those
+        # placed at the last call too and settled then are unchanged (the
+        # same inputs, and nothing since forgot what was said of them);
+        # those it deferred wait on, unlooked at, while the scheduler is busy.
+        placed_before, self._placed_before = self._placed_before, None
+        said_of = set(by_job) | set(blocked) | was_blocked | set(ended)
+        kept: set[str] = set()
+        deferred: set[str] = set()
+        if placed_before is not None:
+            kept = (placed_now & placed_before) - self._recheck - said_of
+            if defer_placed:
+                deferred = kept & self._deferred  # still never written, and still waiting
+                report.deferred += len(deferred)
+            else:
+                kept -= self._deferred  # their wait is over
+            report.unchanged += len(kept) - len(deferred)
+        recheck: set[str] = set()
         groups: list[str] = []
-        for group in sorted(set(by_job) | placed_now | set(blocked) | was_blocked | set(ended)):
+        for group in sorted(said_of | (placed_now - kept)):
             if (
                 defer_placed
                 and group not in self._groups
@@ -575,6 +603,7 @@ class StatusWriter:
                 and group not in was_blocked
             ):
                 report.deferred += 1
+                deferred.add(group)
                 continue
             end = ended.get(group)
             if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group), end):
@@ -582,6 +611,7 @@ class StatusWriter:
                 self._settle(group, end)
             else:
                 groups.append(group)
+                recheck.add(group)  # found settled by the next call, or written again if this write fails
 
         def one(group: str) -> StatusReport:
             # A report per group, merged below: the threads share no counters.
@@ -600,6 +630,9 @@ class StatusWriter:
             report.unchanged += part.unchanged
             report.missing.extend(part.missing)
             report.errors.extend(part.errors)
+        self._recheck = recheck
+        self._deferred = deferred
+        self._placed_before = placed_now
 
     def _unchanged(
         self,

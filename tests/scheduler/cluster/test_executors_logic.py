@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwarden.contract import UnschedulableReason
 from gpuwarden.kube import ApiError, Backoff
@@ -488,6 +490,9 @@ class _GroupApi:
     def create_event(self, namespace: str, body: Any) -> Any:
         return body
 
+    def patch_event(self, namespace: str, name: str, patch: Any) -> Any:
+        return patch
+
 
 def test_finished_groups_leave_the_writers_work_once_written(monkeypatch: pytest.MonkeyPatch) -> None:
     api = _GroupApi()
@@ -558,6 +563,78 @@ def test_a_status_found_unchanged_is_written_again_when_it_comes_back_after_a_ch
     assert writer.write(waits).pod_groups_patched == 1  # a member was lost: Pending
     assert writer.write(Decisions(), gang_met=[group]).pod_groups_patched == 1  # and Running again
     assert api.patched == [group] * 3
+
+
+def test_running_groups_settled_at_the_last_write_are_not_looked_at_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = _GroupApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    running = [f"ns/run-{i}" for i in range(1000)]
+    assert writer.write(Decisions(), gang_met=running).pod_groups_patched == 1000
+    writer.write(Decisions(), gang_met=running)  # found settled
+    looked_at: list[str] = []
+    real = writer._unchanged
+
+    def counting(group: str, *args: Any) -> bool:
+        looked_at.append(group)
+        return real(group, *args)
+
+    monkeypatch.setattr(writer, "_unchanged", counting)
+    report = writer.write(Decisions(), gang_met=running)
+    assert (report.pod_groups_patched, report.unchanged, looked_at) == (0, 1000, [])
+    # One more placed, one gone pending, one whose PodGroup was made again: those three are looked at.
+    waits = JobStatus("ns/run-5", "q", (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),))
+    writer.forget(pod_group="ns/run-9")
+    report = writer.write(Decisions(pending=(waits,)), gang_met=[*running[:5], *running[6:], "ns/new"])
+    assert sorted(looked_at) == ["ns/new", "ns/run-5", "ns/run-9"]
+    assert sorted(api.patched[1000:]) == ["ns/new", "ns/run-5", "ns/run-9"]
+    # Groups deferred while the scheduler is busy stay deferred without a look, and are written once it is not.
+    more = [f"ns/later-{i}" for i in range(300)]
+    assert writer.write(Decisions(), gang_met=[*running, *more], defer_placed=True).deferred == 300
+    assert api.patched[-1] == "ns/run-5"  # running again: Running (it was Pending)
+    looked_at.clear()
+    report = writer.write(Decisions(), gang_met=[*running, *more], defer_placed=True)
+    assert report.deferred == 300 and report.pod_groups_patched == 0
+    assert looked_at == ["ns/run-5"]  # written at the last call: found settled now
+    report = writer.write(Decisions(), gang_met=[*running, *more])
+    assert report.pod_groups_patched == 300 and report.deferred == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.frozensets(st.integers(0, 7)),  # running
+            st.frozensets(st.integers(0, 7)),  # pending
+            st.frozensets(st.integers(0, 7)),  # blocked
+            st.frozensets(st.integers(0, 7)),  # PodGroups deleted and made again
+            st.booleans(),  # busy: placed groups never written wait
+        ),
+        max_size=12,
+    )
+)
+def test_a_writer_that_skips_settled_groups_writes_what_a_writer_looking_at_every_group_writes(
+    calls: list[tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int], bool]],
+) -> None:
+    skipping, walking = _GroupApi(), _GroupApi()
+    writers = StatusWriter(skipping, workers=1), StatusWriter(walking, workers=1)  # type: ignore[arg-type]
+    for running, waiting, blocked, forgotten, busy in calls:
+        reason = (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),)
+        decisions = Decisions(pending=tuple(JobStatus(f"ns/g{i}", "q", reason) for i in sorted(waiting)))
+        reports = []
+        for writer, api in zip(writers, (skipping, walking), strict=True):
+            for i in forgotten:
+                writer.forget(pod_group=f"ns/g{i}")
+            if writer is writers[1]:
+                writer._placed_before = None  # nothing known of the last call: every group is looked at
+            before = len(api.patched)
+            report = writer.write(
+                decisions,
+                gang_met=[f"ns/g{i}" for i in sorted(running - waiting)],
+                blocked={f"ns/g{i}": "a budget" for i in blocked},
+                defer_placed=busy,
+            )
+            reports.append((sorted(api.patched[before:]), report.pod_groups_patched, report.unchanged, report.deferred))
+        assert reports[0] == reports[1]
 
 
 class _CreateApi(_GroupApi):
