@@ -225,6 +225,9 @@ class _State:
     """What the previous snapshot was made of, kept to update it by what changed."""
 
     engine_nodes: dict[str, Node] = field(default_factory=dict)
+    # The snapshot's tuple of them, the same object until one changes: the
+    # engine and the cycle then know at once that no node did.
+    nodes_out: tuple[Node, ...] | None = None
     places: dict[str, _Place] = field(default_factory=dict)
     wanting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     keys_of_uid: dict[str, set[str]] = field(default_factory=dict)
@@ -330,10 +333,14 @@ class SnapshotAssembler:
             for name in changes.nodes:
                 node_obj = nodes.get(name)
                 if node_obj is None:
-                    state.engine_nodes.pop(name, None)
+                    if state.engine_nodes.pop(name, None) is not None:
+                        state.nodes_out = None
                     self._nodes.pop(name, None)
                 else:
-                    state.engine_nodes[name] = self._node(name, node_obj, gpunodes.get(name))
+                    engine_node = self._node(name, node_obj, gpunodes.get(name))
+                    if state.engine_nodes.get(name) is not engine_node:
+                        state.engine_nodes[name] = engine_node
+                        state.nodes_out = None
                 dirty_nodes.add(name)
             again = set(changes.pods)
             for uid in changes.pod_groups:
@@ -366,13 +373,19 @@ class SnapshotAssembler:
         self.job_changes = JobChanges(self.job_changes.serial + 1, changed)
         done = () if finished_apart else tuple(state.done.values())
         return Snapshot(
-            nodes=tuple(state.engine_nodes.values()),
+            nodes=self._nodes_out(),
             queues=with_external_queues(queues, pools),
             jobs=(*state.jobs.values(), *done, *state.externals.values()),
             now=now,
             config=config,
             bystanders=tuple(sorted((t for ts in state.bystanders.values() for t in ts), key=task_order)),
         )
+
+    def _nodes_out(self) -> tuple[Node, ...]:
+        state = self._state
+        if state.nodes_out is None:
+            state.nodes_out = tuple(state.engine_nodes.values())
+        return state.nodes_out
 
     def _jobs_of(self, dirty_jobs: set[tuple[str, str]], dirty_nodes: set[str]) -> dict[str, Job | None]:
         """The jobs (finished or not, and the external jobs of ``dirty_nodes``) the state holds now, by key."""

@@ -68,6 +68,7 @@ from scheduler.cluster.status import Finished, StatusWriter, finished_phase, ref
 from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
+from scheduler.cluster.versions import Versioned
 from scheduler.cluster.volumes import VolumeJudge
 from scheduler.cluster.writebehind import WriteBatch, WriteBehind
 from scheduler.engine.backlog import BacklogCounts, BacklogMemo
@@ -342,10 +343,17 @@ class SchedulingCycle:
         # its order), how each finished group ended, and the number of the
         # assembler's snapshot they reflect.
         self._gang_met: dict[str, None] = {}
+        self._gang_met_out: tuple[str, ...] | None = None  # handed out, None once changed
         self._ended: dict[str, Finished] = {}
-        self._ended_out: dict[str, Finished] | None = None  # the copy handed out, None once changed
-        # The groups whose end changed since that copy (None: unknown, after a full read).
+        # The version handed out (None once changed): the status writer reads
+        # it on its own thread, and copying every finished group of the
+        # cluster's history whenever one more ended cost what history is.
+        self._ended_out: Mapping[str, Finished] | None = None
+        self._ended_versions: Versioned[str, Finished] | None = None
+        # The groups whose end changed since that version (None: unknown, after a full read).
         self._ended_delta: set[str] | None = None
+        # The last snapshot's nodes and their index by name (for the binds).
+        self._nodes_by_name: tuple[tuple[Node, ...], dict[str, Node]] = ((), {})
         self._facts_serial: int | None = None
         self._problems_of: tuple[object, dict[str, tuple[str, str]]] | None = None
         # The jobs of the last prepared view that have no pod left to run (_set_finished_apart).
@@ -653,7 +661,7 @@ class SchedulingCycle:
                 self._listing.discard(key)
         return self.reservations.overlay(self._reserved, view.podgroups)
 
-    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], dict[str, Finished], frozenset[str] | None]:
+    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], Mapping[str, Finished], frozenset[str] | None]:
         """The groups whose minMember already runs, how each finished group ended, and which of those changed.
 
         Kept from cycle to cycle and read again only for the jobs the
@@ -670,6 +678,7 @@ class SchedulingCycle:
         self._facts_serial = None  # until the facts are complete
         if changed is None:
             self._gang_met.clear()
+            self._gang_met_out = None
             self._ended.clear()
             self._ended_out = None
             self._ended_delta = None
@@ -686,10 +695,17 @@ class SchedulingCycle:
             # A new mapping only when something ended or un-ended: the same
             # one otherwise, which tells the status writer so (it reads the
             # mapping on its own thread, so this one is never changed).
-            self._ended_out = dict(self._ended)
+            versions = self._ended_versions
+            if versions is None or self._ended_delta is None:
+                versions = self._ended_versions = Versioned(self._ended)
+            else:
+                versions.changed(self._ended_delta)
+            self._ended_out = versions.freeze()
             delta = frozenset(self._ended_delta) if self._ended_delta is not None else None
             self._ended_delta = set()
-        return tuple(self._gang_met), self._ended_out, delta
+        if self._gang_met_out is None:
+            self._gang_met_out = tuple(self._gang_met)
+        return self._gang_met_out, self._ended_out, delta
 
     def _read_facts(self, key: str, job: Job | None) -> None:
         """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone).
@@ -701,9 +717,12 @@ class SchedulingCycle:
         """
         running = sum(1 for t in job.tasks if t.status is TaskStatus.RUNNING) if job is not None else 0
         if job is not None and job.tasks and running + job.succeeded >= job.min_member:
-            self._gang_met[key] = None
-        else:
-            self._gang_met.pop(key, None)
+            if key not in self._gang_met:
+                self._gang_met[key] = None
+                self._gang_met_out = None
+        elif key in self._gang_met:
+            del self._gang_met[key]
+            self._gang_met_out = None
         ended = finished_phase(job) if job is not None else None
         if self._ended.get(key) != ended:
             self._ended_out = None
@@ -816,7 +835,9 @@ class SchedulingCycle:
         decisions = self.decide(snapshot, timings)
         decided = clock()
         self._tell_ungrouped(view)
-        nodes = {n.name: n for n in snapshot.nodes}
+        if snapshot.nodes is not self._nodes_by_name[0]:  # the same tuple while no node changed
+            self._nodes_by_name = (snapshot.nodes, {n.name: n for n in snapshot.nodes})
+        nodes = self._nodes_by_name[1]
         done = self._execute(decisions, nodes)
         attempted, bound, sent = done.attempted, done.bound, done.sent
         executed = clock()

@@ -145,12 +145,41 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
         met, ended, named = incremental._job_facts(told)
         met_full, ended_full, _ = full._job_facts(rebuilt)
         assert set(met) == set(met_full) and ended == ended_full
+        handed_out.append((ended, dict(ended)))  # read behind the cycles too: it must stay as it was
         # Every group whose end changed since the last mapping is named (the status writer looks at no other).
         if named is not None:
             assert before is not None
             assert {g for g in ended.keys() | before.keys() if ended.get(g) != before.get(g)} <= named
         before = dict(ended)
     assert all(dict(version) == then for version, then in handed_out)
+
+
+def test_a_cycle_with_nothing_new_hands_out_the_same_nodes_and_facts_as_the_last() -> None:
+    """Objects handed on unchanged are the same objects: nothing rebuilds the nodes' tuple or copies the facts."""
+    cache = _cache(100)
+    _fill(cache)
+    for name in NODE_NAMES:
+        cache.apply(NODES, WatchEvent(EventType.ADDED, name, node_json(name)))
+    for i, name in enumerate(POD_NAMES):
+        pod = pod_json(name, gpus=1, node=NODE_NAMES[0], phase="Succeeded" if i % 2 else "Running")
+        cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(pod), pod))
+    api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
+    cycle, views = SchedulingCycle(api), ClusterViews()
+    cycle._job_facts(cycle.prepare(views.next(views.take(cache)), NOW))  # built from scratch
+    first = cycle.prepare(views.next(views.take(cache)), NOW)
+    met, ended, _ = cycle._job_facts(first)
+    assert met and ended
+    second = cycle.prepare(views.next(views.take(cache)), NOW + 1)
+    assert second.nodes is first.nodes
+    again = cycle._job_facts(second)
+    assert again[0] is met and again[1] is ended and again[2] == frozenset()
+    # A node that changes: a new tuple with the new node in its place, and the facts as they were.
+    changed = node_json(NODE_NAMES[1], gpus=0)
+    cache.apply(NODES, WatchEvent(EventType.MODIFIED, NODE_NAMES[1], changed))
+    third = cycle.prepare(views.next(views.take(cache)), NOW + 2)
+    assert third.nodes is not first.nodes
+    assert [n.name for n in third.nodes] == [n.name for n in first.nodes]
+    assert cycle._job_facts(third)[:2] == (met, ended)
 
 
 def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
