@@ -61,6 +61,14 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
+    # No renderer here prints the source file, thread or process of a
+    # record, and finding the caller's frame was a quarter of the cost of
+    # a line: the scheduler logs one line per cycle, on the scheduling
+    # thread (the logging HOWTO's "Optimization" lists these switches).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)

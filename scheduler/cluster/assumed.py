@@ -138,7 +138,7 @@ class AssumedBinds(_Assumed[AssumedBind]):
 
     def record(self, result: CycleResult) -> None:
         """Remember the binds of ``result`` sent or accepted; forget those answered as failed."""
-        nodes = {n.name: n for n in result.snapshot.nodes}
+        nodes = result.nodes_by_name or {n.name: n for n in result.snapshot.nodes}
         for bind in result.sent:
             self._assume(bind, nodes.get(bind.node))
         for outcome in result.binds:

@@ -191,6 +191,9 @@ class CycleResult:
     backlog: BacklogCounts | None = None
     # The binds sent in the background and not answered yet (:mod:`.inflight`).
     sent: tuple[Bind, ...] = ()
+    # The snapshot's nodes by name, as the cycle indexed them for its binds
+    # (kept while no node changes); empty: index the snapshot's nodes.
+    nodes_by_name: Mapping[str, Node] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -928,4 +931,5 @@ class SchedulingCycle:
             stages,
             memo.counts if memo is not None else None,
             sent,
+            nodes,
         )
