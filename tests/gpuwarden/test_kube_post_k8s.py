@@ -9,7 +9,7 @@ from kubernetes import client
 
 from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.localcluster.controlplane import ControlPlane
-from tests.harness.helpers import temporary_namespace
+from tests.harness import temporary_namespace
 
 FIELD_MANAGER = "gpuwarden-scheduler"
 
