@@ -16,6 +16,7 @@ reviews that only ask the API server a question, pass without it.
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import time
 import urllib.parse
@@ -117,6 +118,10 @@ class KubeApi:
         :meth:`_request` reads both paths alike.
         """
         del _preload_content  # the reply is always read raw here
+        return self._post_now(path, body, _request_timeout, query)
+
+    def _post_now(self, path: str, body: JSON, _request_timeout: float | None, query: dict[str, str]) -> Any:
+        """:meth:`_post_json`'s round trip."""
         if type(self._client.rest_client) is not RESTClientObject:
             return self._post_through_client(path, body, _request_timeout, query)
         timeout = urllib3.Timeout(total=_request_timeout) if _request_timeout else None
@@ -140,6 +145,73 @@ class KubeApi:
                     reply.release_conn()
             return reply
         raise AssertionError("unreachable")
+
+    def _post_sent(self, path: str, body: JSON, query: dict[str, str]) -> Callable[..., Any]:
+        """Write a POST to the API server now, on this thread; the call returned reads the reply, on any thread.
+
+        The request goes out on a connection taken from the rest client's pool
+        (the same pool, TLS settings and headers as :meth:`_post_json`), which
+        stays out of the pool until the reply is read: no other request can
+        write to it meanwhile. The reply reads as :meth:`_post_json`'s does
+        (400 or more raises the client's :class:`ApiException`); an error
+        while writing is raised by the call, not here, so the caller has one
+        place that sees every failure. A client that changes requests in its
+        own rest client, or one behind a proxy, makes the whole round trip
+        here instead.
+        """
+        if type(self._client.rest_client) is not RESTClientObject or self._client.configuration.proxy:
+            try:
+                answered = self._post_now(path, body, self._timeout, query)
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                return _raiser(exc)
+            return lambda **_: answered
+        payload = orjson.dumps(body)
+        try:
+            for attempt in (1, 2):
+                pool, prefix, headers = self._poster()
+                try:
+                    # Private to urllib3, as is what urlopen does with it: a
+                    # pooled connection (a dropped one reconnected) or a new one.
+                    conn = pool._get_conn()
+                except urllib3.exceptions.ClosedPoolError:
+                    self._post = None  # see _post_json
+                    if attempt == 2:
+                        raise
+                    continue
+                break
+            url = prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+            try:
+                conn.timeout = self._timeout  # connecting, writing, then (getresponse) reading
+                conn.request("POST", url, body=payload, headers=headers)
+            except BaseException:
+                conn.close()
+                pool._put_conn(None)  # its place in the pool, empty
+                raise
+        except http.client.HTTPException as exc:
+            return _raiser(urllib3.exceptions.ProtocolError(f"writing the request: {exc!r}", exc))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return _raiser(exc)
+        read = False
+
+        def reply(**_: Any) -> Any:
+            nonlocal read
+            if read:
+                raise RuntimeError("a sent POST's reply is read once")
+            read = True
+            try:
+                answer = conn.getresponse()  # the body too: the connection is free once this returns
+            except BaseException as exc:
+                conn.close()
+                pool._put_conn(None)
+                if isinstance(exc, http.client.HTTPException):
+                    raise urllib3.exceptions.ProtocolError(f"reading the reply: {exc!r}", exc) from exc
+                raise
+            pool._put_conn(conn)  # closed by http.client if the server said so
+            if not 200 <= answer.status < 300:
+                raise ApiException(http_resp=answer)
+            return answer
+
+        return reply
 
     def _post_through_client(self, path: str, body: JSON, timeout: float | None, query: dict[str, str]) -> Any:
         """The same POST through the rest client's ``request``: a client that changes requests there is obeyed."""
@@ -363,6 +435,26 @@ class KubeApi:
             body,
             fieldManager=self.field_manager,
         )
+
+    def send_pod_binding(self, namespace: str, name: str, body: JSON) -> Callable[[], JSON]:
+        """:meth:`create_pod_binding` in two halves: the request is written now, the call returned waits for the answer.
+
+        The scheduling loop sends a cycle's bind from its own thread, so that
+        no thread hand-off comes between a pod's placement and its bind, and
+        leaves the answer to a pool thread, so that the loop does not wait a
+        round trip (most of it the API server's) before the next cycle.
+        The write guard runs here, before anything is sent; the call returned
+        (once, from any thread) answers or raises exactly as
+        :meth:`create_pod_binding` would, and is what the request counts.
+        """
+        operation = "create_pod_binding"
+        self.check_write(operation)
+        reply = self._post_sent(
+            f"/api/v1/namespaces/{_segment(namespace)}/pods/{_segment(name)}/binding",
+            body,
+            {"fieldManager": self.field_manager},
+        )
+        return functools.partial(self._call, operation, reply)
 
     def create_pod_eviction(self, namespace: str, name: str, body: JSON) -> JSON:
         """POST pods/eviction (policy/v1): the API server checks PodDisruptionBudgets (429 when one refuses)."""
@@ -611,3 +703,12 @@ class KubeApi:
             body,
             field_manager=self.field_manager,
         )
+
+
+def _raiser(error: BaseException) -> Callable[..., Any]:
+    """A call that raises ``error`` (a POST that failed while it was written, read as its reply)."""
+
+    def raise_it(**_: Any) -> Any:
+        raise error
+
+    return raise_it

@@ -197,9 +197,53 @@ class Binder:
             raise ValueError("a pipelined bind waits for evictions: bind_all it")
         return self._pool().submit(self._bind_one, bind, node)
 
+    def start(self, bind: Bind, node: Node | None) -> Future[BindResult]:
+        """Send one bind (not pipelined) from this thread; its answer is read, and retried, on the pool.
+
+        The caller's thread writes the request, so no thread hand-off comes
+        between the decision and the API server; it does not wait for the
+        answer (see :mod:`.inflight`). A slice pod's ConfigMap is written
+        first, from this thread too. Raises only what the write guard
+        raises (the lease fence): every other failure is the future's result.
+        """
+        if bind.pipelined:
+            raise ValueError("a pipelined bind waits for evictions: bind_all it")
+        body = self._body(bind, node)
+        if isinstance(body, BindResult):
+            failed: Future[BindResult] = Future()
+            failed.set_result(body)
+            return failed
+        first = self._api.send_pod_binding(bind.namespace, bind.pod, body)
+        try:
+            return self._pool().submit(self._answered, bind, body, first)
+        except RuntimeError:  # the pool shut down meanwhile (close): the request is out, its answer still counts
+            answered: Future[BindResult] = Future()
+            answered.set_result(self._answered(bind, body, first))
+            return answered
+
     # -- one pod ------------------------------------------------------------
 
     def _bind_one(self, bind: Bind, node: Node | None) -> BindResult:
+        body = self._body(bind, node)
+        if isinstance(body, BindResult):
+            return body
+        answer, tries = call_with_retries(
+            self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)
+        )
+        return self._outcome(bind, answer, tries)
+
+    def _answered(self, bind: Bind, body: JSON, first: Callable[[], JSON]) -> BindResult:
+        """The outcome of a bind sent already (``first`` reads its answer); a transient failure is sent again."""
+        sent = [first]
+
+        def request() -> JSON:
+            return sent.pop()() if sent else self._api.create_pod_binding(bind.namespace, bind.pod, body)
+
+        answer, tries = call_with_retries(self._retry, request)
+        return self._outcome(bind, answer, tries)
+
+    def _body(self, bind: Bind, node: Node | None) -> JSON | BindResult:
+        """The Binding to send, after the pre-bind step; the failed result if there is none to send."""
         if node is None:
             return self._failed(bind, f"node {bind.node!r} is not in the scheduler's view", 0)
         assignment = None
@@ -212,10 +256,9 @@ class Binder:
             problem = self._prebind.prepare(bind, node)
             if problem is not None:
                 return self._failed(bind, problem, 0)
-        body = binding_body(bind, assignment, self._holder() if self._holder is not None else None)
-        answer, tries = call_with_retries(
-            self._retry, lambda: self._api.create_pod_binding(bind.namespace, bind.pod, body)
-        )
+        return binding_body(bind, assignment, self._holder() if self._holder is not None else None)
+
+    def _outcome(self, bind: Bind, answer: JSON | ApiError, tries: int) -> BindResult:
         if not isinstance(answer, ApiError):
             log.debug("pod_bound", namespace=bind.namespace, pod=bind.pod, node=bind.node, job=bind.job)
             return BindResult(bind, BindOutcome.BOUND, attempts=tries)

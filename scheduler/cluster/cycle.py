@@ -15,9 +15,9 @@ The order is the one that keeps the cluster consistent when a step fails:
 4. Evict first (:mod:`.evict`), then bind (:mod:`.bind`): a bind pipelined
    behind an eviction waits until the evicted pod is gone, so room is never
    double-booked. With ``binds_in_background`` (the runner's choice) the
-   binds onto free room after the first are sent and not waited for
-   (:mod:`.inflight`): the runner shows their pods bound until the watch
-   does or an answer says the bind failed.
+   binds onto free room are sent and not waited for, the first one's
+   request written from this thread (:mod:`.inflight`): the runner shows
+   their pods bound until the watch does or an answer says the bind failed.
 5. Keep the reservations the engine holds on their PodGroups
    (:mod:`.reservations`), less the room a bind has just taken.
 6. Write PodGroup and Queue status and the pending Events (:mod:`.status`).
@@ -282,7 +282,7 @@ class SchedulingCycle:
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
         # With binds in the background (the runner's choice) the cycle sends
-        # its binds onto free room after the first and goes on (:mod:`.inflight`).
+        # its binds onto free room and goes on (:mod:`.inflight`).
         self.inflight = BindsInFlight(self.binder) if binds_in_background else None
         self.evictor = evictor or Evictor(api)
         # With writes in the background, their PodGroup creates and status
@@ -533,16 +533,16 @@ class SchedulingCycle:
     def _execute(self, decisions: Decisions, nodes: Mapping[str, Node]) -> _Executed:
         """The cycle's evictions and binds: what was attempted of each, binds in the decisions' order, and those sent.
 
-        With ``binds_in_background`` the binds onto free room after the
-        first are sent and not waited for (:mod:`.inflight`); the first goes
-        out from this thread, because waking a pool thread put a millisecond
-        or two (on two busy cores) between a lone arrival and its bind.
+        With ``binds_in_background`` the binds onto free room are sent and
+        not waited for (:mod:`.inflight`); the first one's request is written
+        from this thread, because waking a pool thread put a millisecond or
+        two (on two busy cores) between a lone arrival and its bind.
         """
         binds: Sequence[Bind] = decisions.binds
         later: tuple[Bind, ...] = ()
         sending: tuple[Future[BindResult], ...] = ()
         if self.inflight is not None:
-            later = tuple([bind for bind in binds if not bind.pipelined][1:])
+            later = tuple([bind for bind in binds if not bind.pipelined])
             if later:
                 sending = self.inflight.send(later, nodes)
                 left = {id(bind) for bind in later}

@@ -6,14 +6,19 @@ and pods that arrived meanwhile waited behind it. kube-scheduler splits
 the two: its scheduling cycle assumes the pod bound and goes on to the
 next pod, and the binding cycle runs in a goroutine of its own.
 
-So the cycle binds its first pod onto free room itself and hands the rest
-to the binder's pool, not waiting for them (:meth:`BindsInFlight.send`).
-The first stays on the cycle's thread because a Python thread is not a
-goroutine: waking a pool thread on two busy cores put one to two
-milliseconds between a lone arrival and its bind (bind latency p50 6 ms
-against 8 ms beside kube-scheduler's 5 ms, `benchmarks/scheduler_soak.py
---mode contender`), and a cycle that binds one pod is the common one under
-steady arrivals. The runner shows the next cycles each sent pod as bound
+So the cycle waits for none of its binds onto free room
+(:meth:`BindsInFlight.send`). It writes the first one's request itself and
+hands the rest to the binder's pool: a Python thread is not a goroutine,
+and waking a pool thread on two busy cores put one to two milliseconds
+between a lone arrival and its bind (bind latency p50 6 ms against 8 ms
+beside kube-scheduler's 5 ms, `benchmarks/scheduler_soak.py --mode
+contender`), while a cycle that binds one pod is the common one under
+steady arrivals. Only the first's answer is read on the pool
+(:meth:`.Binder.start`): the thread that reads it is woken while the API
+server works on the bind, and the cycle goes on meanwhile, so a pod that
+arrived during the cycle is not kept waiting a round trip behind it (when
+the cycle waited for its first bind, that round trip was two thirds of a
+cycle). The runner shows the next cycles each sent pod as bound
 (:class:`~.assumed.AssumedBinds`) until the watch does, or until its answer
 says it failed, when the pod is shown pending again and placed anew. The
 answers are collected here and taken by the next cycle (:meth:`answered`):
@@ -68,15 +73,19 @@ class BindsInFlight:
     def send(self, binds: Sequence[Bind], nodes: Mapping[str, Node]) -> tuple[Future[BindResult], ...]:
         """Send ``binds`` (none pipelined) without waiting; their answers come through :meth:`answered`.
 
-        The futures returned are for what must not go out before these binds
-        (the cycle's bookkeeping, see :class:`~.writebehind.WriteBatch`).
+        The first is written from the caller's thread (:meth:`.Binder.start`),
+        the rest from the pool. The futures returned are for what must not go
+        out before these binds (the cycle's bookkeeping, see
+        :class:`~.writebehind.WriteBatch`). Raises what the write guard
+        raises for the first (the lease fence), before anything is sent.
         """
         futures: list[Future[BindResult]] = []
-        for bind in binds:
+        for i, bind in enumerate(binds):
             with self._lock:
                 self._sent += 1
             try:
-                future = self._binder.submit(bind, nodes.get(bind.node))
+                node = nodes.get(bind.node)
+                future = self._binder.start(bind, node) if i == 0 else self._binder.submit(bind, node)
             except BaseException:
                 with self._lock:
                     self._sent -= 1

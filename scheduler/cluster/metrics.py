@@ -63,8 +63,9 @@ FAMILIES: tuple[MetricFamilyDoc, ...] = (
         "cycle_stage_duration_seconds",
         "histogram",
         "Seconds one scheduling cycle spent per stage: view (the watch cache's copy), prepare (grouping "
-        "and the Snapshot), engine (the session), execute (evictions, and the binds the cycle waits for: its "
-        "first onto free room and those behind evictions; the others are sent without waiting), bookkeeping "
+        "and the Snapshot), engine (the session), execute (evictions, the binds behind evictions, which the cycle "
+        "waits for, and writing the first request of those onto free room, whose answers it does not wait for), "
+        "bookkeeping "
         "(PodGroups, reservations, status).",
         ["stage"],
     ),

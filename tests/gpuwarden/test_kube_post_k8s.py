@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kubernetes import client
 
 from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.localcluster.controlplane import ControlPlane
-from tests.harness import temporary_namespace
+from tests.harness import free_ports, temporary_namespace, wait_for
 
 FIELD_MANAGER = "gpuwarden-scheduler"
 
@@ -78,3 +79,61 @@ def test_a_client_whose_rest_client_changes_requests_is_obeyed(control_plane: Co
             with pytest.raises(ApiError) as forbidden:
                 api.create_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-a"))
         assert forbidden.value.status == 403 and "system:serviceaccount" in forbidden.value.detail
+
+
+def test_a_bind_sent_now_is_answered_later_on_another_thread(control_plane: ControlPlane) -> None:
+    """send_pod_binding writes the request at once; the answer, read later elsewhere, is create_pod_binding's."""
+    with control_plane.api_client() as admin, temporary_namespace(admin) as namespace:
+        core = client.CoreV1Api(admin)
+        for name in ("p0", "p1", "p2"):
+            _pod(core, namespace, name)
+        api = KubeApi(admin, field_manager=FIELD_MANAGER)
+        first = api.send_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-a"))
+        # Sent, not read: the API server applies it all the same.
+        wait_for(lambda: core.read_namespaced_pod("p0", namespace).spec.node_name == "node-a", description="p0 bound")
+        # Two more in flight at once, each on its own connection, answered in the other order.
+        second = api.send_pod_binding(namespace, "p1", _binding(namespace, "p1", "node-a"))
+        again = api.send_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-b"))
+        with pytest.raises(ApiError) as conflict:
+            again()
+        assert conflict.value.status == 409 and "already assigned" in conflict.value.detail
+        with ThreadPoolExecutor(1) as other:
+            assert other.submit(second).result(30)["status"] == "Success"
+            assert other.submit(first).result(30)["status"] == "Success"
+        with pytest.raises(RuntimeError):
+            first()  # an answer is read once
+        missing = api.send_pod_binding(namespace, "gone", _binding(namespace, "gone", "node-a"))
+        with pytest.raises(ApiError) as gone:
+            missing()
+        assert gone.value.status == 404
+        # Counted when read, as create_pod_binding's requests are (the one read twice counted once).
+        assert api.stats.snapshot() == ({"create_pod_binding": 4}, {"create_pod_binding": 2})
+        # The connections went back to the pool: the next bind goes out as usual.
+        api.create_pod_binding(namespace, "p2", _binding(namespace, "p2", "node-a"))
+        assert core.read_namespaced_pod("p1", namespace).metadata.annotations == {"gpuwarden.io/test": "yes"}
+
+
+def test_a_bind_that_cannot_be_sent_fails_when_read_and_a_guard_stops_it_before(control_plane: ControlPlane) -> None:
+    with control_plane.api_client() as admin, temporary_namespace(admin) as namespace:
+        core = client.CoreV1Api(admin)
+        _pod(core, namespace, "p0")
+
+        def fenced(operation: str) -> None:
+            raise PermissionError(f"{operation}: not leading")
+
+        guarded = KubeApi(admin, field_manager=FIELD_MANAGER, write_guard=fenced)
+        with pytest.raises(PermissionError):
+            guarded.send_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-a"))
+        assert guarded.stats.snapshot() == ({}, {})
+
+        (port,) = free_ports(1)
+        config = control_plane.configuration()
+        config.host = f"https://127.0.0.1:{port}"  # nothing listens there
+        with client.ApiClient(config) as nowhere:
+            api = KubeApi(nowhere, field_manager=FIELD_MANAGER, timeout_s=5.0)
+            answer = api.send_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-a"))
+            with pytest.raises(ApiError) as refused:
+                answer()
+        assert refused.value.status is None and refused.value.transient
+        assert api.stats.snapshot() == ({"create_pod_binding": 1}, {"create_pod_binding": 1})
+        assert core.read_namespaced_pod("p0", namespace).spec.node_name is None

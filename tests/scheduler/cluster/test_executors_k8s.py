@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from kubernetes import client
 from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
 from scheduler.cluster.assignment import decode_assignment
-from scheduler.cluster.bind import Binder, BindOutcome, binding_body
+from scheduler.cluster.bind import Binder, BindOutcome, BindResult, binding_body
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.evict import Evictor, EvictOutcome, eviction_body
 from scheduler.cluster.fence import LeaseLostError
@@ -209,11 +210,15 @@ def test_binds_sent_in_the_background_leave_at_once_and_their_answers_come_to_th
     pods = [_pod(k8s, namespace, f"sent-{i}") for i in range(3)]
     taken = _pod(k8s, namespace, "bound-elsewhere", node=other.name)
     held, release = threading.Event(), threading.Event()
+    caller = threading.current_thread()
+    writers: list[tuple[str, threading.Thread]] = []
 
     def hold_binds(operation: str) -> None:
         if operation == "create_pod_binding":
-            held.set()
-            release.wait(60)
+            writers.append((operation, threading.current_thread()))
+            if threading.current_thread() is not caller:
+                held.set()
+                release.wait(60)
 
     api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=hold_binds)
     binder = Binder(api, workers=4, retry=NO_WAIT)
@@ -221,18 +226,26 @@ def test_binds_sent_in_the_background_leave_at_once_and_their_answers_come_to_th
     binds = [_bind(p, node.name, job=f"j{i}", gpus=(i,)) for i, p in enumerate(pods)]
     binds.append(_bind(taken, node.name, job="taken", gpus=(5,)))
     ghost = Bind(job=f"{namespace}/ghost", namespace=namespace, pod="never-created", uid="", node=node.name)
+    answered: list[BindResult] = []
     try:
         inflight.send([*binds, ghost], {node.name: node})
-        # Sent, not answered: the caller is back while every request is held.
+        # The first request was written by the caller, before send returned; the others by the pool.
+        assert writers[0][1] is caller
+        # Sent, not answered: the caller is back while the pool's requests are held.
         wait_for(held.is_set, description="a bind on its way")
-        assert len(inflight) == 5
-        assert inflight.answered() == []
+        assert len(inflight) >= 4
+        answered += inflight.answered()
+        assert [r.bind.pod for r in answered] in ([], ["sent-0"])
         with pytest.raises(ValueError, match="pipelined"):
             binder.submit(replace(binds[0], pipelined=True), node)
+        with pytest.raises(ValueError, match="pipelined"):
+            binder.start(replace(binds[0], pipelined=True), node)
     finally:
         release.set()
     wait_for(lambda: len(inflight) == 0, description="every bind answered")
-    answers = {r.bind.pod: r for r in inflight.answered()}
+    assert [thread for _, thread in writers[1:]] and all(thread is not caller for _, thread in writers[1:])
+    answered += inflight.answered()
+    answers = {r.bind.pod: r for r in answered}
     assert {pod: r.outcome for pod, r in answers.items()} == {
         "sent-0": BindOutcome.BOUND,
         "sent-1": BindOutcome.BOUND,
@@ -250,26 +263,37 @@ def test_binds_sent_in_the_background_leave_at_once_and_their_answers_come_to_th
 def test_a_bind_sent_in_the_background_and_refused_at_the_fence_ends_the_cycle_that_takes_its_answer(
     k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node]
 ) -> None:
+    """The first bind is written from the caller's thread (refused there, at once); the others from the pool."""
     node = nodes()
-    good, late = _pod(k8s, namespace, "before-the-lease-went"), _pod(k8s, namespace, "after-the-lease-went")
-    lost = threading.Event()
+    good, late, last = (
+        _pod(k8s, namespace, "before-the-lease-went"),
+        _pod(k8s, namespace, "after-the-lease-went"),
+        _pod(k8s, namespace, "sent-after-it-went"),
+    )
+    writes = itertools.count()
 
     def fence(operation: str) -> None:
-        if lost.is_set():
+        if next(writes) >= 1:  # the lease goes after the first write
             raise LeaseLostError(operation, 3)
 
     binder = Binder(KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=fence), retry=NO_WAIT)
     inflight = BindsInFlight(binder)
-    inflight.send([_bind(good, node.name, job="good", gpus=(0,))], {node.name: node})
-    wait_for(lambda: len(inflight) == 0, description="the first bind answered")
-    lost.set()
-    inflight.send([_bind(late, node.name, job="late", gpus=(1,))], {node.name: node})
-    wait_for(lambda: len(inflight) == 0, description="the second bind refused")
+    inflight.send(
+        [_bind(good, node.name, job="good", gpus=(0,)), _bind(late, node.name, job="late", gpus=(1,))],
+        {node.name: node},
+    )
+    wait_for(lambda: len(inflight) == 0, description="the first bind answered, the second refused")
     with pytest.raises(LeaseLostError):
         inflight.answered()
     assert inflight.answered() == [], "the answers before the refusal go with it: the runner starts over"
+    # A cycle's first bind is refused before it leaves, in the cycle's own thread.
+    with pytest.raises(LeaseLostError):
+        inflight.send([_bind(last, node.name, job="last", gpus=(2,))], {node.name: node})
+    assert len(inflight) == 0 and inflight.answered() == []
     core = client.CoreV1Api(k8s)
-    assert core.read_namespaced_pod(late.metadata.name, namespace).spec.node_name is None
+    assert core.read_namespaced_pod(good.metadata.name, namespace).spec.node_name == node.name
+    for pod in (late, last):
+        assert core.read_namespaced_pod(pod.metadata.name, namespace).spec.node_name is None
     binder.close()
 
 
@@ -729,13 +753,13 @@ def test_the_executors_work_as_the_schedulers_service_account_and_it_reads_no_se
         _delete_queue(k8s, queue)
 
 
-@pytest.mark.parametrize("in_background", [False, True], ids=["waited-for", "others-sent"])
+@pytest.mark.parametrize("in_background", [False, True], ids=["waited-for", "sent"])
 def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
     k8s: client.ApiClient, namespace: str, nodes: Callable[[], Node], in_background: bool
 ) -> None:
     """The cycle's binds that wait for no victim do not wait behind its evictions either.
 
-    With binds in the background the first onto free room is still made by the cycle, beside the evictions.
+    With binds in the background the bind onto free room is sent before the evictions and not waited for.
     """
     node = nodes()
     victim = _pod(k8s, namespace, "victim", node=node.name)
@@ -776,8 +800,15 @@ def test_a_bind_onto_free_room_goes_out_beside_the_cycles_evictions(
         cycle.close()
     [executed] = done
     attempted, bound = executed.attempted, executed.bound
-    assert executed.sent == ()  # this cycle waits for every bind's answer
     assert [r.outcome for r in attempted] == [EvictOutcome.EVICTED]
+    if in_background:
+        assert executed.sent == (free,)  # answered to a later cycle
+        [answer] = executed.sending
+        assert answer.result(30).outcome is BindOutcome.BOUND
+        # The pipelined bind waited for the eviction, and the victim is still terminating.
+        assert [(r.bind.pod, r.outcome) for r in bound] == [("later", BindOutcome.DEFERRED)]
+        return
+    assert executed.sent == ()  # this cycle waits for every bind's answer
     # In the decisions' order; the pipelined bind waited for the eviction, and the victim is still terminating.
     assert [r.bind.pod for r in bound] == ["later", "quick"]
     assert [r.outcome for r in bound] == [BindOutcome.DEFERRED, BindOutcome.BOUND]
