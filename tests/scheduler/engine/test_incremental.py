@@ -11,6 +11,7 @@ room a session reserved comes back as the next snapshot's reservations.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -143,6 +144,33 @@ def test_unchanged_snapshot_is_an_update_not_a_rebuild() -> None:
     again = replace(first, now=first.now + 1)
     assert engine.run(again) == run_session(again)
     assert (engine.rebuilds, engine.updates) == (1, 1)
+
+
+def test_a_job_that_leaves_the_kept_state_leaves_no_reference_cycle_behind() -> None:
+    """Departures are freed as they go: cyclic garbage from every finished job made the collector pause the process."""
+    nodes = (Node("n0", cpu_milli=8000, memory_mib=65536, gpus=(Gpu(0), Gpu(1))),)
+    running = Task("ran-0", gpus=1, cpu_milli=100, status=TaskStatus.RUNNING, node="n0", gpu_indices=(0,))
+    jobs = (
+        Job("ran", "q", tasks=(running,)),
+        Job("waits", "q", tasks=(Task("waits-0", gpus=4, cpu_milli=100),)),  # never fits: its task stays unplaced
+        Job("stays", "q", tasks=(Task("stays-0", gpus=1, cpu_milli=100),)),
+    )
+    first = Snapshot(nodes, (Queue("q"),), jobs)
+    engine = Engine()
+    engine.run(first)
+    after = replace(first, jobs=jobs[2:], now=1.0)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        engine.run(after)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("scheduler.")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert engine.updates == 1
+    assert left == []
+    assert engine.run(replace(after, now=2.0)) == run_session(replace(after, now=2.0))
 
 
 def test_a_changed_node_is_updated_in_place() -> None:
