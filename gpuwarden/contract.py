@@ -240,6 +240,21 @@ ANNOTATION_ESCALATION_CLEARED: Final = f"{API_GROUP}/escalation-cleared"
 # node is drained. A fenced GPU takes no new work from gpuwarden at once.
 ANNOTATION_QUARANTINED_GPUS: Final = f"{API_GROUP}/quarantined-gpus"
 ANNOTATION_DRAINING: Final = f"{API_GROUP}/draining"
+# Dynamic Resource Allocation (resource.k8s.io/v1, GA since Kubernetes 1.34).
+# NVIDIA's DRA driver publishes every GPU of a node as a device of the pool
+# named after the node, in ResourceSlices of this driver. For each GPU
+# remediation quarantines one by one, the scheduler keeps a DeviceTaintRule
+# (NoSchedule, key TAINT_QUARANTINE) selecting that device, so that every
+# DRA-aware scheduler keeps new claims off it; it is removed when the GPU
+# returns. Each rule carries the managed-by label below and, for people, the
+# node and GPU in ANNOTATION_DEVICE_TAINT_GPU ("node/index").
+DRA_API_GROUP: Final = "resource.k8s.io"
+DRA_API_VERSION: Final = "v1"
+RESOURCESLICE_PLURAL: Final = "resourceslices"
+DEVICETAINTRULE_PLURAL: Final = "devicetaintrules"
+NVIDIA_DRA_DRIVER: Final = "gpu.nvidia.com"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+ANNOTATION_DEVICE_TAINT_GPU: Final = f"{API_GROUP}/gpu"
 # On a Namespace, set by its admins (the scheduler cannot write Namespaces):
 # remediation's delete-after-timeout drain may delete this namespace's pods.
 # The scheduler's admission policy refuses its pod deletes everywhere else.

@@ -41,7 +41,18 @@ from gpuwarden.logconfig import get_logger
 from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds, AssumedEvictions
 from scheduler.cluster.bind import Binder
-from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, CacheView, ClusterCache, default_resources
+from scheduler.cluster.cache import (
+    DEVICETAINTRULES,
+    GPUNODES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    QUEUES,
+    RESOURCESLICES,
+    CacheView,
+    ClusterCache,
+    default_resources,
+)
 from scheduler.cluster.cycle import (
     BACKGROUND_WRITERS,
     BOOKKEEPING_MAX_DEFER_S,
@@ -61,6 +72,7 @@ from scheduler.cluster.status import STATUS_WORKERS
 from scheduler.cluster.versions import Versioned
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import NODE_PATCH_WORKERS, RemediationController
+from scheduler.remediation.devicetaints import DeviceTaintPublisher
 from scheduler.remediation.metrics import RemediationMetrics
 from scheduler.remediation.policy import ControllerSettings
 from scheduler.remediation.worker import RemediationWorker
@@ -170,6 +182,8 @@ class ClusterViews:
                 pods=self._pods.update(view.pods, changed.get(PODS, ())),
                 queues=changed.get(QUEUES, frozenset()),
                 podgroups=groups_changed,
+                resource_slices=changed.get(RESOURCESLICES, frozenset()),
+                device_taint_rules=changed.get(DEVICETAINTRULES, frozenset()),
             )
         self.generation = view.generation
         return ClusterView(
@@ -188,6 +202,8 @@ class ClusterViews:
             changed=changes,
             claims=view.claims,
             volumes=view.volumes,
+            resource_slices=view.resource_slices,
+            device_taint_rules=view.device_taint_rules,
         )
 
 
@@ -217,6 +233,8 @@ def cluster_view(view: CacheView) -> ClusterView:
         podgroups=podgroups,
         claims=dict(view.claims),
         volumes=dict(view.volumes),
+        resource_slices=dict(view.resource_slices),
+        device_taint_rules=dict(view.device_taint_rules),
     )
 
 
@@ -374,7 +392,11 @@ class SchedulerRunner:
         if self.remediation is not None:
             self.remediation.on_report = self.remediation_metrics.observe
         # Its passes run beside the cycles, never before a bind (see the worker's module).
-        self.remediation_worker = RemediationWorker(self.remediation) if self.remediation is not None else None
+        self.remediation_worker = (
+            RemediationWorker(self.remediation, DeviceTaintPublisher(self.api))
+            if self.remediation is not None
+            else None
+        )
         # Binds made that the watch has not shown yet (see :mod:`.assumed`).
         self.assumed = AssumedBinds()
         # Evictions made that the watch has not shown yet (see :mod:`.assumed`).

@@ -366,6 +366,43 @@ class KubeApi:
             patch,
         )
 
+    # -- DeviceTaintRule (resource.k8s.io) ------------------------------------
+
+    def create_device_taint_rule(self, body: JSON) -> JSON:
+        return self._write(
+            "create_device_taint_rule",
+            self._custom.create_cluster_custom_object,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            contract.DEVICETAINTRULE_PLURAL,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def replace_device_taint_rule(self, name: str, body: JSON) -> JSON:
+        """Replace a rule whole; ``body`` names the ``resourceVersion`` it was decided from (409 if it moved)."""
+        return self._write(
+            "replace_device_taint_rule",
+            self._custom.replace_cluster_custom_object,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            contract.DEVICETAINTRULE_PLURAL,
+            name,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def delete_device_taint_rule(self, name: str, uid: str) -> JSON | None:
+        """Delete a rule, only if it is still the one named by ``uid``; None if it is gone already."""
+        self.check_write("delete_device_taint_rule")
+        return self._request(
+            "delete_device_taint_rule",
+            self._custom.delete_cluster_custom_object,
+            (contract.DRA_API_GROUP, contract.DRA_API_VERSION, contract.DEVICETAINTRULE_PLURAL, name),
+            {"body": {"preconditions": {"uid": uid}}} if uid else {},
+            absent_ok=True,
+        )
+
     # -- Pod ----------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> JSON | None:

@@ -50,6 +50,7 @@ from gpuwarden.logconfig import get_logger
 from scheduler.cluster.slim import slim_claim, slim_node, slim_pod, slim_volume, without_managed_fields
 from scheduler.cluster.wakes import (
     QuietChange,
+    never_wakes,
     pod_frees_room,
     quiet_pod_change,
     quiet_podgroup_change,
@@ -67,6 +68,8 @@ PODGROUPS = "podgroups"
 PDBS = "poddisruptionbudgets"
 CLAIMS = "persistentvolumeclaims"
 VOLUMES = "persistentvolumes"
+RESOURCESLICES = "resourceslices"
+DEVICETAINTRULES = "devicetaintrules"
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,14 @@ class WatchedResource:
     frees_room: QuietChange | None = None
 
 
-def _custom_cluster(group: str, version: str, plural: str) -> Callable[[client.ApiClient], ListFunction]:
+def _custom_cluster(
+    group: str, version: str, plural: str, field_selector: str | None = None
+) -> Callable[[client.ApiClient], ListFunction]:
     def make(api: client.ApiClient) -> ListFunction:
-        return functools.partial(client.CustomObjectsApi(api).list_cluster_custom_object, group, version, plural)
+        list_fn = client.CustomObjectsApi(api).list_cluster_custom_object
+        if field_selector is None:
+            return functools.partial(list_fn, group, version, plural)
+        return functools.partial(list_fn, group, version, plural, field_selector=field_selector)
 
     return make
 
@@ -127,6 +135,25 @@ def default_resources() -> tuple[WatchedResource, ...]:
             CLAIMS, lambda api: client.CoreV1Api(api).list_persistent_volume_claim_for_all_namespaces, slim_claim
         ),
         WatchedResource(VOLUMES, lambda api: client.CoreV1Api(api).list_persistent_volume, slim_volume),
+        # NVIDIA's DRA driver's devices and the DeviceTaintRules on them, for
+        # remediation's device taints (scheduler.remediation.devicetaints).
+        # Neither wakes the loop: no cycle reads them. A cluster that serves
+        # no resource.k8s.io/v1 leaves both empty (a missing resource).
+        WatchedResource(
+            RESOURCESLICES,
+            _custom_cluster(
+                contract.DRA_API_GROUP,
+                contract.DRA_API_VERSION,
+                contract.RESOURCESLICE_PLURAL,
+                field_selector=f"spec.driver={contract.NVIDIA_DRA_DRIVER}",
+            ),
+            quiet=never_wakes,
+        ),
+        WatchedResource(
+            DEVICETAINTRULES,
+            _custom_cluster(contract.DRA_API_GROUP, contract.DRA_API_VERSION, contract.DEVICETAINTRULE_PLURAL),
+            quiet=never_wakes,
+        ),
     )
 
 
@@ -189,6 +216,14 @@ class CacheView:
     @property
     def volumes(self) -> Mapping[str, JSON]:
         return self.store(VOLUMES)
+
+    @property
+    def resource_slices(self) -> Mapping[str, JSON]:
+        return self.store(RESOURCESLICES)
+
+    @property
+    def device_taint_rules(self) -> Mapping[str, JSON]:
+        return self.store(DEVICETAINTRULES)
 
 
 class ClusterCache:

@@ -137,6 +137,8 @@ class ViewChanges:
     pods: frozenset[str] = frozenset()
     queues: frozenset[str] = frozenset()
     podgroups: frozenset[tuple[str, str]] = frozenset()
+    resource_slices: frozenset[str] = frozenset()
+    device_taint_rules: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,10 @@ class ClusterView:
     # PersistentVolumeClaims by ``namespace/name``, PersistentVolumes by name.
     claims: Mapping[str, JSON] = field(default_factory=dict)
     volumes: Mapping[str, JSON] = field(default_factory=dict)
+    # NVIDIA's DRA driver's ResourceSlices and the DeviceTaintRules, by name:
+    # remediation's device taints read them, no cycle does.
+    resource_slices: Mapping[str, JSON] = field(default_factory=dict)
+    device_taint_rules: Mapping[str, JSON] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

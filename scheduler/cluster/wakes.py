@@ -58,6 +58,11 @@ def _same_object_but_status(old: JSON, new: JSON) -> bool:
     return _same_except(old, new, frozenset({"metadata", "status"}))
 
 
+def never_wakes(old: JSON | None, new: JSON) -> bool:
+    """Any change of a collection no cycle reads (remediation's DRA objects): it waits for the next view."""
+    return True
+
+
 def quiet_status_change(old: JSON | None, new: JSON) -> bool:
     """A status-only update of an object whose status the scheduler writes (Queues, PodGroups)."""
     return old is not None and _same_object_but_status(old, new)

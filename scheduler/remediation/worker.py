@@ -34,6 +34,7 @@ from gpuwarden.logconfig import get_logger
 from scheduler.cluster.cycle import ClusterView
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.remediation.controller import RemediationController
+from scheduler.remediation.devicetaints import DeviceTaintPublisher
 
 log = get_logger(__name__)
 
@@ -51,8 +52,10 @@ class _Offer:
 class RemediationWorker:
     """One thread running :meth:`RemediationController.run` over the newest offered view; one per term."""
 
-    def __init__(self, controller: RemediationController) -> None:
+    def __init__(self, controller: RemediationController, taints: DeviceTaintPublisher | None = None) -> None:
         self.controller = controller
+        # The DeviceTaintRules of the quarantined GPUs (None: not kept), synced before each pass.
+        self.taints = taints
         self._cond = threading.Condition()
         self._offer: _Offer | None = None
         self._stopping = False
@@ -75,7 +78,9 @@ class RemediationWorker:
             kept = dict(self._offer.refused) if self._offer is not None else {}
             kept.update(refused)
             changed = view.changed
-            moved = changed is None or bool(changed.nodes or changed.gpunodes)
+            moved = changed is None or bool(
+                changed.nodes or changed.gpunodes or changed.resource_slices or changed.device_taint_rules
+            )
             moved = moved or (self._offer is not None and self._offer.nodes_changed)
             # The view's pods are the loop's own dict, which its next view
             # changes: a pass takes them as they are now, copied here. Only
@@ -116,6 +121,18 @@ class RemediationWorker:
                 offer, self._offer = self._offer, None
                 self.busy_since = time.monotonic()
             assert offer is not None
+            taints = self.taints
+            if taints is not None and (offer.nodes_changed or taints.retry_due):
+                view = offer.view
+                try:
+                    taints.sync(view.nodes, view.gpunodes, view.resource_slices, view.device_taint_rules)
+                except LeaseLostError as lost:
+                    with self._cond:
+                        self.fenced = str(lost)
+                        self.busy_since = None
+                    return
+                except Exception:  # as for a pass: log, and take the next view
+                    log.exception("device_taints_failed")
             if not offer.nodes_changed and not offer.refused and self.controller.at_rest():
                 with self._cond:
                     self.skipped += 1

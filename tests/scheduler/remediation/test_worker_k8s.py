@@ -16,6 +16,7 @@ from scheduler.cluster.cycle import ViewChanges
 from scheduler.cluster.evict import Evictor
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.remediation.controller import RemediationController, RemediationReport
+from scheduler.remediation.devicetaints import DeviceTaintPublisher, DeviceTaintReport
 from scheduler.remediation.worker import RemediationWorker
 from scheduler.runner import SchedulerRunner
 from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup
@@ -138,5 +139,60 @@ def test_a_view_that_changed_no_node_is_skipped_once_every_node_is_quiet(
         assert worker.passes == passes + 3
         worker.offer(replace(view(k8s, nodes), changed=quiet), {})
         wait_for(lambda: worker.idle() and worker.passes == passes + 4, timeout=30, description="a pass")
+    finally:
+        worker.stop()
+
+
+class _CountingTaints(DeviceTaintPublisher):
+    """The real publisher, counting the syncs the worker asks of it and what each saw."""
+
+    def __init__(self, api: KubeApi) -> None:
+        super().__init__(api)
+        self.seen: list[Mapping[str, Any]] = []
+
+    def sync(
+        self,
+        nodes: Mapping[str, Mapping[str, Any]],
+        gpunodes: Mapping[str, Mapping[str, Any]],
+        slices: Mapping[str, Mapping[str, Any]],
+        rules: Mapping[str, Mapping[str, Any]],
+    ) -> DeviceTaintReport:
+        self.seen.append(slices)
+        return super().sync(nodes, gpunodes, slices, rules)
+
+
+def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    """A changed ResourceSlice or DeviceTaintRule brings a sync even when remediation has nothing to do."""
+    nodes = set(cluster(1))
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    controller = RemediationController(api, Evictor(api, retry=NO_WAIT))
+    taints = _CountingTaints(api)
+    worker = RemediationWorker(controller, taints)
+    quiet = ViewChanges(since=1, pods=frozenset({"some-pod"}))
+    try:
+
+        def settled() -> bool:
+            passes = worker.passes
+            worker.offer(view(k8s, nodes), {})
+            wait_for(lambda: worker.idle() and worker.passes > passes, timeout=30, description="a pass")
+            return controller.at_rest()
+
+        wait_for(settled, timeout=60, description="every node quiet")
+        synced = len(taints.seen)
+        worker.offer(replace(view(k8s, nodes), changed=quiet), {})
+        wait_for(worker.idle, timeout=30, description="the quiet view taken")
+        assert len(taints.seen) == synced, "a view that changed nothing of remediation's synced"
+        slices = {"00000-gpu.nvidia.com-node-x": {"spec": {"driver": "gpu.nvidia.com"}}}
+        for changed in (
+            replace(quiet, resource_slices=frozenset(slices)),
+            replace(quiet, device_taint_rules=frozenset({"r"})),
+        ):
+            worker.offer(replace(view(k8s, nodes), changed=changed, resource_slices=slices), {})
+            wanted = synced + 1
+            wait_for(lambda: worker.idle() and len(taints.seen) == wanted, timeout=30, description="a sync")  # noqa: B023
+            assert taints.seen[-1] == slices
+            synced += 1
     finally:
         worker.stop()

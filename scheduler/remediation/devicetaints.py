@@ -1,0 +1,360 @@
+"""DeviceTaintRules for the GPUs remediation quarantined, so that every DRA-aware scheduler keeps off them.
+
+A GPU quarantined one by one is fenced for gpuwarden's placement by the
+Node's ``gpuwarden.io/quarantined-gpus`` annotation, which no other
+scheduler reads. On a node where NVIDIA's DRA driver publishes the GPUs
+(driver ``gpu.nvidia.com``, a pool named after the node, a device per GPU
+and per MIG device, each with its ``uuid``), the Kubernetes way to say "no
+new claims here" is a device taint, and a ``DeviceTaintRule`` is how
+someone other than the driver puts one on a device: kube-scheduler's
+allocator (and KAI's, and any allocator built on the upstream one) skips a
+tainted device unless the claim tolerates the taint.
+
+So for every GPU that the annotation names, this publisher keeps one rule:
+effect ``NoSchedule``, key ``gpuwarden.io/quarantined``, the reason as its
+value (``xid-79``, or the fault's reason), selecting that device of that
+node's pool by name, and one more per MIG device carved from that GPU. The
+rule goes when the annotation no longer names the GPU, which remediation
+writes only after the GPU validated (or when a person takes the node out
+of remediation). It is derived from the annotation, not from the steps of a
+pass, so a restarted scheduler, a rule deleted by hand, or a driver that
+publishes its slice after the quarantine began all end in the same rules.
+
+What the rule does not do:
+
+* ``NoSchedule`` keeps new claims off the device; pods that hold it are left
+  to remediation's drain, which goes through the Eviction API, gang-aware,
+  as on any node. ``NoExecute`` would have the device-taint eviction
+  controller delete those pods without asking any PodDisruptionBudget,
+  which is why gpuwarden never writes it.
+* The driver's own taints (``gpu.nvidia.com/xid``, ``gpu.nvidia.com/gpu-lost``)
+  live in its ResourceSlice and stay until the driver's plugin restarts; a
+  rule can add a taint, not remove one. A GPU that gpuwarden returns after
+  validation therefore stays out for DRA claims while the driver's taint
+  stands; a reboot (gpuwarden's node repair) restarts the plugin.
+* A GPU whose device cannot be told (no GPUNode UUID or PCI address that
+  matches a device of the driver's slices) gets no rule: tainting a guessed
+  device would take a healthy GPU out and leave the sick one in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwarden import contract
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.remediation.model import decode_record
+
+log = get_logger(__name__)
+
+MANAGER = contract.SCHEDULER_COMPONENT  # the label value the admission policy checks
+NAME_PREFIX = "gpuwarden-quarantine-"
+EFFECT = "NoSchedule"
+# What a taint's value may hold (a label value): 63 characters, alphanumerics at both ends.
+_VALUE_MAX = 63
+_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_NAME_MAX = 253
+# How soon a sync that could not write everything is tried again without a new change.
+RETRY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of the driver's slices: where it is (driver, pool, name) and which GPU it is or is carved from."""
+
+    driver: str
+    pool: str
+    name: str
+    uuid: str
+    parent_uuid: str = ""
+    pci_bus: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One rule this publisher keeps: the device it taints, why, and the GPU (node and index) it stands for."""
+
+    node: str
+    gpu_index: int
+    device: Device
+    value: str
+
+    @property
+    def name(self) -> str:
+        return rule_name(self.device)
+
+    def body(self) -> JSON:
+        return {
+            "apiVersion": f"{contract.DRA_API_GROUP}/{contract.DRA_API_VERSION}",
+            "kind": "DeviceTaintRule",
+            "metadata": {
+                "name": self.name,
+                "labels": {contract.LABEL_MANAGED_BY: MANAGER},
+                "annotations": {contract.ANNOTATION_DEVICE_TAINT_GPU: f"{self.node}/{self.gpu_index}"},
+            },
+            "spec": {
+                "deviceSelector": {"driver": self.device.driver, "pool": self.device.pool, "device": self.device.name},
+                "taint": {"key": contract.TAINT_QUARANTINE, "value": self.value, "effect": EFFECT},
+            },
+        }
+
+
+@dataclass
+class DeviceTaintReport:
+    """What one sync did: rules created, replaced and deleted (by name), and the writes that failed."""
+
+    created: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    # GPUs quarantined on a node with the driver's devices, for which no device matched ("node/index").
+    unmatched: list[str] = field(default_factory=list)
+
+
+def rule_name(device: Device) -> str:
+    """The rule's name: readable where it fits an object name, else its start and a digest of the whole."""
+    name = f"{NAME_PREFIX}{device.pool}.{device.name}".lower()
+    name = re.sub(r"[^a-z0-9.-]+", "-", name)
+    if len(name) <= _NAME_MAX and name[-1].isalnum():
+        return name
+    digest = hashlib.sha256(f"{device.driver}/{device.pool}/{device.name}".encode()).hexdigest()[:16]
+    return f"{name[: _NAME_MAX - 17].rstrip('.-')}-{digest}"
+
+
+def taint_value(text: str) -> str:
+    """``text`` as a taint's value (a label value), or ``quarantined`` when nothing of it fits."""
+    value = _VALUE_BAD.sub("-", text)[:_VALUE_MAX].strip("-_.")
+    return value or "quarantined"
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _bus(address: str) -> str:
+    """A PCI address in one form: NVML's 8-digit domain and the kernel's 4-digit one compare equal."""
+    domain, sep, rest = address.strip().lower().rpartition(":")
+    if not sep:
+        return address.strip().lower()
+    head, _, bus = domain.rpartition(":")
+    return f"{int(head or '0', 16):04x}:{bus}:{rest}" if head else f"0000:{bus}:{rest}"
+
+
+def devices_by_node(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Device]]:
+    """The driver's devices per node, from the newest generation of each pool only (older slices are stale)."""
+    newest: dict[tuple[str, str], int] = {}
+    usable: list[tuple[str, int, Mapping[str, Any]]] = []
+    for obj in slices:
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or spec.get("driver") != contract.NVIDIA_DRA_DRIVER:
+            continue
+        node = _str(spec.get("nodeName"))
+        pool = spec.get("pool")
+        if not node or not isinstance(pool, dict) or not _str(pool.get("name")):
+            continue
+        generation = pool.get("generation")
+        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+        key = (node, _str(pool.get("name")))
+        newest[key] = max(newest.get(key, generation), generation)
+        usable.append((node, generation, spec))
+    found: dict[str, list[Device]] = {}
+    for node, generation, spec in usable:
+        pool_name = _str(spec["pool"].get("name"))
+        if generation != newest[(node, pool_name)]:
+            continue
+        for entry in spec.get("devices") or ():
+            if not isinstance(entry, dict) or not _str(entry.get("name")):
+                continue
+            attributes = entry.get("attributes")
+            attributes = attributes if isinstance(attributes, dict) else {}
+
+            def attribute(name: str, attributes: Mapping[str, Any] = attributes) -> str:
+                value = attributes.get(name)
+                return _str(value.get("string")) if isinstance(value, dict) else ""
+
+            found.setdefault(node, []).append(
+                Device(
+                    driver=contract.NVIDIA_DRA_DRIVER,
+                    pool=pool_name,
+                    name=_str(entry.get("name")),
+                    uuid=attribute("uuid"),
+                    parent_uuid=attribute("parentUUID"),
+                    pci_bus=attribute("resource.kubernetes.io/pciBusID"),
+                )
+            )
+    return found
+
+
+def _gpu_identities(gpunode: Mapping[str, Any] | None) -> dict[int, tuple[str, str]]:
+    """Each GPU's (UUID, PCI address) by index, as the agent published them."""
+    status = gpunode.get("status") if gpunode is not None else None
+    gpus = status.get("gpus") if isinstance(status, dict) else None
+    found: dict[int, tuple[str, str]] = {}
+    for entry in gpus if isinstance(gpus, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        index = entry.get("index")
+        if isinstance(index, int) and not isinstance(index, bool):
+            found[index] = (_str(entry.get("uuid")), _str(entry.get("pciBusId")))
+    return found
+
+
+def _fenced(listed: str, every: Iterable[int]) -> set[int]:
+    """The GPUs the annotation names; a malformed one names them all, as placement reads it."""
+    try:
+        return {int(part) for part in listed.split(",") if part.strip()}
+    except ValueError:
+        return set(every)
+
+
+def _reasons(annotations: Mapping[str, Any]) -> dict[int, str]:
+    """Why each GPU is out, from the remediation record: its XID when the fault has one, else the fault's reason."""
+    decoded = decode_record(_str(annotations.get(contract.ANNOTATION_REMEDIATION_STATE)) or None)
+    reasons: dict[int, str] = {}
+    for scope in decoded.record.scopes:
+        fault = scope.fault
+        why = f"xid-{fault.xid}" if fault.xid is not None else (fault.reason or fault.condition)
+        for index in (*scope.fenced_gpus, *scope.gpus):
+            reasons.setdefault(index, why)
+    return reasons
+
+
+def wanted_rules(
+    nodes: Mapping[str, Mapping[str, Any]],
+    gpunodes: Mapping[str, Mapping[str, Any]],
+    devices: Mapping[str, list[Device]],
+    report: DeviceTaintReport | None = None,
+) -> dict[str, Wanted]:
+    """The rules the quarantined GPUs of ``nodes`` call for, by name (see the module docstring)."""
+    wanted: dict[str, Wanted] = {}
+    for name, node in nodes.items():
+        annotations = _annotations(node)
+        listed = _str(annotations.get(contract.ANNOTATION_QUARANTINED_GPUS))
+        on_node = devices.get(name) if listed else None
+        if not on_node:
+            continue  # nothing quarantined, or no DRA devices of the driver on this node
+        identities = _gpu_identities(gpunodes.get(name))
+        reasons = _reasons(annotations)
+        for index in sorted(_fenced(listed, identities)):
+            uuid, bus = identities.get(index, ("", ""))
+            whole = [d for d in on_node if uuid and d.uuid == uuid]
+            if not whole and bus:
+                whole = [d for d in on_node if d.pci_bus and _bus(d.pci_bus) == _bus(bus) and not d.parent_uuid]
+            gpu_uuid = whole[0].uuid if whole else uuid
+            carved = [d for d in on_node if gpu_uuid and d.parent_uuid == gpu_uuid]
+            if not whole and not carved:
+                if report is not None:
+                    report.unmatched.append(f"{name}/{index}")
+                continue
+            value = taint_value(reasons.get(index, "quarantined"))
+            for device in (*whole, *carved):
+                rule = Wanted(name, index, device, value)
+                wanted[rule.name] = rule
+    return wanted
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def _ours(rule: Mapping[str, Any]) -> bool:
+    meta = rule.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return isinstance(labels, dict) and labels.get(contract.LABEL_MANAGED_BY) == MANAGER
+
+
+def _same(have: Mapping[str, Any], want: JSON) -> bool:
+    """Whether the rule in place says what ``want`` says (its taint's ``timeAdded`` is the API server's)."""
+    spec = have.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    taint = spec.get("taint")
+    taint = {k: v for k, v in taint.items() if k != "timeAdded"} if isinstance(taint, dict) else None
+    wanted_spec = want["spec"]
+    return bool(spec.get("deviceSelector") == wanted_spec["deviceSelector"] and taint == wanted_spec["taint"])
+
+
+class DeviceTaintPublisher:
+    """Keeps gpuwarden's DeviceTaintRules equal to what the quarantined GPUs call for; one per term.
+
+    The remediation worker syncs on a view in which a Node, a GPUNode, a
+    ResourceSlice or a DeviceTaintRule changed, and :data:`RETRY_S` after
+    a sync that could not write everything. A sync works the wanted rules out again (a look
+    at each Node's annotation; the driver's slices are read only when some
+    node quarantined a GPU) and writes only the difference. A write refused
+    because this replica lost its lease raises at the fence
+    (:class:`~scheduler.cluster.fence.LeaseLostError`), as every write does.
+    """
+
+    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.monotonic) -> None:
+        self._api = api
+        self._clock = clock
+        # When the last sync left a write undone (None: it wrote all it meant to).
+        self._failed_at: float | None = None
+
+    @property
+    def retry_due(self) -> bool:
+        """Whether the last sync left a write undone and :data:`RETRY_S` went by since."""
+        return self._failed_at is not None and self._clock() - self._failed_at >= RETRY_S
+
+    def sync(
+        self,
+        nodes: Mapping[str, Mapping[str, Any]],
+        gpunodes: Mapping[str, Mapping[str, Any]],
+        slices: Mapping[str, Mapping[str, Any]],
+        rules: Mapping[str, Mapping[str, Any]],
+    ) -> DeviceTaintReport:
+        """Write the difference between the rules in place and those the quarantined GPUs call for."""
+        report = DeviceTaintReport()
+        fencing = any(contract.ANNOTATION_QUARANTINED_GPUS in _annotations(node) for node in nodes.values())
+        devices = devices_by_node(slices.values()) if fencing and slices else {}
+        wanted = wanted_rules(nodes, gpunodes, devices, report) if devices else {}
+        ours = {name: rule for name, rule in rules.items() if _ours(rule)}
+        for name, rule in sorted(wanted.items()):
+            body = rule.body()
+            have = ours.get(name)
+            try:
+                if have is None:
+                    self._api.create_device_taint_rule(body)
+                    report.created.append(name)
+                elif not _same(have, body):
+                    meta = have.get("metadata")
+                    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                    if isinstance(version, str):
+                        body["metadata"]["resourceVersion"] = version
+                    self._api.replace_device_taint_rule(name, body)
+                    report.replaced.append(name)
+            except ApiError as err:
+                if have is None and err.status == 409:
+                    continue  # made since this view was taken: the next view shows it
+                report.errors.append(f"{name}: {err}")
+        for name, have in sorted(ours.items()):
+            if name in wanted:
+                continue
+            meta = have.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+            try:
+                self._api.delete_device_taint_rule(name, uid if isinstance(uid, str) else "")
+                report.deleted.append(name)
+            except ApiError as err:
+                if err.status != 409:  # 409: replaced since; the next view shows the new one
+                    report.errors.append(f"{name}: {err}")
+        self._failed_at = self._clock() if report.errors else None
+        if report.created or report.replaced or report.deleted:
+            log.info(
+                "device_taint_rules_written",
+                created=report.created,
+                replaced=report.replaced,
+                deleted=report.deleted,
+            )
+        if report.errors:
+            log.warning("device_taint_rules_failed", errors=report.errors)
+        return report
