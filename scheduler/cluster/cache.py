@@ -83,6 +83,8 @@ class WatchedResource:
     quiet: QuietChange | None = None
     # Which updates only free room: quiet too while no cycle waits for room (ClusterCache.room_wanted).
     frees_room: QuietChange | None = None
+    # What no cycle needs: a list refused (403) leaves it empty, like a collection not served.
+    optional: bool = False
 
 
 def _custom_cluster(
@@ -138,7 +140,8 @@ def default_resources() -> tuple[WatchedResource, ...]:
         # NVIDIA's DRA driver's devices and the DeviceTaintRules on them, for
         # remediation's device taints (scheduler.remediation.devicetaints).
         # Neither wakes the loop: no cycle reads them. A cluster that serves
-        # no resource.k8s.io/v1 leaves both empty (a missing resource).
+        # no resource.k8s.io/v1, or RBAC that grants no list of them (the
+        # manifests of an older release), leaves both empty.
         WatchedResource(
             RESOURCESLICES,
             _custom_cluster(
@@ -148,11 +151,13 @@ def default_resources() -> tuple[WatchedResource, ...]:
                 field_selector=f"spec.driver={contract.NVIDIA_DRA_DRIVER}",
             ),
             quiet=never_wakes,
+            optional=True,
         ),
         WatchedResource(
             DEVICETAINTRULES,
             _custom_cluster(contract.DRA_API_GROUP, contract.DRA_API_VERSION, contract.DEVICETAINTRULE_PLURAL),
             quiet=never_wakes,
+            optional=True,
         ),
     )
 
@@ -273,6 +278,7 @@ class ClusterCache:
                         on_synced=self._bump,
                         settings=settings,
                         stats=stats,
+                        forbidden_is_missing=resource.optional,
                     )
                 )
 

@@ -41,6 +41,7 @@ from gpuwarden.logconfig import get_logger
 log = get_logger(__name__)
 
 HTTP_NOT_FOUND = 404
+HTTP_FORBIDDEN = 403
 HTTP_GONE = 410
 
 
@@ -153,8 +154,13 @@ class Reflector:
         on_synced: Callable[[], None] | None = None,
         settings: ReflectorSettings | None = None,
         stats: RequestStats | None = None,
+        forbidden_is_missing: bool = False,
     ) -> None:
         self.name = name
+        # An optional collection (what no cycle needs): a 403 makes it empty,
+        # like one not served, instead of holding the sync (and every cycle)
+        # until someone grants the list.
+        self._forbidden_is_missing = forbidden_is_missing
         # The process's request counts (gpuwarden_scheduler_api_*): a watch
         # that cannot list or open is an API error like a failed bind.
         self._stats = stats
@@ -253,7 +259,7 @@ class Reflector:
             self._record(operation, ok=exc.status == HTTP_GONE)
             if exc.status == HTTP_GONE:
                 raise _GoneError from exc
-            if exc.status == HTTP_NOT_FOUND:
+            if exc.status == HTTP_NOT_FOUND or (exc.status == HTTP_FORBIDDEN and self._forbidden_is_missing):
                 raise _MissingError from exc
             raise ApiError(operation, exc.status, status_message(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:

@@ -78,6 +78,7 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
                 "pod-status",
                 "podgroups",
                 "pod-deletion",
+                "device-taint-rules",
                 "fence",
             )
             for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")

@@ -674,8 +674,9 @@ def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
     }
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-    # The one delete: pods, for remediation's delete-after-timeout drain policy.
-    assert {(g, r) for g, r, v in granted if v == "delete"} == {("", "pods")}
+    # The deletes: pods, for remediation's delete-after-timeout drain policy, and the
+    # DeviceTaintRules of GPUs that returned (the admission policy: only its own).
+    assert {(g, r) for g, r, v in granted if v == "delete"} == {("", "pods"), ("resource.k8s.io", "devicetaintrules")}
     # Remediation writes Nodes and GPUNodes, never their status (health is the agent's).
     assert {("", "nodes", "patch"), ("gpuwarden.io", "gpunodes", "patch")} <= granted
     assert not {("", "nodes/status"), ("gpuwarden.io", "gpunodes/status")} & {(g, r) for g, r, _ in granted}

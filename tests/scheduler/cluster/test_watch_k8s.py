@@ -17,7 +17,16 @@ from structlog.testing import capture_logs
 from gpuwarden import contract
 from gpuwarden.kube import MERGE_PATCH, RequestStats
 from scheduler.cluster.bind import binding_body
-from scheduler.cluster.cache import GPUNODES, NODES, PODS, ClusterCache, WatchedResource, default_resources
+from scheduler.cluster.cache import (
+    DEVICETAINTRULES,
+    GPUNODES,
+    NODES,
+    PODS,
+    RESOURCESLICES,
+    ClusterCache,
+    WatchedResource,
+    default_resources,
+)
 from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.wakes import quiet_pod_change
 from scheduler.cluster.watch import EventType, Reflector, ReflectorSettings, WatchEvent
@@ -398,3 +407,39 @@ def test_changes_from_the_api_server_wake_as_the_wakes_module_says(k8s: client.A
     assert all(not quiet for old, _, quiet in p[2:] if old != "Pending")
     # q: created wakes; the echo of gpuwarden's own bind is quiet.
     assert q[:2] == [(None, False, False), ("Pending", True, True)]
+
+
+def test_the_dra_collections_are_empty_not_blocking_when_rbac_does_not_grant_them(
+    control_plane: ControlPlane, k8s: client.ApiClient
+) -> None:
+    """A scheduler whose RBAC predates device taints (no list of ResourceSlices) still syncs, and schedules.
+
+    The DRA collections are optional: a refused list leaves them empty, as
+    an API the server does not serve would, while a refused list of Nodes
+    would still hold the sync (every cycle needs them).
+    """
+    account, namespace = unique_name("old-rbac"), "default"
+    rbac = client.RbacAuthorizationV1Api(k8s)
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": account},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        }
+    )
+    wanted = {NODES, RESOURCESLICES, DEVICETAINTRULES}
+    resources = [r for r in default_resources() if r.name in wanted]
+    try:
+        with control_plane.impersonate(account, namespace) as api, running_cache(api, resources=resources) as cache:
+            view = cache.view()
+            assert view.synced and view.missing == frozenset({RESOURCESLICES, DEVICETAINTRULES})
+            assert view.store(RESOURCESLICES) == {} and NODES not in view.missing
+    finally:
+        rbac.delete_cluster_role_binding(account)
+        rbac.delete_cluster_role(account)
