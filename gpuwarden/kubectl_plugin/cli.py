@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gpuwarden import contract
+from gpuwarden import contract, dra
 from gpuwarden.flags import seconds
 from gpuwarden.kubectl_plugin import render, views
 from gpuwarden.logconfig import configure_logging, get_logger
@@ -135,13 +135,39 @@ def _list_gpunodes(api: KubeApi) -> list[Any]:
     return api.list_cluster_objects(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)
 
 
+def _dra_objects(api: KubeApi) -> views.DraObjects:
+    """NVIDIA's DRA driver's slices, the DeviceTaintRules and the ResourceClaims; none on a cluster without DRA.
+
+    A list this user may not read (403) or that the server does not serve
+    (404) is shown as empty, as ``why`` does with owners: the nodes' own
+    view is worth having without it.
+    """
+    from gpuwarden.kube import ApiError  # noqa: PLC0415 -- see the module docstring
+
+    def listed(plural: str) -> list[Any]:
+        try:
+            return api.list_cluster_objects(contract.DRA_API_GROUP, contract.DRA_API_VERSION, plural)
+        except ApiError as err:
+            if err.status in (403, 404):
+                log.debug("dra_unreadable", resource=plural, status=err.status)
+                return []
+            raise
+
+    slices = listed(contract.RESOURCESLICE_PLURAL)
+    if not dra.devices_by_node(slices):
+        return views.DraObjects()  # the driver publishes nothing: the rest would show nothing either
+    # ResourceClaims listed across every namespace.
+    return views.DraObjects.read(slices, listed(contract.DEVICETAINTRULE_PLURAL), listed("resourceclaims"))
+
+
 def run_nodes(args: argparse.Namespace, conn: Connection, out: TextIO) -> int:
-    shown = views.node_views(conn.api.list_nodes(), _list_gpunodes(conn.api), args.names)
+    objects = _dra_objects(conn.api)
+    shown = views.node_views(conn.api.list_nodes(), _list_gpunodes(conn.api), args.names, objects)
     missing = sorted(set(args.names) - {v.name for v in shown})
     if missing:
         raise PluginError(f"node{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}")
     if args.output == "table":
-        render.nodes_table(shown, out)
+        render.nodes_table(shown, out, devices=bool(args.names), broad_rules=objects.broad_rules)
     else:
         render.dump(shown, args.output, out)
     return 0
@@ -206,6 +232,30 @@ def _events(api: KubeApi, namespace: str, kind: str, name: str) -> list[Any]:
     return api.list_events(namespace, f"involvedObject.kind={kind},involvedObject.name={name}")
 
 
+def _pod_claims(api: KubeApi, namespace: str, pod: Mapping[str, Any]) -> list[views.ClaimView]:
+    """The pod's ResourceClaims with their devices and those devices' taints (nothing read for a pod with none)."""
+    names = views.pod_claim_names(pod)
+    if not names:
+        return []
+    from gpuwarden.kube import ApiError  # noqa: PLC0415 -- see the module docstring
+
+    claims: dict[str, Any] = {}
+    for _, claim_name in names:
+        if not claim_name:
+            continue
+        try:
+            found = api.get_namespaced_object(
+                contract.DRA_API_GROUP, contract.DRA_API_VERSION, "resourceclaims", namespace, claim_name
+            )
+        except ApiError as err:
+            if err.status != 403:
+                raise
+            found = None
+        if found is not None:
+            claims[claim_name] = found
+    return views.claim_views(pod, claims, _dra_objects(api))
+
+
 def run_why(args: argparse.Namespace, conn: Connection, out: TextIO) -> int:
     namespace = args.namespace or conn.namespace
     pod = conn.api.get_pod(namespace, args.pod)
@@ -220,7 +270,10 @@ def run_why(args: argparse.Namespace, conn: Connection, out: TextIO) -> int:
             events += _events(conn.api, namespace, contract.PODGROUP_KIND, group["metadata"]["name"])
     elif not events:
         raise PluginError(f'pods "{args.pod}" not found in namespace {namespace}')
-    report = views.why_report(namespace, args.pod, pod=pod, group=group, events=events, now=datetime.now(UTC))
+    claims = _pod_claims(conn.api, namespace, pod) if pod is not None else []
+    report = views.why_report(
+        namespace, args.pod, pod=pod, group=group, events=events, now=datetime.now(UTC), claims=claims
+    )
     if args.output == "table":
         render.why_text(report, out)
     else:

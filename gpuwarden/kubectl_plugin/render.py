@@ -15,7 +15,7 @@ from typing import Any, Literal, TextIO
 
 import yaml
 
-from gpuwarden.kubectl_plugin.views import NodeView, QueueView, WhyReport
+from gpuwarden.kubectl_plugin.views import DeviceView, NodeView, QueueView, WhyReport
 
 Output = Literal["table", "json", "yaml"]
 OUTPUTS: list[str] = ["table", "json", "yaml"]
@@ -44,11 +44,22 @@ def _ratio(part: int | None, whole: int | None) -> str:
     return "-" if part is None or whole is None else f"{part}/{whole}"
 
 
-def nodes_table(views: Sequence[NodeView], out: TextIO) -> None:
+def _dra(devices: Sequence[DeviceView] | None) -> str:
+    """The node's DRA devices in one cell: how many, and how many of them carry a taint."""
+    if devices is None:
+        return "-"
+    tainted = sum(1 for d in devices if d.taints)
+    return f"{len(devices)}({tainted}tainted)" if tainted else str(len(devices))
+
+
+def nodes_table(
+    views: Sequence[NodeView], out: TextIO, *, devices: bool = False, broad_rules: Sequence[str] = ()
+) -> None:
+    """The fleet, a row per node; with ``devices``, each node's DRA devices below it (their taints, their claims)."""
     if not views:
-        out.write("No GPU nodes found (no GPUNode objects and no gpuwarden conditions).\n")
+        out.write("No GPU nodes found (no GPUNode objects, no DRA GPUs and no gpuwarden conditions).\n")
         return
-    rows = [["NODE", "POOL", "GPUS", "IB", "STATE", "REPAIR", "QUARANTINED", "CONDITIONS"]]
+    rows = [["NODE", "POOL", "GPUS", "IB", "STATE", "REPAIR", "QUARANTINED", "DRA", "CONDITIONS"]]
     for v in views:
         state = v.state + (",cordoned" if v.cordoned else "")
         conditions = ",".join(f"{c.type}({c.reason})" if c.reason else c.type for c in v.conditions)
@@ -61,10 +72,23 @@ def nodes_table(views: Sequence[NodeView], out: TextIO) -> None:
                 state,
                 v.repair_needed or "-",
                 v.quarantined_gpus or "-",
+                _dra(v.dra_devices),
                 conditions or "-",
             ]
         )
     table(rows, out)
+    for v in views if devices else ():
+        if not v.dra_devices:
+            continue
+        out.write(f"\nDRA devices of {v.name}:\n")
+        device_rows = [["DEVICE", "TYPE", "UUID", "CLAIMS", "TAINTS"]]
+        for d in v.dra_devices:
+            device_rows.append(
+                [d.name, d.kind or "-", d.uuid or "-", ",".join(d.claims) or "-", "; ".join(d.taints) or "-"]
+            )
+        table(device_rows, out, indent="  ")
+    if broad_rules:
+        out.write(f"\nDeviceTaintRules that select more than one device: {', '.join(broad_rules)}\n")
 
 
 def _seconds(value: float | None) -> str:
@@ -146,6 +170,14 @@ def why_text(report: WhyReport, out: TextIO) -> None:
                     ]
                 )
             table(rows, out, indent="    ")
+    if report.claims:
+        out.write("\nResourceClaims (DRA):\n")
+        for claim in report.claims:
+            what = claim.claim or "(not made yet)"
+            if not claim.allocated:
+                out.write(f"  {claim.name}: {what}, not allocated\n")
+                continue
+            out.write(f"  {claim.name}: {what}, allocated {', '.join(claim.devices) or '(no devices)'}\n")
     out.write("\nEvents:")
     if not report.events:
         out.write(" none in the last hour\n")

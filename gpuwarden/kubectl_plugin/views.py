@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden import contract
+from gpuwarden import contract, dra
 from gpuwarden.contract import ConditionType, PodGroupConditionType
 from gpuwarden.timefmt import parse_time
 
@@ -107,6 +107,17 @@ class ActiveCondition:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One DRA device of the node (NVIDIA's driver): its taints, the driver's and the rules', and who holds it."""
+
+    name: str
+    kind: str
+    uuid: str
+    taints: list[str]
+    claims: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """One GPU node as an operator scans the fleet: health, remediation, InfiniBand.
 
@@ -127,11 +138,13 @@ class NodeView:
     quarantined_gpus: str | None
     cordoned: bool
     action: str | None
+    # The node's devices in NVIDIA's DRA driver's ResourceSlices (None: the driver publishes none here).
+    dra_devices: list[DeviceView] | None = None
 
 
-def is_gpu_node(node: JSON, gpunode: JSON | None) -> bool:
-    """Whether a node belongs in the list: an agent reported for it, or remediation or gpuwarden conditions name it."""
-    if gpunode is not None:
+def is_gpu_node(node: JSON, gpunode: JSON | None, dra_devices: bool = False) -> bool:
+    """Whether a node belongs in the list: an agent or the DRA driver reported for it, or gpuwarden wrote on it."""
+    if gpunode is not None or dra_devices:
         return True
     meta = _d(node.get("metadata"))
     if contract.LABEL_REMEDIATION_STATE in _d(meta.get("labels")):
@@ -139,7 +152,35 @@ def is_gpu_node(node: JSON, gpunode: JSON | None) -> bool:
     return any(_s(c.get("type")) in _AGENT_CONDITIONS for c in _l(_d(node.get("status")).get("conditions")))
 
 
-def node_view(node: JSON, gpunode: JSON | None) -> NodeView:
+@dataclass(frozen=True, slots=True)
+class DraObjects:
+    """What the DRA objects say per device, read once for every node of a listing (see :mod:`gpuwarden.dra`)."""
+
+    devices: Mapping[str, list[dra.Device]] = field(default_factory=dict)
+    rule_taints: Mapping[tuple[str, str, str], list[dra.Taint]] = field(default_factory=dict)
+    holders: Mapping[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    # DeviceTaintRules that name no single device (each may taint many).
+    broad_rules: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, slices: Sequence[JSON], rules: Sequence[JSON], claims: Sequence[JSON]) -> DraObjects:
+        return cls(
+            dra.devices_by_node(slices), dra.rule_taints(rules), dra.claim_holders(claims), dra.broad_rules(rules)
+        )
+
+    def device_views(self, node: str) -> list[DeviceView] | None:
+        devices = self.devices.get(node)
+        if devices is None:
+            return None
+        out = []
+        for d in devices:
+            key = (d.driver, d.pool, d.name)
+            taints = [t.describe() for t in (*d.taints, *self.rule_taints.get(key, ()))]
+            out.append(DeviceView(d.name, d.kind, d.uuid, taints, sorted(self.holders.get(key, ()))))
+        return out
+
+
+def node_view(node: JSON, gpunode: JSON | None, objects: DraObjects | None = None) -> NodeView:
     meta = _d(node.get("metadata"))
     labels = _d(meta.get("labels"))
     annotations = _d(meta.get("annotations"))
@@ -175,10 +216,13 @@ def node_view(node: JSON, gpunode: JSON | None) -> NodeView:
         quarantined_gpus=_s(annotations.get(contract.ANNOTATION_QUARANTINED_GPUS)) or None,
         cordoned=_d(node.get("spec")).get("unschedulable") is True,
         action=_s(status.get("action")) or None,
+        dra_devices=objects.device_views(_s(meta.get("name"))) if objects is not None else None,
     )
 
 
-def node_views(nodes: Sequence[JSON], gpunodes: Sequence[JSON], names: Sequence[str] = ()) -> list[NodeView]:
+def node_views(
+    nodes: Sequence[JSON], gpunodes: Sequence[JSON], names: Sequence[str] = (), objects: DraObjects | None = None
+) -> list[NodeView]:
     """One view per GPU node, by name; only ``names`` when given (all of them, GPU node or not)."""
     by_name = {_s(_d(g.get("metadata")).get("name")): g for g in gpunodes}
     wanted = set(names)
@@ -186,8 +230,9 @@ def node_views(nodes: Sequence[JSON], gpunodes: Sequence[JSON], names: Sequence[
     for node in nodes:
         name = _s(_d(node.get("metadata")).get("name"))
         gpunode = by_name.get(name)
-        if (name in wanted) if wanted else is_gpu_node(node, gpunode):
-            out.append(node_view(node, gpunode))
+        has_devices = objects is not None and name in objects.devices
+        if (name in wanted) if wanted else is_gpu_node(node, gpunode, has_devices):
+            out.append(node_view(node, gpunode, objects))
     return sorted(out, key=lambda v: v.name)
 
 
@@ -360,6 +405,21 @@ class PodGroupView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimView:
+    """One ResourceClaim of the pod: its name in the pod and in the namespace, and what it was given.
+
+    ``devices`` are ``driver/pool/device`` with the taints each carries now;
+    empty while the claim is not allocated. ``claim`` is empty when the claim
+    of a template was not created yet (the pod's status names none).
+    """
+
+    name: str
+    claim: str
+    allocated: bool
+    devices: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class WhyReport:
     """Everything that explains one pod's state, with a one-line verdict first.
 
@@ -378,6 +438,8 @@ class WhyReport:
     pod_conditions: list[ConditionView]
     pod_group: PodGroupView | None
     events: list[EventView] = field(default_factory=list)
+    # The pod's ResourceClaims (DRA) and the devices allocated to each.
+    claims: list[ClaimView] = field(default_factory=list)
 
 
 def _condition_views(raw: object, types: frozenset[str] | None = None) -> list[ConditionView]:
@@ -515,6 +577,42 @@ def verdict(pod: JSON | None, group: PodGroupView | None, events: Sequence[Event
     return f"pending; PodGroup {group.name} is {group.phase} and gives no reason yet (the next cycle writes one)"
 
 
+def pod_claim_names(pod: JSON) -> list[tuple[str, str]]:
+    """(name in the pod, ResourceClaim name) of each of the pod's claims; the second empty when not made yet."""
+    made = {
+        _s(entry.get("name")): _s(entry.get("resourceClaimName"))
+        for entry in map(_d, _l(_d(pod.get("status")).get("resourceClaimStatuses")))
+    }
+    out = []
+    for entry in map(_d, _l(_d(pod.get("spec")).get("resourceClaims"))):
+        name = _s(entry.get("name"))
+        out.append((name, _s(entry.get("resourceClaimName")) or made.get(name, "")))
+    return out
+
+
+def claim_views(
+    pod: JSON, claims: Mapping[str, JSON], objects: DraObjects | None, rules: Sequence[JSON] = ()
+) -> list[ClaimView]:
+    """The pod's claims as ``why`` shows them: each one's devices and the taints on them now."""
+    rule_taints = dra.rule_taints(rules)
+    driver_taints = {
+        (d.driver, d.pool, d.name): d.taints
+        for devices in (objects.devices if objects else {}).values()
+        for d in devices
+    }
+    out = []
+    for name, claim_name in pod_claim_names(pod):
+        claim = claims.get(claim_name)
+        allocation = _d(_d(claim.get("status")).get("allocation")) if claim is not None else {}
+        devices = []
+        for result in map(_d, _l(_d(allocation.get("devices")).get("results"))):
+            key = (_s(result.get("driver")), _s(result.get("pool")), _s(result.get("device")))
+            taints = [t.describe() for t in (*driver_taints.get(key, ()), *rule_taints.get(key, ()))]
+            devices.append("/".join(key) + (f" [{'; '.join(taints)}]" if taints else ""))
+        out.append(ClaimView(name, claim_name, bool(allocation), devices))
+    return out
+
+
 def why_report(
     namespace: str,
     name: str,
@@ -523,6 +621,7 @@ def why_report(
     group: JSON | None,
     events: Sequence[JSON],
     now: datetime,
+    claims: Sequence[ClaimView] = (),
 ) -> WhyReport:
     group_view = podgroup_view(group) if group is not None else None
     shown = event_views(events, now)
@@ -539,4 +638,5 @@ def why_report(
         pod_conditions=_condition_views(status.get("conditions"), frozenset({POD_DISRUPTION_TARGET, "PodScheduled"})),
         pod_group=group_view,
         events=shown,
+        claims=list(claims),
     )

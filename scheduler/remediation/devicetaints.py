@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden import contract
+from gpuwarden.dra import Device, devices_by_node, pci_bus
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.remediation.model import decode_record
@@ -62,18 +63,6 @@ _VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _NAME_MAX = 253
 # How soon a sync that could not write everything is tried again without a new change.
 RETRY_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One device of the driver's slices: where it is (driver, pool, name) and which GPU it is or is carved from."""
-
-    driver: str
-    pool: str
-    name: str
-    uuid: str
-    parent_uuid: str = ""
-    pci_bus: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,60 +126,6 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _bus(address: str) -> str:
-    """A PCI address in one form: NVML's 8-digit domain and the kernel's 4-digit one compare equal."""
-    domain, sep, rest = address.strip().lower().rpartition(":")
-    if not sep:
-        return address.strip().lower()
-    head, _, bus = domain.rpartition(":")
-    return f"{int(head or '0', 16):04x}:{bus}:{rest}" if head else f"0000:{bus}:{rest}"
-
-
-def devices_by_node(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Device]]:
-    """The driver's devices per node, from the newest generation of each pool only (older slices are stale)."""
-    newest: dict[tuple[str, str], int] = {}
-    usable: list[tuple[str, int, Mapping[str, Any]]] = []
-    for obj in slices:
-        spec = obj.get("spec")
-        if not isinstance(spec, dict) or spec.get("driver") != contract.NVIDIA_DRA_DRIVER:
-            continue
-        node = _str(spec.get("nodeName"))
-        pool = spec.get("pool")
-        if not node or not isinstance(pool, dict) or not _str(pool.get("name")):
-            continue
-        generation = pool.get("generation")
-        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
-        key = (node, _str(pool.get("name")))
-        newest[key] = max(newest.get(key, generation), generation)
-        usable.append((node, generation, spec))
-    found: dict[str, list[Device]] = {}
-    for node, generation, spec in usable:
-        pool_name = _str(spec["pool"].get("name"))
-        if generation != newest[(node, pool_name)]:
-            continue
-        for entry in spec.get("devices") or ():
-            if not isinstance(entry, dict) or not _str(entry.get("name")):
-                continue
-            attributes = entry.get("attributes")
-            attributes = attributes if isinstance(attributes, dict) else {}
-
-            def attribute(name: str, attributes: Mapping[str, Any] = attributes) -> str:
-                value = attributes.get(name)
-                return _str(value.get("string")) if isinstance(value, dict) else ""
-
-            found.setdefault(node, []).append(
-                Device(
-                    driver=contract.NVIDIA_DRA_DRIVER,
-                    pool=pool_name,
-                    name=_str(entry.get("name")),
-                    uuid=attribute("uuid"),
-                    parent_uuid=attribute("parentUUID"),
-                    pci_bus=attribute("resource.kubernetes.io/pciBusID"),
-                )
-            )
-    return found
-
-
 def _gpu_identities(gpunode: Mapping[str, Any] | None) -> dict[int, tuple[str, str]]:
     """Each GPU's (UUID, PCI address) by index, as the agent published them."""
     status = gpunode.get("status") if gpunode is not None else None
@@ -245,7 +180,7 @@ def wanted_rules(
             uuid, bus = identities.get(index, ("", ""))
             whole = [d for d in on_node if uuid and d.uuid == uuid]
             if not whole and bus:
-                whole = [d for d in on_node if d.pci_bus and _bus(d.pci_bus) == _bus(bus) and not d.parent_uuid]
+                whole = [d for d in on_node if d.pci_bus and pci_bus(d.pci_bus) == pci_bus(bus) and not d.parent_uuid]
             gpu_uuid = whole[0].uuid if whole else uuid
             carved = [d for d in on_node if gpu_uuid and d.parent_uuid == gpu_uuid]
             if not whole and not carved:

@@ -27,6 +27,7 @@ from gpuwarden import contract
 from gpuwarden.contract import Action
 from gpuwarden.kube import KubeApi
 from gpuwarden.kubectl_plugin.cli import main
+from gpuwarden.localcluster import create_gpu_node
 from scheduler.cluster.evict import Evictor
 from scheduler.cluster.retrying import RetryPolicy
 from scheduler.remediation.controller import RemediationController
@@ -36,10 +37,13 @@ from tests.harness import ControlPlane, complete_pod_deletion, mark_pod_running,
 from tests.scheduler.cluster.kube_objects import pod, podgroup, publish_health, refusing_pdb
 from tests.scheduler.cluster.test_cycle_k8s import new_cycle, view
 from tests.scheduler.cluster.test_owner_kinds_k8s import job
+from tests.scheduler.remediation.dra_objects import GPUS as DRA_GPUS
+from tests.scheduler.remediation.dra_objects import driver_slice
 
 pytestmark = pytest.mark.k8s
 
 REPO = Path(__file__).resolve().parents[3]
+DRA = ("resource.k8s.io", "v1")
 NO_WAIT = RetryPolicy(attempts=2, sleep=lambda _s: None)
 # Three test nodes are a tiny pool: the default breaker (10 % out) would hold back the second quarantine.
 TINY_POOL = Settings.from_mapping({"breaker": {"max_out_fraction": 1.0}})
@@ -124,17 +128,18 @@ def test_nodes_shows_healthy_gpus_conditions_remediation_and_infiniband(
     code, out, err = gw("nodes", well, reset, reboot)
     assert code == 0, err
     table = rows(out)
-    assert table["NODE"] == ["NODE", "POOL", "GPUS", "IB", "STATE", "REPAIR", "QUARANTINED", "CONDITIONS"]
-    assert table[well] == [well, "default", "8/8", "2/2", "healthy", "-", "-", "-"]
+    assert table["NODE"] == ["NODE", "POOL", "GPUS", "IB", "STATE", "REPAIR", "QUARANTINED", "DRA", "CONDITIONS"]
+    assert table[well] == [well, "default", "8/8", "2/2", "healthy", "-", "-", "-", "-"]
     assert table[reset][2:4] == ["7/8", "2/2"]
     assert table[reset][4] == labels[reset][contract.LABEL_REMEDIATION_STATE]
     assert table[reset][4].startswith("gpu-")
-    assert table[reset][5:] == ["-", "2", "GpuXidError(Xid48)"]
+    assert table[reset][5:] == ["-", "2", "-", "GpuXidError(Xid48)"]
     assert table[reboot][2:] == [
         "7/8",
         "1/2",
         "escalated,cordoned",
         "REPLACE",
+        "-",
         "-",
         "GpuXidError(Xid79),InfinibandDegraded(IbPortDown)",
     ]
@@ -152,6 +157,7 @@ def test_nodes_shows_healthy_gpus_conditions_remediation_and_infiniband(
     assert shown[reboot]["conditions"][0]["message"] == xid_message
     assert shown[reset]["quarantined_gpus"] == "2" and shown[reset]["cordoned"] is False
     assert shown[well]["conditions"] == [] and shown[well]["gpus_healthy"] == 8
+    assert shown[well]["dra_devices"] is None  # NVIDIA's DRA driver publishes nothing there
 
     # With no names, every GPU node is listed (other tests' nodes too); a name that is no node is an error.
     listed = {v["name"] for v in gw.json("nodes")}
@@ -470,3 +476,80 @@ def test_kubectl_finds_the_plugin_on_the_path(
     )
     assert result.returncode == 0, result.stderr
     assert isinstance(json.loads(result.stdout), list)
+
+
+def test_nodes_and_why_show_dra_devices_their_taints_and_the_claims_that_hold_them(
+    k8s: client.ApiClient, gw: Plugin, namespace: str
+) -> None:
+    """A node whose GPUs NVIDIA's DRA driver publishes (no GPUNode, no device plugin), as the driver shapes it."""
+    name = unique_name("dra-plugin-node")
+    made = create_gpu_node(k8s, name, gpus=0)
+    custom = client.CustomObjectsApi(k8s)
+    raw = driver_slice(name, made.metadata.uid, DRA_GPUS)
+    raw["spec"]["devices"][0]["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    made_slice = custom.create_cluster_custom_object(*DRA, "resourceslices", raw)
+    rule_name = unique_name("gpuwarden-quarantine")
+    rule = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": rule_name},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": name, "device": "gpu-0"},
+            "taint": {"key": contract.TAINT_QUARANTINE, "value": "xid-48", "effect": "NoSchedule"},
+        },
+    }
+    custom.create_cluster_custom_object(*DRA, "devicetaintrules", rule)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu-claim"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }
+    custom.create_namespaced_custom_object(*DRA, namespace, "resourceclaims", claim)
+    client.CoreV1Api(k8s).create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "claimer"},
+            "spec": {
+                "schedulerName": "nobody",
+                "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+            },
+        },
+    )
+    try:
+        code, out, err = gw("nodes", name)
+        assert code == 0, err
+        table = rows(out)
+        assert table[name][7] == "2(2tainted)"  # gpu-1 (the driver's XID taint) and gpu-0 (the rule's)
+        assert table["gpu-1"][:4] == ["gpu-1", "gpu", DRA_GPUS[0].uuid, "-"]
+        assert out.count("gpu.nvidia.com/xid=79:NoSchedule") == 1
+        assert f"gpuwarden.io/quarantined=xid-48:NoSchedule (rule {rule_name})" in out
+        (shown,) = gw.json("nodes", name)
+        devices = {d["name"]: d for d in shown["dra_devices"]}
+        assert devices["gpu-0"]["taints"] == [f"gpuwarden.io/quarantined=xid-48:NoSchedule (rule {rule_name})"]
+        assert devices["gpu-1"]["taints"] == ["gpu.nvidia.com/xid=79:NoSchedule"]
+        assert devices["gpu-0"]["claims"] == []
+
+        report = gw.json("why", "claimer", "-n", namespace)
+        assert report["claims"] == [{"name": "gpu", "claim": "gpu-claim", "allocated": False, "devices": []}]
+        code, out, err = gw("why", "claimer", "-n", namespace)
+        assert code == 0, err
+        assert "  gpu: gpu-claim, not allocated" in out
+
+        # A rule that names no single device is pointed out: it may taint many.
+        broad = {
+            **rule,
+            "metadata": {"name": unique_name("broad")},
+            "spec": {**rule["spec"], "deviceSelector": {"driver": "gpu.nvidia.com"}},
+        }
+        custom.create_cluster_custom_object(*DRA, "devicetaintrules", broad)
+        try:
+            code, out, err = gw("nodes", name)
+            assert f"DeviceTaintRules that select more than one device: {broad['metadata']['name']}" in out
+        finally:
+            custom.delete_cluster_custom_object(*DRA, "devicetaintrules", broad["metadata"]["name"])
+    finally:
+        custom.delete_cluster_custom_object(*DRA, "devicetaintrules", rule_name)
+        custom.delete_cluster_custom_object(*DRA, "resourceslices", made_slice["metadata"]["name"])
+        client.CoreV1Api(k8s).delete_node(name)

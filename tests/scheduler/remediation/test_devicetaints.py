@@ -7,14 +7,8 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import Action
-from scheduler.remediation.devicetaints import (
-    Device,
-    DeviceTaintReport,
-    devices_by_node,
-    rule_name,
-    taint_value,
-    wanted_rules,
-)
+from gpuwarden.dra import Device, devices_by_node
+from scheduler.remediation.devicetaints import DeviceTaintReport, rule_name, taint_value, wanted_rules
 from scheduler.remediation.model import NodeRecord, Scope, ScopeRecord, State, encode_record
 from tests.scheduler.remediation.builders import T0, xid
 from tests.scheduler.remediation.dra_objects import GPUS, driver_slice, gpunode_status
