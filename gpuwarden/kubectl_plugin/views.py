@@ -590,16 +590,10 @@ def pod_claim_names(pod: JSON) -> list[tuple[str, str]]:
     return out
 
 
-def claim_views(
-    pod: JSON, claims: Mapping[str, JSON], objects: DraObjects | None, rules: Sequence[JSON] = ()
-) -> list[ClaimView]:
+def claim_views(pod: JSON, claims: Mapping[str, JSON], objects: DraObjects) -> list[ClaimView]:
     """The pod's claims as ``why`` shows them: each one's devices and the taints on them now."""
-    rule_taints = dra.rule_taints(rules)
-    driver_taints = {
-        (d.driver, d.pool, d.name): d.taints
-        for devices in (objects.devices if objects else {}).values()
-        for d in devices
-    }
+    rule_taints = objects.rule_taints
+    driver_taints = {(d.driver, d.pool, d.name): d.taints for devices in objects.devices.values() for d in devices}
     out = []
     for name, claim_name in pod_claim_names(pod):
         claim = claims.get(claim_name)
