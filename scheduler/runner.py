@@ -204,6 +204,7 @@ class ClusterViews:
             volumes=view.volumes,
             resource_slices=view.resource_slices,
             device_taint_rules=view.device_taint_rules,
+            missing=view.missing,
         )
 
 
@@ -235,6 +236,7 @@ def cluster_view(view: CacheView) -> ClusterView:
         volumes=dict(view.volumes),
         resource_slices=dict(view.resource_slices),
         device_taint_rules=dict(view.device_taint_rules),
+        missing=view.missing,
     )
 
 

@@ -139,7 +139,8 @@ def default_resources() -> tuple[WatchedResource, ...]:
         WatchedResource(VOLUMES, lambda api: client.CoreV1Api(api).list_persistent_volume, slim_volume),
         # NVIDIA's DRA driver's devices and the DeviceTaintRules on them, for
         # remediation's device taints (scheduler.remediation.devicetaints).
-        # Neither wakes the loop: no cycle reads them. A cluster that serves
+        # Their updates do not wake the loop (no cycle reads them; an object's
+        # deletion does, as every deletion does). A cluster that serves
         # no resource.k8s.io/v1, or RBAC that grants no list of them (the
         # manifests of an older release), leaves both empty.
         WatchedResource(

@@ -166,6 +166,9 @@ class ClusterView:
     # remediation's device taints read them, no cycle does.
     resource_slices: Mapping[str, JSON] = field(default_factory=dict)
     device_taint_rules: Mapping[str, JSON] = field(default_factory=dict)
+    # The collections the cache could not read (not served, or a refused
+    # optional one): empty there says nothing of what exists.
+    missing: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

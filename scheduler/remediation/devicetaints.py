@@ -104,6 +104,8 @@ class DeviceTaintReport:
     errors: list[str] = field(default_factory=list)
     # GPUs quarantined on a node with the driver's devices, for which no device matched ("node/index").
     unmatched: list[str] = field(default_factory=list)
+    # Rules left in place although not worked out now: their GPU is still out (see sync).
+    kept: list[str] = field(default_factory=list)
 
 
 def rule_name(device: Device) -> str:
@@ -148,16 +150,35 @@ def _fenced(listed: str, every: Iterable[int]) -> set[int]:
         return set(every)
 
 
-def _reasons(annotations: Mapping[str, Any]) -> dict[int, str]:
-    """Why each GPU is out, from the remediation record: its XID when the fault has one, else the fault's reason."""
+def _from_record(annotations: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
+    """Why each GPU is out and its UUID, from the remediation record (the XID when the fault has one)."""
     decoded = decode_record(_str(annotations.get(contract.ANNOTATION_REMEDIATION_STATE)) or None)
-    reasons: dict[int, str] = {}
+    found: dict[int, tuple[str, str]] = {}
     for scope in decoded.record.scopes:
         fault = scope.fault
         why = f"xid-{fault.xid}" if fault.xid is not None else (fault.reason or fault.condition)
         for index in (*scope.fenced_gpus, *scope.gpus):
-            reasons.setdefault(index, why)
-    return reasons
+            uuid = (
+                fault.gpu_uuid
+                if fault.gpu_index == index
+                else scope.scope.gpu_uuid
+                if scope.scope.gpu_index == index
+                else ""
+            )
+            found.setdefault(index, (why, uuid))
+    return found
+
+
+def quarantined(
+    nodes: Mapping[str, Mapping[str, Any]], gpunodes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, set[int]]:
+    """The GPUs each node's annotation fences (a malformed annotation fences every GPU the GPUNode lists)."""
+    out: dict[str, set[int]] = {}
+    for name, node in nodes.items():
+        listed = _str(_annotations(node).get(contract.ANNOTATION_QUARANTINED_GPUS))
+        if listed:
+            out[name] = _fenced(listed, _gpu_identities(gpunodes.get(name)))
+    return out
 
 
 def wanted_rules(
@@ -175,9 +196,11 @@ def wanted_rules(
         if not on_node:
             continue  # nothing quarantined, or no DRA devices of the driver on this node
         identities = _gpu_identities(gpunodes.get(name))
-        reasons = _reasons(annotations)
+        recorded = _from_record(annotations)
         for index in sorted(_fenced(listed, identities)):
-            uuid, bus = identities.get(index, ("", ""))
+            why, recorded_uuid = recorded.get(index, ("quarantined", ""))
+            uuid, bus = identities.get(index, (recorded_uuid, ""))
+            uuid = uuid or recorded_uuid
             whole = [d for d in on_node if uuid and d.uuid == uuid]
             if not whole and bus:
                 whole = [d for d in on_node if d.pci_bus and pci_bus(d.pci_bus) == pci_bus(bus) and not d.parent_uuid]
@@ -187,7 +210,7 @@ def wanted_rules(
                 if report is not None:
                     report.unmatched.append(f"{name}/{index}")
                 continue
-            value = taint_value(reasons.get(index, "quarantined"))
+            value = taint_value(why)
             for device in (*whole, *carved):
                 rule = Wanted(name, index, device, value)
                 wanted[rule.name] = rule
@@ -198,6 +221,17 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
     return annotations if isinstance(annotations, dict) else {}
+
+
+def _slice_node(obj: Mapping[str, Any]) -> str:
+    spec = obj.get("spec")
+    return _str(spec.get("nodeName")) if isinstance(spec, dict) else ""
+
+
+def _rule_gpu(rule: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The GPU (node, index) a rule of ours stands for, from its annotation; None if unreadable."""
+    node, _, index = _str(_annotations(rule).get(contract.ANNOTATION_DEVICE_TAINT_GPU)).rpartition("/")
+    return (node, int(index)) if node and index.isdigit() else None
 
 
 def _ours(rule: Mapping[str, Any]) -> bool:
@@ -222,9 +256,9 @@ class DeviceTaintPublisher:
 
     The remediation worker syncs on a view in which a Node, a GPUNode, a
     ResourceSlice or a DeviceTaintRule changed, and :data:`RETRY_S` after
-    a sync that could not write everything. A sync works the wanted rules out again (a look
-    at each Node's annotation; the driver's slices are read only when some
-    node quarantined a GPU) and writes only the difference. A write refused
+    a sync that could not write everything. A sync works the wanted rules
+    out again (a look at each Node's annotation; only the slices of nodes
+    that quarantined a GPU are read) and writes only the difference. A write refused
     because this replica lost its lease raises at the fence
     (:class:`~scheduler.cluster.fence.LeaseLostError`), as every write does.
     """
@@ -234,6 +268,9 @@ class DeviceTaintPublisher:
         self._clock = clock
         # When the last sync left a write undone (None: it wrote all it meant to).
         self._failed_at: float | None = None
+        # What was last said in the log, so that it is said once, not on every sync.
+        self._unknown_told = False
+        self._unmatched_told: set[str] = set()
 
     @property
     def retry_due(self) -> bool:
@@ -246,16 +283,39 @@ class DeviceTaintPublisher:
         gpunodes: Mapping[str, Mapping[str, Any]],
         slices: Mapping[str, Mapping[str, Any]],
         rules: Mapping[str, Mapping[str, Any]],
-    ) -> DeviceTaintReport:
-        """Write the difference between the rules in place and those the quarantined GPUs call for."""
+        *,
+        unknown: bool = False,
+    ) -> DeviceTaintReport | None:
+        """Write the difference between the rules in place and those the quarantined GPUs call for.
+
+        ``unknown``: the slices or the rules could not be read (not served,
+        as before Kubernetes 1.37; or refused): nothing is written, since an
+        empty list there says nothing of what exists (returns None).
+
+        A rule is deleted only when its GPU (``gpuwarden.io/gpu``) is no
+        longer quarantined, or when another rule now covers that GPU: a GPU
+        still out whose device cannot be told right now (the driver's slice
+        gone while its plugin restarts, a pool half republished, the GPUNode
+        not there) keeps the rule it has.
+        """
+        if unknown:
+            if not self._unknown_told:
+                log.warning("device_taints_unavailable", why="ResourceSlices or DeviceTaintRules cannot be read")
+                self._unknown_told = True
+            return None
+        self._unknown_told = False
         report = DeviceTaintReport()
-        fencing = any(contract.ANNOTATION_QUARANTINED_GPUS in _annotations(node) for node in nodes.values())
-        devices = devices_by_node(slices.values()) if fencing and slices else {}
+        fenced = quarantined(nodes, gpunodes)
+        devices = devices_by_node(s for s in slices.values() if _slice_node(s) in fenced) if fenced else {}
         wanted = wanted_rules(nodes, gpunodes, devices, report) if devices else {}
+        covered = {(rule.node, rule.gpu_index) for rule in wanted.values()}
         ours = {name: rule for name, rule in rules.items() if _ours(rule)}
         for name, rule in sorted(wanted.items()):
             body = rule.body()
             have = ours.get(name)
+            if have is None and name in rules:
+                report.errors.append(f"{name}: a DeviceTaintRule gpuwarden did not make has this name")
+                continue
             try:
                 if have is None:
                     self._api.create_device_taint_rule(body)
@@ -268,11 +328,15 @@ class DeviceTaintPublisher:
                     self._api.replace_device_taint_rule(name, body)
                     report.replaced.append(name)
             except ApiError as err:
-                if have is None and err.status == 409:
-                    continue  # made since this view was taken: the next view shows it
+                if err.status == 409:
+                    continue  # made or changed since this view was taken: the next view shows it
                 report.errors.append(f"{name}: {err}")
         for name, have in sorted(ours.items()):
             if name in wanted:
+                continue
+            gpu = _rule_gpu(have)
+            if gpu is not None and gpu[1] in fenced.get(gpu[0], ()) and gpu not in covered:
+                report.kept.append(name)  # still out, its device not told now: keep what protects it
                 continue
             meta = have.get("metadata")
             uid = meta.get("uid") if isinstance(meta, dict) else None
@@ -292,4 +356,12 @@ class DeviceTaintPublisher:
             )
         if report.errors:
             log.warning("device_taint_rules_failed", errors=report.errors)
+        unmatched = set(report.unmatched)
+        if unmatched - self._unmatched_told:
+            log.warning(
+                "quarantined_gpu_without_dra_device",
+                gpus=sorted(unmatched),
+                why="no device of the driver's slices has the GPU's UUID or PCI address: no DeviceTaintRule for it",
+            )
+        self._unmatched_told = unmatched
         return report

@@ -14,6 +14,11 @@ read: :meth:`RemediationController.at_rest`), a pass would confirm what the
 last one read, and the worker skips it. What changed is merged over the
 views it did not take, so a skipped view's Node change is never lost.
 
+Before the pass, on a view in which a Node, a GPUNode, a ResourceSlice or
+a DeviceTaintRule changed, the worker syncs the DeviceTaintRules of the
+quarantined GPUs (:mod:`scheduler.remediation.devicetaints`); a change of
+the DRA objects alone brings that sync and no pass.
+
 Fencing is unchanged: the controller writes through the same fenced API,
 so a pass of a lost term fails at the fence (:class:`LeaseLostError`),
 which ends the worker; the runner reads :attr:`RemediationWorker.fenced`
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.logconfig import get_logger
+from scheduler.cluster.cache import DEVICETAINTRULES, RESOURCESLICES
 from scheduler.cluster.cycle import ClusterView
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.remediation.controller import RemediationController
@@ -47,6 +53,8 @@ class _Offer:
     nodes_changed: bool
     # The view's pods, taken on the loop's thread; None when no pass was expected (see offer).
     pods: tuple[Mapping[str, Any], ...] | None = None
+    # Whether a ResourceSlice or DeviceTaintRule changed (or that is unknown): a device-taint sync, no pass.
+    dra_changed: bool = False
 
 
 class RemediationWorker:
@@ -78,10 +86,10 @@ class RemediationWorker:
             kept = dict(self._offer.refused) if self._offer is not None else {}
             kept.update(refused)
             changed = view.changed
-            moved = changed is None or bool(
-                changed.nodes or changed.gpunodes or changed.resource_slices or changed.device_taint_rules
-            )
+            moved = changed is None or bool(changed.nodes or changed.gpunodes)
             moved = moved or (self._offer is not None and self._offer.nodes_changed)
+            dra = changed is None or bool(changed.resource_slices or changed.device_taint_rules)
+            dra = dra or (self._offer is not None and self._offer.dra_changed)
             # The view's pods are the loop's own dict, which its next view
             # changes: a pass takes them as they are now, copied here. Only
             # for a view a pass is expected on (a Node changed, a refusal,
@@ -90,7 +98,7 @@ class RemediationWorker:
             pods = tuple(view.pods.values()) if moved or kept or self._want_pods else None
             if pods is not None:
                 self._want_pods = False
-            self._offer = _Offer(view, kept, moved, pods)
+            self._offer = _Offer(view, kept, moved, pods, dra)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="remediation", daemon=True)
                 self._thread.start()
@@ -122,10 +130,13 @@ class RemediationWorker:
                 self.busy_since = time.monotonic()
             assert offer is not None
             taints = self.taints
-            if taints is not None and (offer.nodes_changed or taints.retry_due):
+            if taints is not None and (offer.nodes_changed or offer.dra_changed or taints.retry_due):
                 view = offer.view
+                unknown = bool(view.missing & {RESOURCESLICES, DEVICETAINTRULES})
                 try:
-                    taints.sync(view.nodes, view.gpunodes, view.resource_slices, view.device_taint_rules)
+                    taints.sync(
+                        view.nodes, view.gpunodes, view.resource_slices, view.device_taint_rules, unknown=unknown
+                    )
                 except LeaseLostError as lost:
                     with self._cond:
                         self.fenced = str(lost)

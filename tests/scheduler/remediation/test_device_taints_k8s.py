@@ -114,8 +114,10 @@ def _quarantine(k8s: client.ApiClient, node: str, gpus: str | None) -> None:
     client.CoreV1Api(k8s).patch_node(node, {"metadata": {"annotations": {contract.ANNOTATION_QUARANTINED_GPUS: gpus}}})
 
 
-def _sync(k8s: client.ApiClient, publisher: DeviceTaintPublisher, node: str) -> None:
-    """One sync over the cluster as a view would show it (this test's node only)."""
+def _sync(
+    k8s: client.ApiClient, publisher: DeviceTaintPublisher, node: str, *, slices: dict[str, JSON] | None = None
+) -> None:
+    """One sync over the cluster as a view would show it (this test's node only; ``slices`` instead of the API's)."""
     core = client.CoreV1Api(k8s)
     nodes = {node: k8s.sanitize_for_serialization(core.read_node(node))}
     gpunodes = {
@@ -123,8 +125,8 @@ def _sync(k8s: client.ApiClient, publisher: DeviceTaintPublisher, node: str) -> 
             contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, node
         )
     }
-    report = publisher.sync(nodes, gpunodes, _slices(k8s), _rules(k8s))
-    assert report.errors == []
+    report = publisher.sync(nodes, gpunodes, _slices(k8s) if slices is None else slices, _rules(k8s))
+    assert report is not None and report.errors == []
 
 
 def _claim_pod(k8s: client.ApiClient, namespace: str, node: str) -> str:
@@ -283,6 +285,8 @@ def test_the_scheduler_may_write_only_its_own_single_device_noschedule_rules(
         del unlabelled["metadata"]["labels"]
         other_key = evicting(ours)
         other_key["spec"]["taint"]["key"] = "example.com/quarantined"
+        other_driver = evicting(ours)
+        other_driver["spec"]["deviceSelector"]["driver"] = "fpga.example.com"
         # The policies take effect a moment after they are applied.
         wait_for(
             lambda: refused(lambda: as_scheduler.create_device_taint_rule(no_execute)),
@@ -290,7 +294,7 @@ def test_the_scheduler_may_write_only_its_own_single_device_noschedule_rules(
             interval=0.5,
             description="the DeviceTaintRule policy in force",
         )
-        for bad in (everything, unlabelled, other_key):
+        for bad in (everything, unlabelled, other_key, other_driver):
             assert refused(lambda bad=bad: as_scheduler.create_device_taint_rule(bad)), bad["metadata"]["name"]
         assert refused(lambda: as_scheduler.delete_device_taint_rule(foreign["metadata"]["name"], ""))
         made = as_scheduler.create_device_taint_rule(ours)
@@ -299,3 +303,24 @@ def test_the_scheduler_may_write_only_its_own_single_device_noschedule_rules(
         as_scheduler.delete_device_taint_rule(ours["metadata"]["name"], made["metadata"]["uid"])
     with contextlib.suppress(client.ApiException):
         custom.delete_cluster_custom_object(*DRA, "devicetaintrules", foreign["metadata"]["name"])
+
+
+def test_a_rule_stays_while_its_gpu_is_out_even_when_its_device_cannot_be_told(
+    k8s: client.ApiClient, dra_node: str, publisher: DeviceTaintPublisher
+) -> None:
+    """The driver's slice gone (its plugin restarting), or the collections unreadable: the rule protects on."""
+    node = dra_node
+    _quarantine(k8s, node, "1")
+    _sync(k8s, publisher, node)
+    (name,) = _rules(k8s)
+    # No slice at all for the node now: the GPU is still quarantined, the rule stays.
+    _sync(k8s, publisher, node, slices={})
+    assert list(_rules(k8s)) == [name]
+    # The lists could not be read: nothing is written either way.
+    _quarantine(k8s, node, None)
+    nodes = {node: k8s.sanitize_for_serialization(client.CoreV1Api(k8s).read_node(node))}
+    assert publisher.sync(nodes, {}, {}, _rules(k8s), unknown=True) is None
+    assert list(_rules(k8s)) == [name]
+    # Once the GPU is back in service, the rule goes, slice or no slice.
+    _sync(k8s, publisher, node, slices={})
+    assert _rules(k8s) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 from gpuwarden import contract
@@ -123,3 +124,12 @@ def test_names_and_values_always_fit_what_the_api_server_accepts() -> None:
     assert taint_value("row remap: failure!") == "row-remap-failure"
     assert taint_value("x" * 100) == "x" * 63
     assert taint_value("::") == "quarantined"
+
+
+def test_without_a_gpunode_the_records_uuid_finds_the_device() -> None:
+    record = _xid_record(1, 48)
+    scope = record.scopes[0]
+    fault = replace(scope.fault, gpu_uuid=GPUS[1].uuid)
+    record = NodeRecord(scopes=(replace(scope, fault=fault),))
+    wanted = wanted_rules({NODE: _node("1", record)}, {}, _slices(driver_slice(NODE, "uid", GPUS)))
+    assert [(r.device.name, r.value) for r in wanted.values()] == [("gpu-0", "xid-48")]

@@ -156,9 +156,11 @@ class _CountingTaints(DeviceTaintPublisher):
         gpunodes: Mapping[str, Mapping[str, Any]],
         slices: Mapping[str, Mapping[str, Any]],
         rules: Mapping[str, Mapping[str, Any]],
-    ) -> DeviceTaintReport:
+        *,
+        unknown: bool = False,
+    ) -> DeviceTaintReport | None:
         self.seen.append(slices)
-        return super().sync(nodes, gpunodes, slices, rules)
+        return super().sync(nodes, gpunodes, slices, rules, unknown=unknown)
 
 
 def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
@@ -185,6 +187,7 @@ def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
         wait_for(worker.idle, timeout=30, description="the quiet view taken")
         assert len(taints.seen) == synced, "a view that changed nothing of remediation's synced"
         slices = {"00000-gpu.nvidia.com-node-x": {"spec": {"driver": "gpu.nvidia.com"}}}
+        passes = worker.passes
         for changed in (
             replace(quiet, resource_slices=frozenset(slices)),
             replace(quiet, device_taint_rules=frozenset({"r"})),
@@ -194,5 +197,6 @@ def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
             wait_for(lambda: worker.idle() and len(taints.seen) == wanted, timeout=30, description="a sync")  # noqa: B023
             assert taints.seen[-1] == slices
             synced += 1
+        assert worker.passes == passes, "a change of the DRA objects alone ran a remediation pass"
     finally:
         worker.stop()
