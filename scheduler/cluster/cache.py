@@ -83,7 +83,8 @@ class WatchedResource:
     quiet: QuietChange | None = None
     # Which updates only free room: quiet too while no cycle waits for room (ClusterCache.room_wanted).
     frees_room: QuietChange | None = None
-    # What no cycle needs: a list refused (403) leaves it empty, like a collection not served.
+    # What no cycle needs: a list refused (403) leaves it empty, like a collection
+    # not served, and neither is an API error (see Reflector's ``optional``).
     optional: bool = False
 
 
@@ -279,7 +280,7 @@ class ClusterCache:
                         on_synced=self._bump,
                         settings=settings,
                         stats=stats,
-                        forbidden_is_missing=resource.optional,
+                        optional=resource.optional,
                     )
                 )
 

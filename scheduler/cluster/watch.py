@@ -131,7 +131,11 @@ class _GoneError(Exception):
 
 
 class _MissingError(Exception):
-    """The collection is not served (404): its CRD is not installed."""
+    """The collection is not served (404: its CRD or API version is not installed), or, optional, refused (403)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 class Reflector:
@@ -154,13 +158,15 @@ class Reflector:
         on_synced: Callable[[], None] | None = None,
         settings: ReflectorSettings | None = None,
         stats: RequestStats | None = None,
-        forbidden_is_missing: bool = False,
+        optional: bool = False,
     ) -> None:
         self.name = name
         # An optional collection (what no cycle needs): a 403 makes it empty,
         # like one not served, instead of holding the sync (and every cycle)
-        # until someone grants the list.
-        self._forbidden_is_missing = forbidden_is_missing
+        # until someone grants the list; and neither answer counts as an API
+        # error, since an older API server or older RBAC gives it for good
+        # (the scheduler's API-error alert would never clear).
+        self._optional = optional
         # The process's request counts (gpuwarden_scheduler_api_*): a watch
         # that cannot list or open is an API error like a failed bind.
         self._stats = stats
@@ -230,8 +236,8 @@ class Reflector:
             except _GoneError:
                 log.info("watch_resource_version_expired", resource=self.name, resource_version=self._resource_version)
                 need_list = True
-            except _MissingError:
-                self._mark_missing()
+            except _MissingError as err:
+                self._mark_missing(err.status)
                 need_list = True
                 self._stop.wait(self.settings.missing_retry_s)
             except ApiError as err:
@@ -256,11 +262,12 @@ class Reflector:
             response: RawResponse = self._list_fn(_preload_content=False, _request_timeout=timeout, **params)
         except ApiException as exc:
             # 410 is the watch protocol asking for a relist, not a failure.
-            self._record(operation, ok=exc.status == HTTP_GONE)
+            absent = exc.status == HTTP_NOT_FOUND or (exc.status == HTTP_FORBIDDEN and self._optional)
+            self._record(operation, ok=exc.status == HTTP_GONE or (absent and self._optional))
             if exc.status == HTTP_GONE:
                 raise _GoneError from exc
-            if exc.status == HTTP_NOT_FOUND or (exc.status == HTTP_FORBIDDEN and self._forbidden_is_missing):
-                raise _MissingError from exc
+            if absent:
+                raise _MissingError(exc.status) from exc
             raise ApiError(operation, exc.status, status_message(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self._record(operation, ok=False)
@@ -359,10 +366,11 @@ class Reflector:
         if self._on_synced is not None:
             self._on_synced()
 
-    def _mark_missing(self) -> None:
-        """The collection is not served: it is empty, and said so once until it appears."""
+    def _mark_missing(self, status: int) -> None:
+        """The collection is not served (or, optional, refused): it is empty, and said so once until it appears."""
         if not self._missing_logged:
-            log.warning("watched_resource_not_served", resource=self.name, retry_s=self.settings.missing_retry_s)
+            event = "watched_resource_forbidden" if status == HTTP_FORBIDDEN else "watched_resource_not_served"
+            log.warning(event, resource=self.name, optional=self._optional, retry_s=self.settings.missing_retry_s)
             self._missing_logged = True
         self.missing = True
         self._finish_list(set(), "")

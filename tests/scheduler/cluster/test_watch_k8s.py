@@ -435,11 +435,25 @@ def test_the_dra_collections_are_empty_not_blocking_when_rbac_does_not_grant_the
     )
     wanted = {NODES, RESOURCESLICES, DEVICETAINTRULES}
     resources = [r for r in default_resources() if r.name in wanted]
+    stats = RequestStats()
     try:
-        with control_plane.impersonate(account, namespace) as api, running_cache(api, resources=resources) as cache:
+        with (
+            capture_logs() as logs,
+            control_plane.impersonate(account, namespace) as api,
+            running_cache(api, resources=resources, stats=stats) as cache,
+        ):
             view = cache.view()
             assert view.synced and view.missing == frozenset({RESOURCESLICES, DEVICETAINTRULES})
             assert view.store(RESOURCESLICES) == {} and NODES not in view.missing
+            slices = cache.reflectors[[r.name for r in resources].index(RESOURCESLICES)]
+            lists = slices.lists
+            wait_for(lambda: slices.lists >= lists + 2, description="the refused collection is asked again")
+        # Refused for good by older RBAC: an answer, not an API error, or the error alert would never clear.
+        requests, errors = stats.snapshot()
+        assert requests["list_resourceslices"] >= 3 and "list_resourceslices" not in errors
+        assert "list_devicetaintrules" not in errors
+        forbidden = [e for e in logs if e["event"] == "watched_resource_forbidden"]
+        assert sorted(e["resource"] for e in forbidden) == [DEVICETAINTRULES, RESOURCESLICES]
     finally:
         rbac.delete_cluster_role_binding(account)
         rbac.delete_cluster_role(account)
