@@ -533,17 +533,25 @@ def node_from_objects(
     )
 
 
-def _fenced(gpus: tuple[Gpu, ...], listed: str | None, ident: str) -> tuple[Gpu, ...]:
-    """The GPUs with those remediation quarantined marked out of service.
+def quarantined_indices(listed: str) -> frozenset[int] | None:
+    """The GPU indices ``gpuwarden.io/quarantined-gpus`` names ("2,5"); None when it cannot be read.
 
-    A malformed list fences every GPU: remediation wrote it, and placing work
-    on a GPU it meant to fence is worse than idling a healthy one.
+    Whoever reads a malformed list fences every GPU: remediation wrote it,
+    and placing work on a GPU it meant to fence is worse than idling a
+    healthy one.
     """
+    try:
+        return frozenset(int(part) for part in listed.split(",") if part.strip())
+    except ValueError:
+        return None
+
+
+def _fenced(gpus: tuple[Gpu, ...], listed: str | None, ident: str) -> tuple[Gpu, ...]:
+    """The GPUs with those remediation quarantined marked out of service (all of them if the list is malformed)."""
     if not listed:
         return gpus
-    try:
-        fenced = {int(part) for part in listed.split(",") if part.strip()}
-    except ValueError:
+    fenced = quarantined_indices(listed)
+    if fenced is None:
         warn.warning("object field malformed", (ident, "quarantined-gpus"), object=ident, value=listed)
         return tuple(replace(g, healthy=False) for g in gpus)
     return tuple(replace(g, healthy=False) if g.index in fenced else g for g in gpus)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ from gpuwarden import contract
 from gpuwarden.dra import Device, devices_by_node, pci_bus
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
+from scheduler.cluster.convert import quarantined_indices
 from scheduler.remediation.model import decode_record
 
 log = get_logger(__name__)
@@ -142,14 +143,6 @@ def _gpu_identities(gpunode: Mapping[str, Any] | None) -> dict[int, tuple[str, s
     return found
 
 
-def _fenced(listed: str, every: Iterable[int]) -> set[int]:
-    """The GPUs the annotation names; a malformed one names them all, as placement reads it."""
-    try:
-        return {int(part) for part in listed.split(",") if part.strip()}
-    except ValueError:
-        return set(every)
-
-
 def _from_record(annotations: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
     """Why each GPU is out and its UUID, from the remediation record (the XID when the fault has one)."""
     decoded = decode_record(_str(annotations.get(contract.ANNOTATION_REMEDIATION_STATE)) or None)
@@ -171,13 +164,14 @@ def _from_record(annotations: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
 
 def quarantined(
     nodes: Mapping[str, Mapping[str, Any]], gpunodes: Mapping[str, Mapping[str, Any]]
-) -> dict[str, set[int]]:
-    """The GPUs each node's annotation fences (a malformed annotation fences every GPU the GPUNode lists)."""
-    out: dict[str, set[int]] = {}
+) -> dict[str, frozenset[int]]:
+    """The GPUs each node's annotation fences (a malformed one fences every GPU the GPUNode lists, as placement)."""
+    out: dict[str, frozenset[int]] = {}
     for name, node in nodes.items():
         listed = _str(_annotations(node).get(contract.ANNOTATION_QUARANTINED_GPUS))
         if listed:
-            out[name] = _fenced(listed, _gpu_identities(gpunodes.get(name)))
+            fenced = quarantined_indices(listed)
+            out[name] = fenced if fenced is not None else frozenset(_gpu_identities(gpunodes.get(name)))
     return out
 
 
@@ -186,20 +180,24 @@ def wanted_rules(
     gpunodes: Mapping[str, Mapping[str, Any]],
     devices: Mapping[str, list[Device]],
     report: DeviceTaintReport | None = None,
+    fenced: Mapping[str, frozenset[int]] | None = None,
 ) -> dict[str, Wanted]:
-    """The rules the quarantined GPUs of ``nodes`` call for, by name (see the module docstring)."""
+    """The rules the quarantined GPUs of ``nodes`` call for, by name (see the module docstring).
+
+    ``fenced`` is :func:`quarantined` of the same nodes, when the caller has it already.
+    """
+    if fenced is None:
+        fenced = quarantined(nodes, gpunodes)
     wanted: dict[str, Wanted] = {}
-    for name, node in nodes.items():
-        annotations = _annotations(node)
-        listed = _str(annotations.get(contract.ANNOTATION_QUARANTINED_GPUS))
-        on_node = devices.get(name) if listed else None
-        if not on_node:
-            continue  # nothing quarantined, or no DRA devices of the driver on this node
+    for name, on_node in devices.items():
+        node = nodes.get(name)
+        if node is None or name not in fenced or not on_node:
+            continue  # gone, nothing quarantined, or no DRA devices of the driver on this node
         identities = _gpu_identities(gpunodes.get(name))
-        recorded = _from_record(annotations)
-        for index in sorted(_fenced(listed, identities)):
+        recorded = _from_record(_annotations(node))
+        for index in sorted(fenced[name]):
             why, recorded_uuid = recorded.get(index, ("quarantined", ""))
-            uuid, bus = identities.get(index, (recorded_uuid, ""))
+            uuid, bus = identities.get(index, ("", ""))
             uuid = uuid or recorded_uuid
             whole = [d for d in on_node if uuid and d.uuid == uuid]
             if not whole and bus:
@@ -307,7 +305,7 @@ class DeviceTaintPublisher:
         report = DeviceTaintReport()
         fenced = quarantined(nodes, gpunodes)
         devices = devices_by_node(s for s in slices.values() if _slice_node(s) in fenced) if fenced else {}
-        wanted = wanted_rules(nodes, gpunodes, devices, report) if devices else {}
+        wanted = wanted_rules(nodes, gpunodes, devices, report, fenced) if devices else {}
         covered = {(rule.node, rule.gpu_index) for rule in wanted.values()}
         ours = {name: rule for name, rule in rules.items() if _ours(rule)}
         for name, rule in sorted(wanted.items()):
