@@ -129,21 +129,11 @@ class RemediationWorker:
                 offer, self._offer = self._offer, None
                 self.busy_since = time.monotonic()
             assert offer is not None
-            taints = self.taints
-            if taints is not None and (offer.nodes_changed or offer.dra_changed or taints.retry_due):
-                view = offer.view
-                unknown = bool(view.missing & {RESOURCESLICES, DEVICETAINTRULES})
-                try:
-                    taints.sync(
-                        view.nodes, view.gpunodes, view.resource_slices, view.device_taint_rules, unknown=unknown
-                    )
-                except LeaseLostError as lost:
-                    with self._cond:
-                        self.fenced = str(lost)
-                        self.busy_since = None
-                    return
-                except Exception:  # as for a pass: log, and take the next view
-                    log.exception("device_taints_failed")
+            try:
+                self._sync_taints(offer)
+            except LeaseLostError as lost:
+                self._fenced_out(lost)
+                return
             if not offer.nodes_changed and not offer.refused and self.controller.at_rest():
                 with self._cond:
                     self.skipped += 1
@@ -162,11 +152,29 @@ class RemediationWorker:
                 self.controller.run(view.nodes, view.gpunodes, offer.pods)
                 self.passes += 1
             except LeaseLostError as lost:
-                with self._cond:
-                    self.fenced = str(lost)
-                    self.busy_since = None
+                self._fenced_out(lost)
                 return
             except Exception:  # one bad pass must not end remediation: log, and take the next view
                 log.exception("remediation_failed")
             with self._cond:
                 self.busy_since = None
+
+    def _sync_taints(self, offer: _Offer) -> None:
+        """The device-taint sync, where something it reads changed or a retry is due; raises only when fenced."""
+        taints = self.taints
+        if taints is None or not (offer.nodes_changed or offer.dra_changed or taints.retry_due):
+            return
+        view = offer.view
+        unknown = bool(view.missing & {RESOURCESLICES, DEVICETAINTRULES})
+        try:
+            taints.sync(view.nodes, view.gpunodes, view.resource_slices, view.device_taint_rules, unknown=unknown)
+        except LeaseLostError:
+            raise
+        except Exception:  # as for a pass: log, and take the next view
+            log.exception("device_taints_failed")
+
+    def _fenced_out(self, lost: LeaseLostError) -> None:
+        """A write of this term met the fence: the worker ends, and the runner reads why."""
+        with self._cond:
+            self.fenced = str(lost)
+            self.busy_since = None

@@ -200,3 +200,41 @@ def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
         assert worker.passes == passes, "a change of the DRA objects alone ran a remediation pass"
     finally:
         worker.stop()
+
+
+def test_a_fenced_device_taint_write_ends_the_worker_before_any_pass(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]]
+) -> None:
+    """A paused leader that wakes after losing the lease writes no DeviceTaintRule: the fence refuses it first."""
+    (name,) = cluster(1)
+
+    def lost(operation: str) -> None:
+        raise LeaseLostError(operation, 9)
+
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT, write_guard=lost)
+    taints = _CountingTaints(api)
+    worker = RemediationWorker(RemediationController(api, Evictor(api, retry=NO_WAIT)), taints)
+    base = view(k8s, {name})
+    node = {
+        **base.nodes[name],
+        "metadata": {**base.nodes[name]["metadata"], "annotations": {contract.ANNOTATION_QUARANTINED_GPUS: "0"}},
+    }
+    gpunode = {"metadata": {"name": name}, "status": {"gpus": [{"index": 0, "uuid": "GPU-0"}]}}
+    slices = {
+        "s": {
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": name,
+                "pool": {"name": name, "generation": 1},
+                "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-0"}}}],
+            }
+        }
+    }
+    try:
+        worker.offer(replace(base, nodes={name: node}, gpunodes={name: gpunode}, resource_slices=slices), {})
+        wait_for(lambda: worker.fenced is not None, timeout=30, description="the fenced rule write")
+        assert "term 9" in (worker.fenced or "") and worker.passes == 0 and len(taints.seen) == 1
+        rules = client.CustomObjectsApi(k8s).list_cluster_custom_object("resource.k8s.io", "v1", "devicetaintrules")
+        assert not [r for r in rules["items"] if r["metadata"]["name"].startswith(f"gpuwarden-quarantine-{name}")]
+    finally:
+        worker.stop()
