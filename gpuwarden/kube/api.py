@@ -608,13 +608,16 @@ class KubeApi:
     def list_nodes(self) -> list[JSON]:
         return self._items("list_nodes", self._core.list_node)
 
-    def list_cluster_objects(self, group: str, version: str, plural: str) -> list[JSON]:
-        """Every object of a cluster-scoped custom resource (GPUNodes, Queues).
+    def list_cluster_objects(self, group: str, version: str, plural: str, field_selector: str = "") -> list[JSON]:
+        """Every object of a cluster-scoped custom resource (GPUNodes, Queues), or those ``field_selector`` picks.
 
         A missing CRD answers 404 ``page not found`` (see
         :func:`gpuwarden.kube.errors.resource_missing`), not an empty list.
         """
-        return self._items(f"list_{plural}", self._custom.list_cluster_custom_object, group, version, plural)
+        selected = {"field_selector": field_selector} if field_selector else {}
+        return self._items(
+            f"list_{plural}", self._custom.list_cluster_custom_object, group, version, plural, **selected
+        )
 
     def list_namespaced_objects(self, group: str, version: str, plural: str, namespace: str) -> list[JSON]:
         return self._items(

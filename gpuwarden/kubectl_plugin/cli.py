@@ -135,29 +135,36 @@ def _list_gpunodes(api: KubeApi) -> list[Any]:
     return api.list_cluster_objects(contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL)
 
 
-def _dra_objects(api: KubeApi) -> views.DraObjects:
+def _dra_objects(api: KubeApi, nodes: Sequence[str] | None = None, *, holders: bool = True) -> views.DraObjects:
     """NVIDIA's DRA driver's slices, the DeviceTaintRules and the ResourceClaims; none on a cluster without DRA.
 
-    A list this user may not read (403) or that the server does not serve
-    (404) is shown as empty, as ``why`` does with owners: the nodes' own
-    view is worth having without it.
+    ``nodes``: only those nodes' slices (``why`` needs the devices of a
+    pod's claims, not the cluster's). ``holders``: also list every
+    namespace's ResourceClaims, to say who holds each device. A list this
+    user may not read (403) or that the server does not serve (404) is
+    shown as empty, as ``why`` does with owners: the nodes' own view is
+    worth having without it.
     """
     from gpuwarden.kube import ApiError  # noqa: PLC0415 -- see the module docstring
 
-    def listed(plural: str) -> list[Any]:
+    def listed(plural: str, field_selector: str = "") -> list[Any]:
         try:
-            return api.list_cluster_objects(contract.DRA_API_GROUP, contract.DRA_API_VERSION, plural)
+            return api.list_cluster_objects(contract.DRA_API_GROUP, contract.DRA_API_VERSION, plural, field_selector)
         except ApiError as err:
             if err.status in (403, 404):
                 log.debug("dra_unreadable", resource=plural, status=err.status)
                 return []
             raise
 
-    slices = listed(contract.RESOURCESLICE_PLURAL)
+    driver = f"spec.driver={contract.NVIDIA_DRA_DRIVER}"
+    if nodes is None:
+        slices = listed(contract.RESOURCESLICE_PLURAL, driver)
+    else:
+        slices = [s for node in nodes for s in listed(contract.RESOURCESLICE_PLURAL, f"{driver},spec.nodeName={node}")]
     if not dra.devices_by_node(slices):
         return views.DraObjects()  # the driver publishes nothing: the rest would show nothing either
-    # ResourceClaims listed across every namespace.
-    return views.DraObjects.read(slices, listed(contract.DEVICETAINTRULE_PLURAL), listed("resourceclaims"))
+    claims = listed("resourceclaims") if holders else []  # every namespace's
+    return views.DraObjects.read(slices, listed(contract.DEVICETAINTRULE_PLURAL), claims)
 
 
 def run_nodes(args: argparse.Namespace, conn: Connection, out: TextIO) -> int:
@@ -253,7 +260,11 @@ def _pod_claims(api: KubeApi, namespace: str, pod: Mapping[str, Any]) -> list[vi
             found = None
         if found is not None:
             claims[claim_name] = found
-    return views.claim_views(pod, claims, _dra_objects(api))
+    # The driver names each node's pool after it: the pools of the claims' devices are the nodes to read.
+    allocated = dra.claim_holders(claims.values())
+    pools = sorted({pool for driver, pool, _ in allocated if driver == contract.NVIDIA_DRA_DRIVER})
+    objects = _dra_objects(api, pools, holders=False) if pools else views.DraObjects()
+    return views.claim_views(pod, claims, objects)
 
 
 def run_why(args: argparse.Namespace, conn: Connection, out: TextIO) -> int:

@@ -537,6 +537,23 @@ def test_nodes_and_why_show_dra_devices_their_taints_and_the_claims_that_hold_th
         assert code == 0, err
         assert "  gpu: gpu-claim, not allocated" in out
 
+        # Allocated gpu-0 (as kube-scheduler writes it): the claim holds it, and why shows the rule's taint on it.
+        stored = custom.get_namespaced_custom_object(*DRA, namespace, "resourceclaims", "gpu-claim")
+        stored["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": name, "device": "gpu-0"}]
+                }
+            }
+        }
+        custom.replace_namespaced_custom_object_status(*DRA, namespace, "resourceclaims", "gpu-claim", stored)
+        code, out, err = gw("why", "claimer", "-n", namespace)
+        assert code == 0, err
+        taint = f"gpuwarden.io/quarantined=xid-48:NoSchedule (rule {rule_name})"
+        assert f"  gpu: gpu-claim, allocated gpu.nvidia.com/{name}/gpu-0 [{taint}]" in out
+        code, out, err = gw("nodes", name)
+        assert rows(out)["gpu-0"][3] == f"{namespace}/gpu-claim"
+
         # A rule that names no single device is pointed out: it may taint many.
         broad = {
             **rule,
