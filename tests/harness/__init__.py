@@ -42,7 +42,7 @@ from gpuwarden.localcluster import (
     running_control_plane,
     service_account_identity,
 )
-from tests.harness.helpers import pod_bound_token, simple_pod, temporary_namespace, unique_name
+from tests.harness.helpers import kube_scheduler, pod_bound_token, simple_pod, temporary_namespace, unique_name
 from tests.waiting import wait_for
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "free_ports",
     "generate_pki",
     "impersonating_client",
+    "kube_scheduler",
     "kubelet_conditions",
     "mark_pod_finished",
     "mark_pod_running",

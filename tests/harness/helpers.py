@@ -9,10 +9,14 @@ Kubernetes client, so unit tests wait the same way without importing it.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from collections.abc import Iterator
 
+import pytest
 from kubernetes import client
+
+from gpuwarden.localcluster import ControlPlane, ManagedProcess, find_binaries
 
 
 def unique_name(prefix: str) -> str:
@@ -79,3 +83,24 @@ def pod_bound_token(api: client.ApiClient, service_account: str, namespace: str)
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+
+
+@contextlib.contextmanager
+def kube_scheduler(control_plane: ControlPlane, name: str, *flags: str) -> Iterator[ManagedProcess]:
+    """The upstream kube-scheduler (``make controlplane`` builds it; ``KUBE_SCHEDULER`` names another) on the
+    test control plane, leader election off, stopped afterwards. A missing binary fails the test, never skips it."""
+    override = os.environ.get("KUBE_SCHEDULER")
+    path = os.path.abspath(override) if override else str(find_binaries().kube_apiserver.parent / "kube-scheduler")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no kube-scheduler at {path}: build it with `make controlplane`", pytrace=False)
+    proc = ManagedProcess(
+        name=name,
+        argv=[path, f"--kubeconfig={control_plane.kubeconfig}", "--leader-elect=false", "--secure-port=0", *flags],
+        log_path=control_plane.run_dir / "logs" / f"{name}.log",
+        pid_file=control_plane.run_dir / "pids",
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

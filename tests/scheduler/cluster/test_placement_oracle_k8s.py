@@ -59,7 +59,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import random
 import re
 import time
@@ -71,7 +70,7 @@ import pytest
 from kubernetes import client
 
 from gpuwarden.contract import RESOURCE_NVIDIA_GPU, SCHEDULER_NAME
-from gpuwarden.localcluster import LABEL_HOSTNAME, ManagedProcess, create_gpu_node, find_binaries
+from gpuwarden.localcluster import LABEL_HOSTNAME, ManagedProcess, create_gpu_node
 from scheduler.cluster.convert import GroupInfo, snapshot_from
 from scheduler.engine.build import build_cluster
 from scheduler.engine.caches import SessionCaches
@@ -81,6 +80,7 @@ from scheduler.engine.rules import needs_verdict, verdict_for
 from scheduler.engine.scoring import fits
 from scheduler.engine.session import act
 from tests.harness import ControlPlane, unique_name
+from tests.harness import kube_scheduler as start_kube_scheduler
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s]
@@ -134,30 +134,10 @@ JSON = dict[str, Any]
 @pytest.fixture(scope="module")
 def kube_scheduler(control_plane: ControlPlane) -> Iterator[ManagedProcess]:
     """The upstream kube-scheduler on the test control plane, for this module only."""
-    override = os.environ.get("KUBE_SCHEDULER")
-    binary = find_binaries().kube_apiserver.parent / "kube-scheduler" if not override else None
-    path = binary if binary is not None else os.path.abspath(override or "")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no kube-scheduler at {path}: build it with `make controlplane`", pytrace=False)
-    proc = ManagedProcess(
-        name="kube-scheduler-oracle",
-        argv=[
-            str(path),
-            f"--kubeconfig={control_plane.kubeconfig}",
-            "--leader-elect=false",
-            "--secure-port=0",
-            "--kube-api-qps=1000",
-            "--kube-api-burst=2000",
-            "--v=1",
-        ],
-        log_path=control_plane.run_dir / "logs" / "kube-scheduler-oracle.log",
-        pid_file=control_plane.run_dir / "pids",
-    )
-    proc.start()
-    try:
+    with start_kube_scheduler(
+        control_plane, "kube-scheduler-oracle", "--kube-api-qps=1000", "--kube-api-burst=2000", "--v=1"
+    ) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 # --------------------------------------------------------------------------

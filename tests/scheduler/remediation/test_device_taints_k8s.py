@@ -11,7 +11,6 @@ what it allocates shows that the rule keeps it off the quarantined device.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,9 +21,10 @@ from kubernetes import client
 from agent.publish.gpunode import gpunode_object
 from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
-from gpuwarden.localcluster import ManagedProcess, create_gpu_node, find_binaries
+from gpuwarden.localcluster import ManagedProcess, create_gpu_node
 from scheduler.remediation.devicetaints import DeviceTaintPublisher
 from tests.harness import ControlPlane, unique_name
+from tests.harness import kube_scheduler as start_kube_scheduler
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER, GPUS, driver_slice, gpunode_status
 from tests.waiting import wait_for
 
@@ -38,21 +38,8 @@ JSON = dict[str, Any]
 @pytest.fixture(scope="module")
 def kube_scheduler(control_plane: ControlPlane) -> Iterator[ManagedProcess]:
     """The upstream kube-scheduler on the test control plane, for this module only."""
-    override = os.environ.get("KUBE_SCHEDULER")
-    path = os.path.abspath(override) if override else str(find_binaries().kube_apiserver.parent / "kube-scheduler")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no kube-scheduler at {path}: build it with `make controlplane`", pytrace=False)
-    proc = ManagedProcess(
-        name="kube-scheduler-dra",
-        argv=[path, f"--kubeconfig={control_plane.kubeconfig}", "--leader-elect=false", "--secure-port=0", "--v=1"],
-        log_path=control_plane.run_dir / "logs" / "kube-scheduler-dra.log",
-        pid_file=control_plane.run_dir / "pids",
-    )
-    proc.start()
-    try:
+    with start_kube_scheduler(control_plane, "kube-scheduler-dra", "--v=1") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
