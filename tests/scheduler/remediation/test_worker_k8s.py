@@ -93,6 +93,18 @@ def test_a_fenced_pass_ends_the_worker_and_later_views_are_not_taken(
         worker.stop()
 
 
+def _settle(k8s: client.ApiClient, worker: RemediationWorker, nodes: set[str]) -> None:
+    """Full views (what changed unknown) until the first passes' writes are back in the view and every node is quiet."""
+
+    def settled() -> bool:
+        passes = worker.passes
+        worker.offer(view(k8s, nodes), {})
+        wait_for(lambda: worker.idle() and worker.passes > passes, timeout=30, description="a pass")
+        return worker.controller.at_rest()
+
+    wait_for(settled, timeout=60, description="every node quiet")
+
+
 def test_a_view_that_changed_no_node_is_skipped_once_every_node_is_quiet(
     k8s: client.ApiClient, cluster: Callable[[int], list[str]]
 ) -> None:
@@ -103,14 +115,7 @@ def test_a_view_that_changed_no_node_is_skipped_once_every_node_is_quiet(
     worker = RemediationWorker(controller)
     quiet = ViewChanges(since=1, pods=frozenset({"some-pod"}))
     try:
-        # Full views (what changed unknown) until the first passes' writes are back in the view.
-        def settled() -> bool:
-            passes = worker.passes
-            worker.offer(view(k8s, nodes), {})
-            wait_for(lambda: worker.idle() and worker.passes > passes, timeout=30, description="a pass")
-            return controller.at_rest()
-
-        wait_for(settled, timeout=60, description="every node quiet")
+        _settle(k8s, worker, nodes)
         passes = worker.passes
         worker.offer(replace(view(k8s, nodes), changed=quiet), {})
         wait_for(lambda: worker.idle() and worker.skipped == 1, timeout=30, description="the view taken")
@@ -174,14 +179,7 @@ def test_device_taints_are_synced_on_a_dra_change_and_not_on_a_quiet_view(
     worker = RemediationWorker(controller, taints)
     quiet = ViewChanges(since=1, pods=frozenset({"some-pod"}))
     try:
-
-        def settled() -> bool:
-            passes = worker.passes
-            worker.offer(view(k8s, nodes), {})
-            wait_for(lambda: worker.idle() and worker.passes > passes, timeout=30, description="a pass")
-            return controller.at_rest()
-
-        wait_for(settled, timeout=60, description="every node quiet")
+        _settle(k8s, worker, nodes)
         synced = len(taints.seen)
         worker.offer(replace(view(k8s, nodes), changed=quiet), {})
         wait_for(worker.idle, timeout=30, description="the quiet view taken")
