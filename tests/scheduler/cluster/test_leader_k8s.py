@@ -136,6 +136,8 @@ def test_of_two_candidates_one_leads_and_a_clean_stop_hands_over_at_once(
     lease = client.CoordinationV1Api(k8s).read_namespaced_lease(a.config.name, namespace)
     assert lease.spec.holder_identity == "b"
     assert lease.spec.lease_transitions == 1  # a created it, b took it over
+    # The callback comes from b's own thread just after is_leader turned true (LeaderElector's docstring).
+    wait_for(lambda: watch.started("b") >= 1, timeout=5, description="b's started callback")
     assert watch.started("a") == watch.started("b") == 1
 
 
