@@ -60,6 +60,9 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         return "too little free CPU"
     if task.mem > 0 and node.free_mem < task.mem:
         return "too little free memory"
+    if gpu.whole and task.spec.devices is not None:
+        # Room enough for the count, so the GPUs free there are not ones the claims' selectors allow.
+        return f"fewer than {gpu.whole} free GPUs its resource claims' selectors allow"
     return "their room taken by other pods placed this cycle"
 
 

@@ -330,6 +330,27 @@ class Queue:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceFilter:
+    """Which GPUs a pod's DRA claims may be given, per node: the devices their selectors select.
+
+    Worked out at the edge (``scheduler.cluster.claims``: CEL selectors of
+    the claims' requests and DeviceClasses over NVIDIA's DRA devices, their
+    taints) so that the engine only reads plain indices. ``key`` names what
+    the sets were derived from (the requests and classes, as text): pods
+    with equal keys are interchangeable for placement, and a cached "nothing
+    fits" is filed under it. A node absent from ``nodes`` has no GPU the
+    pod may take.
+    """
+
+    key: str
+    nodes: Mapping[str, frozenset[int]]
+
+    def allows(self, node: str, gpu_index: int) -> bool:
+        allowed = self.nodes.get(node)
+        return allowed is not None and gpu_index in allowed
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """A pod.
 
@@ -378,6 +399,10 @@ class Task:
     # when not said or unreadable. Read only where a holder must be dated
     # (scheduler.engine.holders).
     started: float | None = None
+    # For a pending pod whose whole GPUs come from DRA claims: which GPUs of
+    # which node its claims may take (``gpus`` is how many). None: any free
+    # GPU, as for the device plugin's ``nvidia.com/gpu``.
+    devices: DeviceFilter | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,4 +181,5 @@ def shape_of(task: TaskState) -> Shape:
         gpu.devices,
         spec.placement,
         spec.extended,
+        spec.devices.key if spec.devices is not None else None,
     )

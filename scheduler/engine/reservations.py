@@ -258,7 +258,15 @@ def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tupl
         return chosen, tuple(gpu.slice_on(node.gpu_mem[p]) for p in chosen)
     if not gpu.whole:
         return None  # a pod without GPUs takes none of the reserved ones; any node-level fit will do
-    free = [p for p in positions if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]]
+    devices = task.spec.devices
+    free = [
+        p
+        for p in positions
+        if node.gpu_ok[p]
+        and not node.gpu_whole[p]
+        and not node.gpu_slices[p]
+        and (devices is None or devices.allows(node.name, node.gpu_index[p]))
+    ]
     if len(free) < gpu.whole:
         return None
     return tuple(free[: gpu.whole]), ()

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from scheduler.engine.caches import SessionCaches
-from scheduler.engine.model import PlacementStrategy
+from scheduler.engine.model import DeviceFilter, PlacementStrategy
 from scheduler.engine.predicates import eligibility, shape_of
 from scheduler.engine.rules import Verdict, needs_verdict, preference_scores, rules_key, verdict_for
 from scheduler.engine.state import TIERS, Cluster, NodeState, PoolState, TaskState
@@ -91,17 +91,24 @@ def _slice_positions(
     return tuple(f[_POSITION] for f in chosen), tuple(f[_NEED] for f in chosen)
 
 
-def _whole_positions(node: NodeState, count: int) -> tuple[int, ...]:
-    """The first ``count`` free whole GPUs; none for a pod that asks for none (it must hold no GPU)."""
+def _whole_positions(node: NodeState, count: int, devices: DeviceFilter | None = None) -> tuple[int, ...] | None:
+    """The first ``count`` free whole GPUs (of those ``devices`` allows there), or None when fewer are free.
+
+    None for a pod that asks for none (it must hold no GPU).
+    """
     if count <= 0:
         return ()
+    allowed = None if devices is None else devices.nodes.get(node.name)
+    if devices is not None and allowed is None:
+        return None
     found: list[int] = []
     for p in range(len(node.gpu_ok)):
         if len(found) >= count:
             break
-        if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]:
+        free = node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]
+        if free and (allowed is None or node.gpu_index[p] in allowed):
             found.append(p)
-    return tuple(found)
+    return tuple(found) if len(found) >= count else None
 
 
 def _candidates(pool: PoolState, task: TaskState) -> Iterator[NodeState]:
@@ -143,7 +150,8 @@ def fit_on_node(node: NodeState, task: TaskState) -> tuple[tuple[int, ...], tupl
         return _slice_positions(node, task, node.pool.strategy)
     if node.free_whole < task.gpu.whole:
         return None
-    return _whole_positions(node, task.gpu.whole), ()
+    positions = _whole_positions(node, task.gpu.whole, task.spec.devices)
+    return None if positions is None else (positions, ())
 
 
 def short_of_room(node: NodeState, cpu: int, mem: int) -> bool:
@@ -240,6 +248,7 @@ def find_place(
     on_trap: Place | None = None
     last_resort: Place | None = None
     whole = 0 if gpu.is_slice else gpu.whole
+    devices = task.spec.devices
     looked = 0
     for node in _candidates(pool, task):
         if last_resort is not None or on_trap is not None:
@@ -262,7 +271,10 @@ def find_place(
                 continue
             place: Place = (node, *fit)
         else:
-            place = (node, _whole_positions(node, gpu.whole), ())
+            positions = _whole_positions(node, gpu.whole, devices)
+            if positions is None:
+                continue
+            place = (node, positions, ())
             if whole and node.trap:  # trap_rank's first test, inline: this is the hot loop
                 if trap_rank(True, whole, node.free_whole - whole) == 1:
                     on_trap = on_trap or place

@@ -1,0 +1,79 @@
+"""Pods whose GPUs come from DRA claims take only the GPUs their claims' selectors allow (DeviceFilter)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.engine.model import DeviceFilter, Snapshot
+from scheduler.engine.session import run_session
+from tests.scheduler.builders import binds_by_job, job, node, pending, pending_codes, queue, running
+
+
+def _filter(key: str, **nodes: tuple[int, ...]) -> DeviceFilter:
+    return DeviceFilter(key, {name: frozenset(indices) for name, indices in nodes.items()})
+
+
+def test_only_allowed_gpus_are_taken_even_where_others_are_free() -> None:
+    devices = _filter("h100", n1=(2, 3))
+    snap = Snapshot(
+        nodes=(node("n1", 4), node("n2", 4)),
+        queues=(queue("q", 16),),
+        jobs=(job("a", "q", pending("a-0", 2, devices=devices)),),
+    )
+    assert binds_by_job(run_session(snap)) == {"a": [("a-0", "n1", (2, 3))]}
+
+
+def test_a_pod_waits_when_its_allowed_gpus_are_held_and_says_why() -> None:
+    devices = _filter("h100", n1=(2, 3))
+    snap = Snapshot(
+        nodes=(node("n1", 4),),
+        queues=(queue("q", 16),),
+        jobs=(
+            job("warm", "q", running("warm-0", "n1", (3,)), preemptible=False),
+            job("a", "q", pending("a-0", 2, devices=devices)),
+        ),
+    )
+    decisions = run_session(snap)
+    assert binds_by_job(decisions) == {}
+    assert pending_codes(decisions) == {"a": "InsufficientResources"}
+    message = decisions.pending[0].reasons[0].message
+    assert "selectors allow" in message, message
+
+
+def test_a_gang_of_claim_pods_is_placed_whole_or_not_at_all() -> None:
+    devices = _filter("h100", n1=(0, 1), n2=(0,))
+    three = job("g", "q", *(pending(f"g-{i}", 1, devices=devices) for i in range(3)), min_member=3)
+    four = job("h", "q", *(pending(f"h-{i}", 1, devices=devices) for i in range(4)), min_member=4)
+    placed = run_session(Snapshot(nodes=(node("n1", 4), node("n2", 4)), queues=(queue("q", 16),), jobs=(three,)))
+    binds = binds_by_job(placed)["g"]
+    assert sorted((n, g) for _, n, g in binds) == [("n1", (0,)), ("n1", (1,)), ("n2", (0,))]
+    refused = run_session(Snapshot(nodes=(node("n1", 4), node("n2", 4)), queues=(queue("q", 16),), jobs=(four,)))
+    assert binds_by_job(refused) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    allowed=st.dictionaries(
+        st.sampled_from(["n1", "n2", "n3"]), st.frozensets(st.integers(0, 3), min_size=0, max_size=4), max_size=3
+    ),
+    held=st.lists(st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.integers(0, 3)), max_size=6, unique=True),
+    asks=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+)
+def test_every_gpu_given_is_allowed_free_and_given_once(
+    allowed: dict[str, frozenset[int]], held: list[tuple[str, int]], asks: list[int]
+) -> None:
+    devices = DeviceFilter("k", allowed)
+    warm = [job(f"w{i}", "q", running(f"w{i}-0", n, (g,)), preemptible=False) for i, (n, g) in enumerate(held)]
+    jobs = [job(f"j{i}", "q", pending(f"j{i}-0", k, devices=devices), created=i) for i, k in enumerate(asks)]
+    snap = Snapshot(nodes=tuple(node(n, 4) for n in ("n1", "n2", "n3")), queues=(queue("q", 100),), jobs=(*warm, *jobs))
+    decisions = run_session(snap)
+    taken = set(held)
+    for bind in decisions.binds:
+        assert len(bind.gpu_indices) == asks[int(bind.job.split("/")[1][1:])]
+        for index in bind.gpu_indices:
+            assert index in allowed.get(bind.node, frozenset())
+            assert (bind.node, index) not in taken
+            taken.add((bind.node, index))
+    for e in decisions.evictions:
+        raise AssertionError(f"nothing here may be moved: {e}")
