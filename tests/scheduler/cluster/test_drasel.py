@@ -1,0 +1,74 @@
+"""DRA selectors: CEL over NVIDIA's devices as the driver publishes them, with Kubernetes' quantity and semver."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.cluster.drasel import CelDevice, SelectorError, check_syntax, device_value, matches
+from tests.scheduler.remediation.dra_objects import GPUS, driver_slice
+
+ENTRY = driver_slice("n1", "uid", GPUS)["spec"]["devices"][0]
+
+
+def _device() -> CelDevice:
+    return CelDevice(device_value("gpu.nvidia.com", ENTRY))
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # The driver's own DeviceClass (deployments/helm/.../deviceclass-gpu.yaml).
+        ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'", True),
+        ("device.attributes['gpu.nvidia.com'].type == 'mig'", False),
+        ("device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')", True),
+        ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0", True),
+        ("device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('80Gi'))", False),
+        ("device.capacity['gpu.nvidia.com'].memory == quantity('81559Mi')", True),
+        ("quantity('1Gi') == quantity('1024Mi')", True),
+        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('8.0.0'))", True),
+        ("device.attributes['gpu.nvidia.com'].driverVersion.major() == 580", True),
+        ("device.attributes['gpu.nvidia.com'].driverVersion.isLessThan(semver('580.82.7-rc.1'))", False),
+        ("semver('1.0.0-rc.1').isLessThan(semver('1.0.0'))", True),
+        ("device.attributes['resource.kubernetes.io'].pciBusID == '0000:18:00.0'", True),
+        ("'uuid' in device.attributes['gpu.nvidia.com']", True),
+        ("isSemver('1.2') || isQuantity('ten')", False),
+    ],
+)
+def test_selectors_read_the_driver_s_attributes_and_capacity(expression: str, expected: bool) -> None:
+    assert matches(expression, _device()) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "said"),
+    [
+        ("device.attributes['gpu.nvidia.com'].memorySize > 10", "no such key"),
+        ("device.capacity['gpu.nvidia.com'].memory > quantity('1')", "failed"),
+        ("device.attributes['gpu.nvidia.com'].productName.compareTo(semver('1.0.0')) == 0", "failed"),
+        ("semver('1.0') == semver('1.0')", "not a semantic version"),
+        ("device.driver", "not a bool"),
+        ("device.driver ==", "does not compile"),
+    ],
+)
+def test_an_expression_that_cannot_be_evaluated_is_an_error_never_a_no(expression: str, said: str) -> None:
+    with pytest.raises(SelectorError, match=said):
+        matches(expression, _device())
+    if said == "does not compile":
+        assert check_syntax(expression) is not None
+
+
+def test_each_verdict_is_kept_on_the_device() -> None:
+    device = _device()
+    expression = "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+    assert matches(expression, device)
+    device.verdicts[expression] = False  # what was kept is what is answered
+    assert not matches(expression, device)
+
+
+@given(a=st.integers(0, 10**6), b=st.integers(0, 10**6), unit=st.sampled_from(["", "Ki", "Mi", "Gi", "k", "M"]))
+def test_quantity_order_is_the_order_of_the_amounts(a: int, b: int, unit: str) -> None:
+    expression = f"quantity('{a}{unit}').compareTo(quantity('{b}{unit}'))"
+    device = _device()
+    sign = (a > b) - (a < b)
+    assert matches(f"{expression} == {sign}", device)
