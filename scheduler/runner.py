@@ -42,12 +42,14 @@ from gpuwarden.serving import MetricsSecurity, build_server
 from scheduler.cluster.assumed import AssumedBinds, AssumedEvictions
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.cache import (
+    DEVICECLASSES,
     DEVICETAINTRULES,
     GPUNODES,
     NODES,
     PODGROUPS,
     PODS,
     QUEUES,
+    RESOURCECLAIMS,
     RESOURCESLICES,
     CacheView,
     ClusterCache,
@@ -184,6 +186,8 @@ class ClusterViews:
                 podgroups=groups_changed,
                 resource_slices=changed.get(RESOURCESLICES, frozenset()),
                 device_taint_rules=changed.get(DEVICETAINTRULES, frozenset()),
+                resource_claims=changed.get(RESOURCECLAIMS, frozenset()),
+                device_classes=changed.get(DEVICECLASSES, frozenset()),
             )
         self.generation = view.generation
         return ClusterView(
@@ -204,6 +208,8 @@ class ClusterViews:
             volumes=view.volumes,
             resource_slices=view.resource_slices,
             device_taint_rules=view.device_taint_rules,
+            resource_claims=view.resource_claims,
+            device_classes=view.device_classes,
             missing=view.missing,
         )
 
@@ -236,6 +242,8 @@ def cluster_view(view: CacheView) -> ClusterView:
         volumes=dict(view.volumes),
         resource_slices=dict(view.resource_slices),
         device_taint_rules=dict(view.device_taint_rules),
+        resource_claims=dict(view.resource_claims),
+        device_classes=dict(view.device_classes),
         missing=view.missing,
     )
 

@@ -403,6 +403,47 @@ class KubeApi:
             absent_ok=True,
         )
 
+    # -- ResourceClaim (resource.k8s.io) ---------------------------------------
+
+    def get_resource_claim(self, namespace: str, name: str) -> JSON | None:
+        return self._read(
+            "get_resource_claim",
+            self._custom.get_namespaced_custom_object,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            namespace,
+            contract.RESOURCECLAIM_PLURAL,
+            name,
+        )
+
+    def replace_resource_claim(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a claim's object (its finalizers); ``body`` names the ``resourceVersion`` read (409 if it moved)."""
+        return self._write(
+            "replace_resource_claim",
+            self._custom.replace_namespaced_custom_object,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            namespace,
+            contract.RESOURCECLAIM_PLURAL,
+            name,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def replace_resource_claim_status(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a claim's status (allocation, reservedFor); 409 if it moved since ``body``'s resourceVersion."""
+        return self._write(
+            "replace_resource_claim_status",
+            self._custom.replace_namespaced_custom_object_status,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            namespace,
+            contract.RESOURCECLAIM_PLURAL,
+            name,
+            body,
+            field_manager=self.field_manager,
+        )
+
     # -- Pod ----------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> JSON | None:

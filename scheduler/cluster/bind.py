@@ -18,7 +18,9 @@ backoff; a pod that keeps failing holds up only its own worker.
 A slice pod's ConfigMap (the GPUs and memory limit its containers obey,
 :mod:`.sliceconfig`) is written by a pre-bind step just before its bind; a
 pod whose ConfigMap cannot be written is not bound, so no pod runs without
-its limits.
+its limits. A pod with DRA claims has them allocated and reserved for it
+just before its bind (:mod:`.claimbind`), and taken back when the bind
+fails.
 
 A pipelined bind uses room that evictions on its node are still freeing. It
 waits (is reported deferred) while any pod on that node is terminating or any
@@ -45,6 +47,7 @@ from gpuwarden.contract import ANNOTATION_GPU_ASSIGNMENT, ANNOTATION_LEASE_HOLDE
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assignment import encode_assignment
+from scheduler.cluster.claimbind import ClaimBinder
 from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.engine.model import Bind, Eviction, Node
 
@@ -122,6 +125,7 @@ class Binder:
         retry: RetryPolicy | None = None,
         prebind: PreBind | None = None,
         holder: Callable[[], str | None] | None = None,
+        claims: ClaimBinder | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -130,10 +134,15 @@ class Binder:
         self._holder = holder
         self._retry = retry or RetryPolicy()
         self._prebind = prebind
+        self._claims = claims
         # Made on the first cycle that binds several pods and kept: starting
         # threads for every cycle was a measurable part of a busy cycle.
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    def use_claims(self, claims: ClaimBinder) -> None:
+        """Allocate pods' DRA claims before their binds from now on (the cycle's own plans, :mod:`.claims`)."""
+        self._claims = claims
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -256,9 +265,20 @@ class Binder:
             problem = self._prebind.prepare(bind, node)
             if problem is not None:
                 return self._failed(bind, problem, 0)
+        if self._claims is not None:
+            problem = self._claims.prepare(bind)
+            if problem is not None:
+                return self._failed(bind, problem, 0)
         return binding_body(bind, assignment, self._holder() if self._holder is not None else None)
 
     def _outcome(self, bind: Bind, answer: JSON | ApiError, tries: int) -> BindResult:
+        result = self._answer(bind, answer, tries)
+        if self._claims is not None:
+            # Claims written for a pod that did not bind are taken back (claimbind).
+            self._claims.settle(bind, result.ok)
+        return result
+
+    def _answer(self, bind: Bind, answer: JSON | ApiError, tries: int) -> BindResult:
         if not isinstance(answer, ApiError):
             log.debug("pod_bound", namespace=bind.namespace, pod=bind.pod, node=bind.node, job=bind.job)
             return BindResult(bind, BindOutcome.BOUND, attempts=tries)

@@ -70,6 +70,8 @@ CLAIMS = "persistentvolumeclaims"
 VOLUMES = "persistentvolumes"
 RESOURCESLICES = "resourceslices"
 DEVICETAINTRULES = "devicetaintrules"
+RESOURCECLAIMS = "resourceclaims"
+DEVICECLASSES = "deviceclasses"
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,22 @@ def default_resources() -> tuple[WatchedResource, ...]:
             quiet=never_wakes,
             optional=True,
         ),
+        # The ResourceClaims and DeviceClasses that pods with DRA claims are
+        # placed and allocated by (scheduler.cluster.claims). A claim's
+        # change wakes the loop: the resourceclaim controller creating a
+        # pod's claim from its template, or a claim deallocated, is what a
+        # pending pod waits for.
+        WatchedResource(
+            RESOURCECLAIMS,
+            _custom_all_namespaces(contract.DRA_API_GROUP, contract.DRA_API_VERSION, contract.RESOURCECLAIM_PLURAL),
+            optional=True,
+        ),
+        WatchedResource(
+            DEVICECLASSES,
+            _custom_cluster(contract.DRA_API_GROUP, contract.DRA_API_VERSION, contract.DEVICECLASS_PLURAL),
+            quiet=never_wakes,
+            optional=True,
+        ),
     )
 
 
@@ -231,6 +249,14 @@ class CacheView:
     @property
     def device_taint_rules(self) -> Mapping[str, JSON]:
         return self.store(DEVICETAINTRULES)
+
+    @property
+    def resource_claims(self) -> Mapping[str, JSON]:
+        return self.store(RESOURCECLAIMS)
+
+    @property
+    def device_classes(self) -> Mapping[str, JSON]:
+        return self.store(DEVICECLASSES)
 
 
 class ClusterCache:

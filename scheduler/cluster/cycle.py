@@ -46,6 +46,8 @@ from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
+from scheduler.cluster.claimbind import ClaimBinder
+from scheduler.cluster.claims import ClaimPlan, ClaimStage, DraObjects
 from scheduler.cluster.convert import is_external_queue, snapshot_from
 from scheduler.cluster.evict import Evictor, EvictOutcome, EvictResult, TokenBucket
 from scheduler.cluster.grouping import GroupSpec
@@ -139,6 +141,8 @@ class ViewChanges:
     podgroups: frozenset[tuple[str, str]] = frozenset()
     resource_slices: frozenset[str] = frozenset()
     device_taint_rules: frozenset[str] = frozenset()
+    resource_claims: frozenset[str] = frozenset()
+    device_classes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +166,14 @@ class ClusterView:
     # PersistentVolumeClaims by ``namespace/name``, PersistentVolumes by name.
     claims: Mapping[str, JSON] = field(default_factory=dict)
     volumes: Mapping[str, JSON] = field(default_factory=dict)
-    # NVIDIA's DRA driver's ResourceSlices and the DeviceTaintRules, by name:
-    # remediation's device taints read them, no cycle does.
+    # NVIDIA's DRA driver's ResourceSlices, the DeviceTaintRules and the
+    # DeviceClasses by name, ResourceClaims by ``namespace/name``: the
+    # cycle's DRA stage (scheduler.cluster.claims) and remediation's device
+    # taints read them.
     resource_slices: Mapping[str, JSON] = field(default_factory=dict)
     device_taint_rules: Mapping[str, JSON] = field(default_factory=dict)
+    resource_claims: Mapping[str, JSON] = field(default_factory=dict)
+    device_classes: Mapping[str, JSON] = field(default_factory=dict)
     # The collections the cache could not read (not served, or a refused
     # optional one): empty there says nothing of what exists.
     missing: frozenset[str] = frozenset()
@@ -290,6 +298,9 @@ class SchedulingCycle:
         self._config = config or SchedulerConfig()
         self._default_queue = default_queue
         self.binder = binder or Binder(api)
+        # Pods with DRA claims: their devices, and the allocations their binds write.
+        self.claims = ClaimStage()
+        self.binder.use_claims(ClaimBinder(api, self._claim_plans))
         # With binds in the background (the runner's choice) the cycle sends
         # its binds onto free room and goes on (:mod:`.inflight`).
         self.inflight = BindsInFlight(self.binder) if binds_in_background else None
@@ -796,8 +807,21 @@ class SchedulingCycle:
         jobs_changed = self._snapshots.job_changes if self._incremental else None
         snapshot = self._short_gangs.date(snapshot, now, jobs_changed)
         snapshot = self._volumes.apply(snapshot, view.claims, view.volumes, jobs_changed)
+        snapshot = self.claims.apply(
+            snapshot,
+            DraObjects(
+                pods=view.pods,
+                claims=view.resource_claims,
+                classes=view.device_classes,
+                slices=view.resource_slices,
+                rules=view.device_taint_rules,
+            ),
+        )
         snapshot = self.backoff.apply(snapshot, now)
         return replace(snapshot, reservations=reservations, invalid_queues=tuple(sorted(invalid.items())))
+
+    def _claim_plans(self) -> Mapping[str, ClaimPlan]:
+        return self.claims.plans
 
     def _set_finished_apart(self, snapshot: Snapshot) -> Snapshot:
         """``snapshot`` without the jobs none of whose pods is left to run; they are kept in ``_finished``.

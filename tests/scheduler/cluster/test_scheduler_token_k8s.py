@@ -402,3 +402,61 @@ def test_every_pod_status_field_but_conditions_is_held_by_the_policy(control_pla
     expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
     missing = {f for f in fields if f"object.?status.?{f} == oldObject.?status.?{f}" not in expressions}
     assert missing == set()
+
+
+def test_the_scheduler_token_allocates_claims_but_cannot_make_or_delete_them(
+    k8s: client.ApiClient, scheduler_token: client.ApiClient, namespace: str
+) -> None:
+    dra = ("resource.k8s.io", "v1")
+    admin = client.CustomObjectsApi(k8s)
+    custom = client.CustomObjectsApi(scheduler_token)
+    name = unique_name("claim")
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }
+    admin.create_namespaced_custom_object(*dra, namespace, "resourceclaims", body)
+    try:
+        # What scheduler/cluster/claimbind.py writes: the finalizer, then allocation and reservation.
+        claim = custom.get_namespaced_custom_object(*dra, namespace, "resourceclaims", name)
+        claim["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+        claim = custom.replace_namespaced_custom_object(*dra, namespace, "resourceclaims", name, claim)
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "00000000-0000-0000-0000-000000000001"}],
+        }
+        assert (
+            _status(
+                lambda: custom.replace_namespaced_custom_object_status(*dra, namespace, "resourceclaims", name, claim)
+            )
+            == 200
+        )
+        # The resourceclaim controller makes and deletes claims, not the scheduler.
+        other = {**body, "metadata": {"name": unique_name("claim")}}
+        assert _status(lambda: custom.create_namespaced_custom_object(*dra, namespace, "resourceclaims", other)) == 403
+        assert _status(lambda: custom.delete_namespaced_custom_object(*dra, namespace, "resourceclaims", name)) == 403
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": body["spec"]},
+        }
+        assert (
+            _status(lambda: custom.create_namespaced_custom_object(*dra, namespace, "resourceclaimtemplates", template))
+            == 403
+        )
+    finally:
+        admin.patch_namespaced_custom_object(
+            *dra, namespace, "resourceclaims", name, {"metadata": {"finalizers": None}}
+        )

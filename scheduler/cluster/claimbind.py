@@ -1,0 +1,259 @@
+"""Writing a pod's DRA claim allocations before its bind, and taking them back when the bind does not happen.
+
+What kube-scheduler's DynamicResources plugin does at PreBind, for the
+devices gpuwarden's engine chose (:mod:`.claims` planned which claims):
+
+1. read the claim afresh (the cycle's view may be behind) and check that it
+   is still the claim planned for (same UID, still unallocated, or still
+   allocated for a claim only to reserve);
+2. add the ``resource.kubernetes.io/delete-protection`` finalizer, so the
+   claim is not deleted while allocated;
+3. write ``status.allocation`` (the devices per request, the DeviceClass's
+   and the claim's opaque config, a node selector naming the node) and
+   ``status.reservedFor`` (the pod) in one status write;
+
+and only then is the pod bound. Every write names the resourceVersion it
+read, so a claim changed meanwhile (another scheduler allocated it) fails
+the write instead of being overwritten.
+
+A failure at any step leaves nothing half done: what was written for the
+pod is taken back (reservation removed; an allocation this bind made is
+cleared and its finalizer removed) before the bind is reported failed, and
+the same happens when the bind itself fails. Once the pod is bound, freeing
+the claim is the resourceclaim controller's work, as upstream: it removes
+a finished or deleted pod from ``reservedFor`` and deallocates a claim no
+one reserves, and deletes the claims it made from templates with their pod.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuwarden.kube import JSON, ApiError, KubeApi
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.claims import DRIVER, FINALIZER, ClaimPlan, ClaimToWrite
+from scheduler.engine.model import Bind
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """One claim this bind wrote: allocated by it (``allocated``), or only reserved for the pod."""
+
+    namespace: str
+    name: str
+    allocated: bool
+    finalizer_added: bool
+
+
+class _StopError(Exception):
+    """A step that failed: the message says which claim and why."""
+
+
+def _d(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+class ClaimBinder:
+    """Allocates and reserves a pod's claims before its bind; thread-safe (binds run on a pool)."""
+
+    def __init__(self, api: KubeApi, plans: Callable[[], Mapping[str, ClaimPlan]]) -> None:
+        self._api = api
+        self._plans = plans
+        self._lock = threading.Lock()
+        self._written: dict[str, list[_Written]] = {}
+
+    def prepare(self, bind: Bind) -> str | None:
+        """Write the claims of ``bind``'s pod; None to go on with the bind, else why not (nothing is left written)."""
+        plan = self._plans().get(bind.uid)
+        if plan is None or not plan.writes:
+            return None
+        written: list[_Written] = []
+        try:
+            chosen = list(bind.gpu_indices)
+            for claim in plan.claims:
+                for index in claim.held:
+                    if index in chosen:
+                        chosen.remove(index)
+            for claim in plan.claims:
+                if claim.done:
+                    continue
+                if claim.reserve_only:
+                    written.append(self._reserve(claim, bind))
+                else:
+                    take = sum(r.count for r in claim.requests)
+                    picked, chosen = chosen[:take], chosen[take:]
+                    written.append(self._allocate(claim, bind, plan, picked))
+        except (_StopError, ApiError) as err:
+            self._undo(bind, written)
+            return f"resource claims not allocated: {err}"
+        with self._lock:
+            self._written[bind.uid] = written
+        return None
+
+    def settle(self, bind: Bind, bound: bool) -> None:
+        """After the bind: forget what was written (bound), or take it back (not bound)."""
+        with self._lock:
+            written = self._written.pop(bind.uid, [])
+        if not bound and written:
+            self._undo(bind, written)
+
+    # -- the writes -------------------------------------------------------------
+
+    def _fresh(self, claim: ClaimToWrite) -> JSON:
+        obj = self._api.get_resource_claim(claim.namespace, claim.name)
+        ident = f"resourceclaim {claim.namespace}/{claim.name}"
+        if obj is None:
+            raise _StopError(f"{ident} is gone")
+        meta = _d(obj.get("metadata"))
+        if claim.uid and meta.get("uid") != claim.uid:
+            raise _StopError(f"{ident} was replaced by another claim of that name")
+        if meta.get("deletionTimestamp"):
+            raise _StopError(f"{ident} is being deleted")
+        return obj
+
+    def _allocate(self, claim: ClaimToWrite, bind: Bind, plan: ClaimPlan, picked: list[int]) -> _Written:
+        ident = f"resourceclaim {claim.namespace}/{claim.name}"
+        devices = plan.devices.get(bind.node, {})
+        results: list[JSON] = []
+        configs: list[JSON] = []
+        at = 0
+        for request in claim.requests:
+            names = picked[at : at + request.count]
+            at += request.count
+            if len(names) < request.count:
+                raise _StopError(f"{ident} request {request.name!r}: {request.count} GPUs needed, {len(names)} chosen")
+            for index in names:
+                device = devices.get(index)
+                if device is None:
+                    raise _StopError(f"{ident}: GPU {index} of node {bind.node} is no DRA device")
+                result: JSON = {"request": request.name, "driver": DRIVER, "pool": device[0], "device": device[1]}
+                if request.tolerations:
+                    result["tolerations"] = [dict(t) for t in request.tolerations]
+                results.append(result)
+            for config in request.class_config:
+                configs.append({"source": "FromClass", "requests": [request.name], **_opaque(config)})
+        for config in claim.claim_config:
+            configs.append({"source": "FromClaim", **_opaque(config, keep_requests=True)})
+        obj = self._fresh(claim)
+        status = _d(obj.get("status"))
+        if status.get("allocation"):
+            raise _StopError(f"{ident} was allocated meanwhile (by another scheduler?)")
+        meta = _d(obj.get("metadata"))
+        finalizers = list(meta.get("finalizers") or [])
+        added = FINALIZER not in finalizers
+        if added:
+            obj = {**obj, "metadata": {**meta, "finalizers": [*finalizers, FINALIZER]}}
+            obj = self._api.replace_resource_claim(claim.namespace, claim.name, obj)
+        allocation: JSON = {
+            "devices": {"results": results, **({"config": configs} if configs else {})},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [bind.node]}]}
+                ]
+            },
+            "allocationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        body = {**obj, "status": {**_d(obj.get("status")), "allocation": allocation, "reservedFor": [_consumer(bind)]}}
+        try:
+            self._api.replace_resource_claim_status(claim.namespace, claim.name, body)
+        except ApiError:
+            if added:
+                self._drop_finalizer(claim.namespace, claim.name)
+            raise
+        log.debug(
+            "resource_claim_allocated",
+            claim=f"{claim.namespace}/{claim.name}",
+            pod=f"{bind.namespace}/{bind.pod}",
+            node=bind.node,
+            devices=[r["device"] for r in results],
+        )
+        return _Written(claim.namespace, claim.name, allocated=True, finalizer_added=added)
+
+    def _reserve(self, claim: ClaimToWrite, bind: Bind) -> _Written:
+        ident = f"resourceclaim {claim.namespace}/{claim.name}"
+        obj = self._fresh(claim)
+        status = _d(obj.get("status"))
+        if not status.get("allocation"):
+            raise _StopError(f"{ident} was deallocated meanwhile")
+        reserved = list(status.get("reservedFor") or [])
+        if not any(_d(r).get("uid") == bind.uid for r in reserved):
+            body = {**obj, "status": {**status, "reservedFor": [*reserved, _consumer(bind)]}}
+            self._api.replace_resource_claim_status(claim.namespace, claim.name, body)
+        return _Written(claim.namespace, claim.name, allocated=False, finalizer_added=False)
+
+    # -- taking it back -----------------------------------------------------------
+
+    def _undo(self, bind: Bind, written: list[_Written]) -> None:
+        for claim in reversed(written):
+            try:
+                self._unreserve(bind, claim)
+            except ApiError as err:
+                # The resourceclaim controller removes a reservation for a pod that
+                # is gone; one for a pod still pending stays until retried here.
+                log.warning(
+                    "resource_claim_not_released",
+                    claim=f"{claim.namespace}/{claim.name}",
+                    pod=f"{bind.namespace}/{bind.pod}",
+                    error=str(err),
+                )
+
+    def _unreserve(self, bind: Bind, claim: _Written) -> None:
+        for _ in range(3):  # a conflict is someone else's write meanwhile: read again
+            obj = self._api.get_resource_claim(claim.namespace, claim.name)
+            if obj is None:
+                return
+            status = _d(obj.get("status"))
+            reserved = [r for r in status.get("reservedFor") or [] if _d(r).get("uid") != bind.uid]
+            new_status = {**status, "reservedFor": reserved}
+            if claim.allocated and not reserved:
+                new_status.pop("allocation", None)
+            if not reserved:
+                new_status.pop("reservedFor", None)
+            try:
+                if new_status != status:
+                    self._api.replace_resource_claim_status(claim.namespace, claim.name, {**obj, "status": new_status})
+            except ApiError as err:
+                if err.status == 409:
+                    continue
+                raise
+            if claim.finalizer_added and "allocation" not in new_status:
+                self._drop_finalizer(claim.namespace, claim.name)
+            return
+
+    def _drop_finalizer(self, namespace: str, name: str) -> None:
+        for _ in range(3):
+            obj = self._api.get_resource_claim(namespace, name)
+            if obj is None:
+                return
+            meta = _d(obj.get("metadata"))
+            finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            if len(finalizers) == len(meta.get("finalizers") or []) or _d(obj.get("status")).get("allocation"):
+                return
+            try:
+                self._api.replace_resource_claim(
+                    namespace, name, {**obj, "metadata": {**meta, "finalizers": finalizers}}
+                )
+                return
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+
+
+def _consumer(bind: Bind) -> JSON:
+    return {"resource": "pods", "name": bind.pod, "uid": bind.uid}
+
+
+def _opaque(config: Mapping[str, Any], *, keep_requests: bool = False) -> JSON:
+    """A class's or claim's config entry as the allocation carries it (its opaque parameters, its requests)."""
+    out: JSON = {}
+    if "opaque" in config:
+        out["opaque"] = config["opaque"]
+    if keep_requests and config.get("requests"):
+        out["requests"] = list(config["requests"])
+    return out

@@ -1,0 +1,919 @@
+"""Pods with DRA ResourceClaims: the GPUs their claims may take, the GPUs claims hold, and what to write at bind.
+
+On a node where NVIDIA's DRA driver publishes the GPUs (driver
+``gpu.nvidia.com``, one pool named after the node, a device per GPU), a
+pod gets GPUs through ResourceClaims, not through ``nvidia.com/gpu``: the
+scheduler chooses the devices, writes them into the claim's
+``status.allocation`` with the pod in ``status.reservedFor``, and only then
+binds; the kubelet refuses a pod whose claims are not allocated and
+reserved for it. This stage, run on each cycle's snapshot after it is
+assembled, turns the claims into what the engine reads:
+
+- **Inventory.** The driver's whole-GPU devices (``type`` ``gpu``) are
+  matched to the node's GPUs by UUID (the agent's GPUNode). A node that
+  has DRA GPUs but no GPUs otherwise (no GPUNode, no ``nvidia.com/gpu``
+  from a device plugin: the GPU Operator's DRA mode) gets its GPUs from
+  the devices, indexed by the minor number the driver names them by.
+- **Held devices.** Every allocated claim holds its devices, whoever
+  allocated it: a running pod of ours holds exactly its claims' devices
+  (the allocation is the truth of which GPU it has); devices of claims no
+  pod of ours holds (kube-scheduler's pods, a shared claim allocated
+  ahead, a claim whose pod is gone and which the resourceclaim controller
+  has not deallocated yet) are held by another scheduler's placeholder on
+  that node, so nothing is placed on them. A MIG device holds its parent GPU.
+- **Pending pods.** For each claim a pending pod of ours uses: the claim
+  of a template is the one the resourceclaim controller created for the
+  pod (``status.resourceClaimStatuses``); until it exists the pod waits,
+  as it does for kube-scheduler. An unallocated claim's requests are
+  read (``exactly``, ``allocationMode: ExactCount``), their DeviceClass and
+  request selectors evaluated (:mod:`.drasel`) over the devices, and the
+  pod asks the engine for the requests' total count of GPUs among those
+  the selectors of every request allow (:class:`~scheduler.engine.model.DeviceFilter`).
+  A claim allocated already pins the pod to the allocation's node; one
+  reserved for this pod (a bind that did not go through) also to its
+  devices. ``matchAttribute`` constraints are kept by allowing, on each
+  node, only the largest group of devices that share the attribute's value.
+- **Refused, with the reason on the PodGroup** (``UnsupportedPlacement``):
+  ``firstAvailable`` alternatives, ``allocationMode: All``, admin access,
+  ``distinctAttribute`` constraints, requests that select no whole GPU of
+  NVIDIA's driver (MIG devices, other drivers' devices: leave such pods to
+  kube-scheduler), a selector that fails on a device (the error is shown:
+  an error never reads as "does not match"), a claim being deleted or
+  reserved for 256 consumers already.
+
+The devices taken are chosen by the engine, which knows quotas, gangs,
+bin-packing and health; :class:`ClaimPlan` keeps, per pending pod, what
+:mod:`.claimbind` needs to write the allocation for the GPUs chosen.
+
+The sets are intersected over a pod's requests: every GPU given satisfies
+every selector of every request of the pod, so requests with different
+selectors in one pod may wait where kube-scheduler's allocator, which
+matches each request separately, would find devices. Never the other way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuwarden import contract
+from gpuwarden.kube import JSON
+from gpuwarden.logconfig import get_logger
+from scheduler.cluster.convert import EXTERNAL_JOB_PREFIX, external_queue_name, with_external_queues
+from scheduler.cluster.drasel import CelDevice, SelectorError, device_value, matches
+from scheduler.cluster.logonce import WarnOnce
+from scheduler.cluster.placement import UnreadableError, node_terms, with_volume_terms
+from scheduler.cluster.quantity import mebibytes
+from scheduler.engine.model import (
+    NON_PREEMPTIBLE_PRIORITY,
+    DeviceFilter,
+    Gpu,
+    Job,
+    Node,
+    NodeTerm,
+    Requirement,
+    Snapshot,
+    Task,
+    TaskStatus,
+)
+
+log = get_logger(__name__)
+warn = WarnOnce(__name__)
+
+DRIVER = contract.NVIDIA_DRA_DRIVER
+# The finalizer kube-scheduler puts on a claim it allocates, before it writes
+# the allocation: the claim is not deleted while allocated.
+FINALIZER = "resource.kubernetes.io/delete-protection"
+# At most this many consumers in ``status.reservedFor`` (resource.k8s.io/v1).
+MAX_RESERVED = 256
+_MINOR = re.compile(r"^gpu-(\d+)$")
+_FATAL_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+DRA_JOB_PREFIX = f"{EXTERNAL_JOB_PREFIX}claims:"
+
+
+# --------------------------------------------------------------------------
+# Inventory
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(slots=True)
+class DraGpu:
+    """One device of the driver's slices: a whole GPU or a MIG device, with what CEL and tolerations read."""
+
+    node: str
+    pool: str
+    name: str
+    uuid: str
+    kind: str
+    parent_uuid: str
+    memory_mib: int
+    cel: CelDevice
+    taints: tuple[DeviceTaint, ...] = ()
+    entry: Mapping[str, Any] = field(default_factory=dict)
+
+    def attribute(self, qualified: str) -> object:
+        """An attribute by its qualified name (``gpu.nvidia.com/productName``), as CEL would read it."""
+        domain, _, short = qualified.rpartition("/")
+        return self.cel.value["attributes"].get(domain or DRIVER, {}).get(short)
+
+
+@dataclass(slots=True)
+class _SliceMemo:
+    obj: Any
+    devices: list[DraGpu]
+
+
+def _s(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _d(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _memory_mib(entry: Mapping[str, Any]) -> int:
+    raw = _d(_d(entry.get("capacity")).get("memory")).get("value")
+    mib = mebibytes(raw) if raw is not None else 0
+    return mib if isinstance(mib, int) else 0
+
+
+def _slice_devices(obj: Mapping[str, Any]) -> list[DraGpu]:
+    spec = _d(obj.get("spec"))
+    node, pool = _s(spec.get("nodeName")), _s(_d(spec.get("pool")).get("name"))
+    if spec.get("driver") != DRIVER or not node or not pool:
+        return []
+    out: list[DraGpu] = []
+    for item in spec.get("devices") or ():
+        entry = _d(item)
+        name = _s(entry.get("name"))
+        if not name:
+            continue
+        value = device_value(DRIVER, entry)
+        attrs = value["attributes"].get(DRIVER, {})
+        taints = tuple(
+            DeviceTaint(_s(t.get("key")), _s(t.get("value")), _s(t.get("effect")))
+            for t in (entry.get("taints") or ())
+            if isinstance(t, dict) and _s(t.get("key"))
+        )
+        out.append(
+            DraGpu(
+                node=node,
+                pool=pool,
+                name=name,
+                uuid=_s(attrs.get("uuid")),
+                kind=_s(attrs.get("type")) or "gpu",
+                parent_uuid=_s(attrs.get("parentUUID")),
+                memory_mib=_memory_mib(entry),
+                cel=CelDevice(value),
+                taints=taints,
+                entry=entry,
+            )
+        )
+    return out
+
+
+def _pool_of(obj: Mapping[str, Any]) -> tuple[tuple[str, str], int]:
+    """A slice's (node, pool) and the pool's generation: only the newest generation of a pool counts."""
+    spec = _d(obj.get("spec"))
+    pool = _d(spec.get("pool"))
+    generation = pool.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        generation = 0
+    return (_s(spec.get("nodeName")), _s(pool.get("name"))), generation
+
+
+def _rule_applies(selector: Mapping[str, Any], device: DraGpu) -> bool:
+    for key, have in (("driver", DRIVER), ("pool", device.pool), ("device", device.name)):
+        want = _s(selector.get(key))
+        if want and want != have:
+            return False
+    return True
+
+
+@dataclass(slots=True)
+class Inventory:
+    """The driver's devices by node, from the newest generation of each pool, with the rules' taints added."""
+
+    by_node: dict[str, list[DraGpu]] = field(default_factory=dict)
+    by_pool: dict[tuple[str, str], DraGpu] = field(default_factory=dict)  # (pool, device name)
+    version: int = 0
+
+
+# --------------------------------------------------------------------------
+# Plans: what a pending pod's bind must write
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    """One request of a claim to allocate: how many GPUs, and the result's extras."""
+
+    name: str
+    count: int
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    class_config: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimToWrite:
+    """A claim of the pod: to allocate (``requests``), or allocated already and only to reserve for the pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    requests: tuple[RequestPlan, ...] = ()
+    claim_config: tuple[Mapping[str, Any], ...] = ()
+    # Allocated already: reserve only (the allocation stays as it is).
+    reserve_only: bool = False
+    # Allocated and reserved for this pod already: nothing to write.
+    done: bool = False
+    # The GPUs (indices on the allocation's node) the claim holds, when allocated.
+    held: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """Per pending pod: its claims in order, and the node's devices by GPU index (to name the devices chosen)."""
+
+    pod: str
+    namespace: str
+    uid: str
+    claims: tuple[ClaimToWrite, ...]
+    devices: Mapping[str, Mapping[int, tuple[str, str]]]  # node -> GPU index -> (pool, device)
+
+    @property
+    def writes(self) -> bool:
+        return any(not c.done for c in self.claims)
+
+
+# --------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------
+
+
+def pod_claims(pod: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
+    """(entry name, claim name or None while it is not created, template or ''), per ``spec.resourceClaims``.
+
+    A template's claim is the one ``status.resourceClaimStatuses`` names; an
+    entry whose status names no claim (null) needs none, and is left out.
+    """
+    spec = _d(pod.get("spec"))
+    raw = spec.get("resourceClaims")
+    if not isinstance(raw, list) or not raw:
+        return []
+    statuses = {
+        _s(_d(s).get("name")): _d(s).get("resourceClaimName", "")
+        for s in (_d(pod.get("status")).get("resourceClaimStatuses") or ())
+    }
+    out: list[tuple[str, str | None, str]] = []
+    for item in raw:
+        entry = _d(item)
+        name = _s(entry.get("name"))
+        direct = _s(entry.get("resourceClaimName"))
+        if direct:
+            out.append((name, direct, ""))
+            continue
+        template = _s(entry.get("resourceClaimTemplateName"))
+        if name not in statuses:
+            out.append((name, None, template))
+        elif isinstance(statuses[name], str) and statuses[name]:
+            out.append((name, statuses[name], template))
+    return out
+
+
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: DeviceTaint) -> bool:
+    for t in tolerations:
+        key, op = _s(t.get("key")), _s(t.get("operator")) or "Equal"
+        effect = _s(t.get("effect"))
+        if effect and effect != taint.effect:
+            continue
+        if op == "Exists" and (not key or key == taint.key):
+            return True
+        if op == "Equal" and key == taint.key and _s(t.get("value")) == taint.value:
+            return True
+    return False
+
+
+@dataclass(slots=True)
+class _Request:
+    """A request read from a claim, with the selectors it is judged by."""
+
+    name: str
+    count: int
+    expressions: tuple[str, ...]
+    tolerations: tuple[Mapping[str, Any], ...]
+    class_config: tuple[Mapping[str, Any], ...]
+
+
+class _RefusedError(Exception):
+    """Why a pod's claims cannot be placed by gpuwarden (or not yet): the text goes to its PodGroup."""
+
+
+def _expressions(selectors: object, what: str) -> tuple[str, ...]:
+    out = []
+    for item in selectors if isinstance(selectors, list) else ():
+        expression = _s(_d(_d(item).get("cel")).get("expression"))
+        if not expression:
+            raise _RefusedError(f"{what}: a selector without a CEL expression, which gpuwarden cannot judge")
+        out.append(expression)
+    return tuple(out)
+
+
+def _read_requests(claim: Mapping[str, Any], ident: str, classes: Mapping[str, JSON]) -> list[_Request]:
+    devices = _d(_d(claim.get("spec")).get("devices"))
+    for constraint in devices.get("constraints") or ():
+        c = _d(constraint)
+        if "distinctAttribute" in c:
+            raise _RefusedError(f"{ident}: distinctAttribute constraints are not supported by gpuwarden")
+    out: list[_Request] = []
+    for item in devices.get("requests") or ():
+        request = _d(item)
+        name = _s(request.get("name"))
+        if request.get("firstAvailable") is not None:
+            raise _RefusedError(f"{ident} request {name!r}: firstAvailable alternatives are not supported by gpuwarden")
+        exactly = _d(request.get("exactly"))
+        if not exactly:
+            raise _RefusedError(f"{ident} request {name!r}: no 'exactly' device request")
+        if exactly.get("adminAccess") is True:
+            raise _RefusedError(f"{ident} request {name!r}: admin access is not supported by gpuwarden")
+        mode = _s(exactly.get("allocationMode")) or "ExactCount"
+        if mode != "ExactCount":
+            raise _RefusedError(
+                f"{ident} request {name!r}: allocationMode {mode} is not supported by gpuwarden (only ExactCount)"
+            )
+        count = exactly.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise _RefusedError(f"{ident} request {name!r}: count {count!r} is not a positive integer")
+        if exactly.get("capacity") is not None:
+            raise _RefusedError(f"{ident} request {name!r}: capacity requests are not supported by gpuwarden")
+        class_name = _s(exactly.get("deviceClassName"))
+        device_class = classes.get(class_name)
+        if device_class is None:
+            raise _RefusedError(f"{ident} request {name!r}: deviceclass {class_name!r} not found")
+        class_spec = _d(device_class.get("spec"))
+        expressions = _expressions(class_spec.get("selectors"), f"deviceclass {class_name}")
+        expressions += _expressions(exactly.get("selectors"), f"{ident} request {name!r}")
+        tolerations = tuple(_d(t) for t in (exactly.get("tolerations") or ()))
+        config = tuple(_d(c) for c in (class_spec.get("config") or ()))
+        out.append(_Request(name, count, expressions, tolerations, config))
+    if not out:
+        raise _RefusedError(f"{ident}: no device request")
+    return out
+
+
+def _constraints(claim: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | None]]:
+    """The claim's matchAttribute constraints: (attribute, the requests it binds; None: all)."""
+    out: list[tuple[str, frozenset[str] | None]] = []
+    for constraint in _d(_d(claim.get("spec")).get("devices")).get("constraints") or ():
+        c = _d(constraint)
+        attribute = _s(c.get("matchAttribute"))
+        if attribute:
+            names = [_s(r) for r in (c.get("requests") or ())]
+            out.append((attribute, frozenset(names) if names else None))
+    return out
+
+
+def _allowed(device: DraGpu, request: _Request) -> bool:
+    """Whether ``request`` may take ``device``; raises _Refused with the selector's error."""
+    for taint in device.taints:
+        if taint.effect in _FATAL_EFFECTS and not _tolerates(request.tolerations, taint):
+            return False
+    for expression in request.expressions:
+        try:
+            if not matches(expression, device.cel):
+                return False
+        except SelectorError as err:
+            raise _RefusedError(f"request {request.name!r}, device {device.pool}/{device.name}: {err}") from None
+    return True
+
+
+def _largest_group(devices: list[tuple[int, DraGpu]], attribute: str) -> set[int]:
+    """The indices of the largest group of ``devices`` that share ``attribute`` (devices without it left out)."""
+    groups: dict[str, set[int]] = {}
+    for index, device in devices:
+        value = device.attribute(attribute)
+        if value is not None:
+            groups.setdefault(repr(value), set()).add(index)
+    if not groups:
+        return set()
+    return max(groups.values(), key=lambda g: (len(g), -min(g)))
+
+
+@dataclass(frozen=True, slots=True)
+class DraObjects:
+    """What the stage reads from the cluster view: pods by UID, claims by ``namespace/name``, the rest by name."""
+
+    pods: Mapping[str, JSON]
+    claims: Mapping[str, JSON]
+    classes: Mapping[str, JSON]
+    slices: Mapping[str, JSON]
+    rules: Mapping[str, JSON]
+
+
+@dataclass(slots=True)
+class _Read:
+    """One cycle's reading: the objects, the inventory, and which claim holds which GPUs (and for whom)."""
+
+    objects: DraObjects
+    inventory: Inventory
+    held: dict[str, tuple[str, tuple[int, ...]]]
+    reserved: dict[str, set[str]]
+
+
+@dataclass(slots=True)
+class _JobMemo:
+    job: Job
+    inputs: tuple[object, ...]
+    judged: Job
+    plans: dict[str, ClaimPlan]
+    # The claims whose devices the job's pods hold in the engine (running
+    # pods' claims, pending pods' claims reserved for them already).
+    attributed: frozenset[str]
+
+
+@dataclass(slots=True)
+class ClaimStage:
+    """The cycle's DRA stage (module docstring); one per scheduling loop, it keeps what it read."""
+
+    _slices: dict[str, _SliceMemo] = field(default_factory=dict)
+    _rules: tuple[object, ...] = ()
+    _inventory: Inventory = field(default_factory=Inventory)
+    _nodes: dict[str, tuple[Node, object, Node]] = field(default_factory=dict)
+    _index: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> device name -> GPU index
+    _index_version: int = 0
+    _filters: dict[tuple[object, ...], DeviceFilter | str] = field(default_factory=dict)
+    _jobs: dict[str, _JobMemo] = field(default_factory=dict)
+    _holders: dict[str, tuple[tuple[object, ...], Job]] = field(default_factory=dict)
+    # What the binds of the last snapshot need, by pod UID.
+    plans: dict[str, ClaimPlan] = field(default_factory=dict)
+
+    def apply(self, snapshot: Snapshot, objects: DraObjects) -> Snapshot:
+        """``snapshot`` with DRA GPUs, the devices claims hold, and each pending claim pod's devices or reason."""
+        pods, claims, classes = objects.pods, objects.claims, objects.classes
+        if not objects.slices and not claims and not self._slices and not self._jobs:
+            self.plans = {}
+            return snapshot
+        inventory = self._read_inventory(objects.slices, objects.rules)
+        nodes = self._with_dra_gpus(snapshot.nodes, inventory)
+        by_name = {n.name: n for n in nodes}
+        index = self._index
+        # Which claim holds which GPUs (node, indices), and for whom.
+        held: dict[str, tuple[str, tuple[int, ...]]] = {}
+        reserved: dict[str, set[str]] = {}
+        for key, claim in claims.items():
+            allocation = _d(_d(claim.get("status")).get("allocation"))
+            if not allocation:
+                continue
+            found = self._claim_gpus(allocation, inventory)
+            if found is not None:
+                held[key] = found
+            reserved[key] = {
+                _s(_d(r).get("uid")) for r in (_d(claim.get("status")).get("reservedFor") or ()) if _d(r).get("uid")
+            }
+        read = _Read(objects, inventory, held, reserved)
+        attributed: set[str] = set()
+        jobs = list(snapshot.jobs)
+        plans: dict[str, ClaimPlan] = {}
+        seen: set[str] = set()
+        for i, job in enumerate(jobs):
+            if not any(_has_claims(pods.get(t.uid)) for t in job.tasks):
+                continue
+            seen.add(job.key)
+            inputs = (job, inventory.version, self._index_version, *self._claim_inputs(job, pods, claims, classes))
+            memo = self._jobs.get(job.key)
+            if (
+                memo is None
+                or len(memo.inputs) != len(inputs)
+                or any(a is not b for a, b in zip(memo.inputs, inputs, strict=True))
+            ):
+                memo = self._judge(job, inputs, read)
+                self._jobs[job.key] = memo
+            jobs[i] = memo.judged
+            plans.update(memo.plans)
+            attributed.update(memo.attributed)
+        if len(self._jobs) > len(seen):
+            self._jobs = {k: m for k, m in self._jobs.items() if k in seen}
+        self.plans = plans
+        holders = self._holder_jobs(held, attributed, by_name, index)
+        pools = {by_name[j.tasks[0].node].pool for j in holders if j.tasks and j.tasks[0].node in by_name}
+        queues = snapshot.queues
+        missing = [p for p in pools if external_queue_name(p) not in {q.name for q in queues}]
+        if missing:
+            queues = with_external_queues(queues, missing)
+        return replace(snapshot, nodes=nodes, jobs=(*jobs, *holders), queues=queues)
+
+    # -- inventory ------------------------------------------------------------
+
+    def _read_inventory(self, slices: Mapping[str, JSON], rules: Mapping[str, JSON]) -> Inventory:
+        changed = len(slices) != len(self._slices) or any(
+            (m := self._slices.get(k)) is None or m.obj is not obj for k, obj in slices.items()
+        )
+        rule_objs = tuple(rules[k] for k in sorted(rules))
+        if (
+            not changed
+            and len(rule_objs) == len(self._rules)
+            and all(a is b for a, b in zip(rule_objs, self._rules, strict=True))
+        ):
+            return self._inventory
+        memos = {}
+        for key, obj in slices.items():
+            memo = self._slices.get(key)
+            if memo is None or memo.obj is not obj:
+                memo = _SliceMemo(obj, _slice_devices(obj))
+            memos[key] = memo
+        self._slices = memos
+        self._rules = rule_objs
+        newest: dict[tuple[str, str], int] = {}
+        for memo in memos.values():
+            k, generation = _pool_of(memo.obj)
+            newest[k] = max(newest.get(k, generation), generation)
+        inventory = Inventory(version=self._inventory.version + 1)
+        rule_specs = [_d(_d(r).get("spec")) for r in rule_objs]
+        for memo in memos.values():
+            k, generation = _pool_of(memo.obj)
+            if generation != newest.get(k):
+                continue
+            for device in memo.devices:
+                extra = tuple(
+                    DeviceTaint(
+                        _s(_d(r.get("taint")).get("key")),
+                        _s(_d(r.get("taint")).get("value")),
+                        _s(_d(r.get("taint")).get("effect")),
+                    )
+                    for r in rule_specs
+                    if _d(r.get("taint")).get("key") and _rule_applies(_d(r.get("deviceSelector")), device)
+                )
+                tainted = replace(device, taints=(*device.taints, *extra)) if extra else device
+                inventory.by_node.setdefault(device.node, []).append(tainted)
+                inventory.by_pool[(device.pool, device.name)] = tainted
+        self._inventory = inventory
+        return inventory
+
+    def _with_dra_gpus(self, nodes: tuple[Node, ...], inventory: Inventory) -> tuple[Node, ...]:
+        """The nodes, those with DRA GPUs and no other GPUs given theirs; and each device's GPU index kept."""
+        out: list[Node] | None = None
+        index: dict[str, dict[str, int]] = {}
+        kept: dict[str, tuple[Node, object, Node]] = {}
+        for i, node in enumerate(nodes):
+            devices = inventory.by_node.get(node.name)
+            if not devices:
+                continue
+            gpus = [d for d in devices if d.kind == "gpu"]
+            memo = self._nodes.get(node.name)
+            if memo is not None and memo[0] is node and memo[1] is devices:
+                converted = memo[2]
+            else:
+                converted = self._convert(node, gpus)
+            kept[node.name] = (node, devices, converted)
+            by_uuid = {g.uuid: g.index for g in converted.gpus if g.uuid}
+            index[node.name] = {d.name: by_uuid[d.uuid] for d in gpus if d.uuid in by_uuid}
+            unmatched = [d.name for d in gpus if d.uuid not in by_uuid]
+            if unmatched:
+                warn.warning(
+                    "dra devices match no gpu of the node; not allocated",
+                    ("dra-unmatched", node.name),
+                    node=node.name,
+                    devices=unmatched[:8],
+                )
+            if converted is not node:
+                if out is None:
+                    out = list(nodes)
+                out[i] = converted
+        self._nodes = kept
+        if index != self._index:
+            self._index_version += 1
+        self._index = index
+        return nodes if out is None else tuple(out)
+
+    @staticmethod
+    def _convert(node: Node, gpus: list[DraGpu]) -> Node:
+        if node.gpus:
+            return node
+        taken: set[int] = set()
+        made: list[Gpu] = []
+        for device in sorted(gpus, key=lambda d: d.name):
+            minor = _MINOR.match(device.name)
+            index = int(minor.group(1)) if minor else -1
+            if index < 0 or index in taken:
+                index = max(taken, default=-1) + 1
+            taken.add(index)
+            made.append(Gpu(index=index, uuid=device.uuid, memory_mib=device.memory_mib or 1))
+        return replace(node, gpus=tuple(sorted(made, key=lambda g: g.index)))
+
+    def _claim_gpus(self, allocation: Mapping[str, Any], inventory: Inventory) -> tuple[str, tuple[int, ...]] | None:
+        """The node and GPU indices an allocation holds (a MIG device holds its parent); None if none is known."""
+        node = ""
+        found: set[int] = set()
+        for item in _d(allocation.get("devices")).get("results") or ():
+            result = _d(item)
+            if result.get("driver") != DRIVER:
+                continue
+            device = inventory.by_pool.get((_s(result.get("pool")), _s(result.get("device"))))
+            if device is None:
+                continue
+            node = device.node
+            names = self._index.get(node, {})
+            if device.kind == "gpu":
+                if device.name in names:
+                    found.add(names[device.name])
+            else:
+                parent = next(
+                    (d for d in inventory.by_node.get(node, ()) if d.kind == "gpu" and d.uuid == device.parent_uuid),
+                    None,
+                )
+                if parent is not None and parent.name in names:
+                    found.add(names[parent.name])
+        return (node, tuple(sorted(found))) if node and found else None
+
+    # -- pending and running pods ------------------------------------------------
+
+    @staticmethod
+    def _claim_inputs(
+        job: Job, pods: Mapping[str, JSON], claims: Mapping[str, JSON], classes: Mapping[str, JSON]
+    ) -> list[object]:
+        out: list[object] = []
+        for task in job.tasks:
+            pod = pods.get(task.uid)
+            out.append(pod)
+            for _, name, _ in pod_claims(pod or {}):
+                claim = claims.get(f"{job.namespace}/{name}") if name else None
+                out.append(claim)
+                for request in _d(_d(claim or {}).get("spec")).get("devices", {}).get("requests") or ():
+                    out.append(classes.get(_s(_d(_d(request).get("exactly")).get("deviceClassName"))))
+        return out
+
+    def _judge(self, job: Job, inputs: tuple[object, ...], read: _Read) -> _JobMemo:
+        pods = read.objects.pods
+        tasks: list[Task] = []
+        plans: dict[str, ClaimPlan] = {}
+        attributed: set[str] = set()
+        for task in job.tasks:
+            pod = pods.get(task.uid)
+            entries = pod_claims(pod or {})
+            if pod is None or not _has_claims(pod):
+                tasks.append(task)
+                continue
+            if task.status is not TaskStatus.PENDING:
+                tasks.append(self._running(task, job.namespace, entries, read.held, attributed))
+                continue
+            try:
+                judged, plan = self._pending(task, job.namespace, entries, read)
+            except _RefusedError as why:
+                tasks.append(replace(task, unplaceable=str(why)))
+                continue
+            tasks.append(judged)
+            plans[task.uid] = plan
+            attributed.update(f"{c.namespace}/{c.name}" for c in plan.claims if c.done)
+        same = all(a is b for a, b in zip(tasks, job.tasks, strict=True))
+        return _JobMemo(job, inputs, job if same else replace(job, tasks=tuple(tasks)), plans, frozenset(attributed))
+
+    @staticmethod
+    def _running(
+        task: Task,
+        namespace: str,
+        entries: list[tuple[str, str | None, str]],
+        held: Mapping[str, tuple[str, tuple[int, ...]]],
+        attributed: set[str],
+    ) -> Task:
+        """A bound pod of ours holds its claims' devices on its node (the allocation says which GPUs)."""
+        indices: set[int] = set()
+        for _, name, _ in entries:
+            key = f"{namespace}/{name}"
+            found = held.get(key) if name else None
+            if found is not None and found[0] == task.node:
+                indices.update(found[1])
+                attributed.add(key)
+        if not indices:
+            return task
+        return replace(task, gpus=max(task.gpus, len(indices)), gpu_indices=tuple(sorted(indices)))
+
+    def _pending(
+        self, task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read
+    ) -> tuple[Task, ClaimPlan]:
+        claims, classes, inventory = read.objects.claims, read.objects.classes, read.inventory
+        held, reserved = read.held, read.reserved
+        if task.gpus:
+            raise _RefusedError(
+                "the pod asks for nvidia.com/gpu and for DRA resource claims; gpuwarden places one or the other"
+            )
+        to_write: list[ClaimToWrite] = []
+        requests: list[_Request] = []
+        constraints: list[str] = []
+        pinned: str | None = None
+        own: tuple[int, ...] = ()
+        for entry, name, template in entries:
+            if name is None:
+                raise _RefusedError(
+                    f"waiting for the ResourceClaim of pod claim {entry!r} (template {template}) to be created "
+                    "by the resourceclaim controller"
+                )
+            key = f"{namespace}/{name}"
+            claim = claims.get(key)
+            ident = f"resourceclaim {name}"
+            if claim is None:
+                raise _RefusedError(f"{ident} not found")
+            meta = _d(claim.get("metadata"))
+            if meta.get("deletionTimestamp"):
+                raise _RefusedError(f"{ident} is being deleted")
+            if template and not any(
+                _d(o).get("uid") == task.uid and _d(o).get("controller") is True
+                for o in (meta.get("ownerReferences") or ())
+            ):
+                raise _RefusedError(f"{ident} was not created for this pod")
+            status = _d(claim.get("status"))
+            allocation = _d(status.get("allocation"))
+            base = ClaimToWrite(namespace, name, _s(meta.get("uid")))
+            if allocation:
+                node = self._allocation_node(allocation, ident)
+                if pinned is not None and node != pinned:
+                    raise _RefusedError(f"{ident} is allocated on node {node}, another of the pod's claims on {pinned}")
+                pinned = node
+                mine = task.uid in reserved.get(key, set())
+                if not mine and len(reserved.get(key, ())) >= MAX_RESERVED:
+                    raise _RefusedError(f"{ident} is reserved for {MAX_RESERVED} consumers already")
+                holds = held[key][1] if key in held else ()
+                if mine:
+                    own = tuple(sorted({*own, *holds}))
+                to_write.append(replace(base, reserve_only=not mine, done=mine, held=holds))
+                continue
+            claim_requests = _read_requests(claim, ident, classes)
+            requests.extend(claim_requests)
+            constraints.extend(attribute for attribute, _ in _constraints(claim))
+            to_write.append(
+                replace(
+                    base,
+                    requests=tuple(RequestPlan(r.name, r.count, r.tolerations, r.class_config) for r in claim_requests),
+                    claim_config=tuple(_d(c) for c in (_d(_d(claim.get("spec")).get("devices")).get("config") or ())),
+                )
+            )
+        count = sum(r.count for r in requests)
+        placement = task.placement
+        if pinned is not None:
+            term = (NodeTerm(fields=(Requirement("metadata.name", "In", (pinned,)),)),)
+            placement = with_volume_terms(placement, (*(placement.volume_terms if placement else ()), term))
+        devices: DeviceFilter | None = None
+        if count or own:
+            devices = self._filter(requests, constraints, inventory, pinned, own)
+        plan = ClaimPlan(
+            pod=task.name,
+            namespace=namespace,
+            uid=task.uid,
+            claims=tuple(to_write),
+            devices={
+                n: {
+                    i: (d.pool, d.name)
+                    for d in inventory.by_node.get(n, ())
+                    if (i := self._index.get(n, {}).get(d.name)) is not None
+                }
+                for n in (devices.nodes if devices else ())
+            },
+        )
+        return replace(task, gpus=count + len(own), devices=devices, placement=placement), plan
+
+    def _allocation_node(self, allocation: Mapping[str, Any], ident: str) -> str:
+        try:
+            terms = node_terms(allocation.get("nodeSelector"), f"{ident} status.allocation.nodeSelector")
+        except UnreadableError as err:
+            raise _RefusedError(str(err)) from None
+        for term in terms:
+            for requirement in (*term.fields, *term.expressions):
+                if (
+                    requirement.operator == "In"
+                    and len(requirement.values) == 1
+                    and requirement.key
+                    in (
+                        "metadata.name",
+                        "kubernetes.io/hostname",
+                    )
+                ):
+                    return requirement.values[0]
+        raise _RefusedError(f"{ident} is allocated with a node selector gpuwarden cannot follow (not one node)")
+
+    def _filter(
+        self,
+        requests: list[_Request],
+        constraints: list[str],
+        inventory: Inventory,
+        pinned: str | None,
+        own: tuple[int, ...],
+    ) -> DeviceFilter:
+        key = (
+            inventory.version,
+            self._index_version,
+            pinned,
+            own,
+            tuple(constraints),
+            tuple((r.expressions, tuple(tuple(sorted(t.items())) for t in r.tolerations)) for r in requests),
+        )
+        cached = self._filters.get(key)
+        if isinstance(cached, str):
+            raise _RefusedError(cached)
+        if cached is not None:
+            return cached
+        try:
+            found = self._compute(requests, constraints, inventory, pinned, own)
+        except _RefusedError as why:
+            self._filters[key] = str(why)
+            raise
+        if len(self._filters) > 4096:
+            self._filters.clear()
+        self._filters[key] = found
+        return found
+
+    def _compute(
+        self,
+        requests: list[_Request],
+        constraints: list[str],
+        inventory: Inventory,
+        pinned: str | None,
+        own: tuple[int, ...],
+    ) -> DeviceFilter:
+        nodes: dict[str, frozenset[int]] = {}
+        for node, devices in inventory.by_node.items():
+            if pinned is not None and node != pinned:
+                continue
+            names = self._index.get(node, {})
+            usable = [
+                (names[d.name], d)
+                for d in devices
+                if d.kind == "gpu" and d.name in names and all(_allowed(d, r) for r in requests)
+            ]
+            allowed = {i for i, _ in usable}
+            for attribute in constraints:
+                allowed &= _largest_group(usable, attribute)
+            allowed |= set(own)
+            if allowed:
+                nodes[node] = frozenset(allowed)
+        if not nodes and requests:
+            raise _RefusedError(
+                "no whole GPU of NVIDIA's DRA driver matches the claims' device classes and selectors"
+                + (f" on node {pinned}" if pinned else "")
+                + " (gpuwarden allocates whole GPUs of gpu.nvidia.com; leave claims for MIG devices or other "
+                "drivers to kube-scheduler)"
+            )
+        text = repr((pinned, own, constraints, [(r.expressions, r.tolerations) for r in requests]))
+        return DeviceFilter(key=text, nodes=nodes)
+
+    # -- devices held by claims no pod of ours holds -------------------------------
+
+    def _holder_jobs(
+        self,
+        held: Mapping[str, tuple[str, tuple[int, ...]]],
+        attributed: set[str],
+        nodes: Mapping[str, Node],
+        index: Mapping[str, Mapping[str, int]],
+    ) -> list[Job]:
+        by_node: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for key, (node, indices) in held.items():
+            if key not in attributed and node in nodes:
+                by_node.setdefault(node, []).append((key, indices))
+        kept: dict[str, tuple[tuple[object, ...], Job]] = {}
+        out: list[Job] = []
+        for node, entries in sorted(by_node.items()):
+            entries.sort()
+            inputs = (nodes[node].pool, *entries)
+            memo = self._holders.get(node)
+            if memo is None or memo[0] != inputs:
+                tasks = tuple(
+                    Task(
+                        name=f"claim:{key}",
+                        namespace="",
+                        uid=f"claim:{key}",
+                        status=TaskStatus.RELEASING,
+                        gpus=len(indices),
+                        node=node,
+                        gpu_indices=indices,
+                    )
+                    for key, indices in entries
+                )
+                memo = (
+                    inputs,
+                    Job(
+                        name=f"{DRA_JOB_PREFIX}{node}",
+                        queue=external_queue_name(nodes[node].pool),
+                        namespace="",
+                        priority=NON_PREEMPTIBLE_PRIORITY,
+                        preemptible=False,
+                        tasks=tasks,
+                    ),
+                )
+            kept[node] = memo
+            out.append(memo[1])
+        self._holders = kept
+        return out
+
+
+def _has_claims(pod: Mapping[str, Any] | None) -> bool:
+    if pod is None:
+        return False
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and bool(spec.get("resourceClaims"))

@@ -1,0 +1,374 @@
+"""Pods with DRA ResourceClaims, placed and allocated by whole cycles against the real API server.
+
+The node is a DRA node as the GPU Operator's DRA mode leaves it: no device
+plugin (``nvidia.com/gpu`` 0), no GPUNode, only NVIDIA's DRA driver's
+ResourceSlice (``dra_objects``) and its DeviceClasses. Claims come from
+ResourceClaimTemplates through kube-controller-manager's own resourceclaim
+controller, as in a cluster; the cycle runs as the scheduler's
+ServiceAccount under the shipped RBAC, so the allocation it writes passes
+the API server's checks of ``resourceclaims/status`` and
+``resourceclaims/binding``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
+from gpuwarden.localcluster import create_gpu_node
+from scheduler.cluster.bind import Binder
+from scheduler.cluster.claims import FINALIZER
+from scheduler.cluster.cycle import ClusterView, SchedulingCycle
+from tests.harness import ControlPlane, unique_name
+from tests.scheduler.cluster.kube_objects import podgroup
+from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status, view
+from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER, DriverGpu, driver_slice
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac", "scheduler_crds", "gpunode_crd")]
+
+DRA = ("resource.k8s.io", "v1")
+SA, SA_NAMESPACE = "gpuwarden-scheduler", "gpuwarden"
+JSON = dict[str, Any]
+
+FOUR = [
+    DriverGpu(
+        index=i, minor=i, uuid=f"GPU-0000000{i}-1111-2222-3333-44444444444{i}", pci_bus=f"00000000:{0x18 + i:02X}:00.0"
+    )
+    for i in range(4)
+]
+
+
+def _raw(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+@pytest.fixture(scope="module")
+def device_classes(control_plane: ControlPlane) -> None:
+    control_plane.kubectl("apply", "-f", str(DEVICECLASSES))
+
+
+@pytest.fixture
+def claim_controller(control_plane: ControlPlane) -> Iterator[None]:
+    """kube-controller-manager's resourceclaim controller: makes the pods' claims from templates, frees them."""
+    with control_plane.extra_controllers("resourceclaim-controller"):
+        yield
+
+
+@pytest.fixture
+def dra_nodes(k8s: client.ApiClient, device_classes: None) -> Iterator[Callable[..., str]]:
+    """Makes DRA-only nodes (driver slice, no device plugin, no GPUNode); removed after the test."""
+    made: list[tuple[str, str]] = []
+    custom = client.CustomObjectsApi(k8s)
+
+    def make(gpus: list[DriverGpu] = FOUR, taints: dict[int, JSON] | None = None) -> str:
+        name = unique_name("dra-node")
+        node = create_gpu_node(k8s, name, gpus=0)
+        body = driver_slice(name, node.metadata.uid, gpus)
+        for i, taint in (taints or {}).items():
+            body["spec"]["devices"][i]["taints"] = [taint]
+        made.append((name, custom.create_cluster_custom_object(*DRA, "resourceslices", body)["metadata"]["name"]))
+        return name
+
+    yield make
+    for name, slice_name in made:
+        with contextlib.suppress(client.ApiException):
+            custom.delete_cluster_custom_object(*DRA, "resourceslices", slice_name)
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(k8s).delete_node(name)
+
+
+@pytest.fixture(autouse=True)
+def _claims_released(k8s: client.ApiClient, namespace: str) -> Iterator[None]:
+    """After each test, its claims' finalizers go, so the namespace can be deleted without the controller."""
+    yield
+    custom = client.CustomObjectsApi(k8s)
+    for claim in custom.list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]:
+        if claim["metadata"].get("finalizers"):
+            with contextlib.suppress(client.ApiException):
+                custom.patch_namespaced_custom_object(
+                    *DRA, namespace, "resourceclaims", claim["metadata"]["name"], {"metadata": {"finalizers": None}}
+                )
+
+
+@pytest.fixture
+def scheduler(control_plane: ControlPlane) -> Iterator[SchedulingCycle]:
+    """A scheduling cycle that writes as the scheduler's ServiceAccount."""
+    with control_plane.impersonate(SA, SA_NAMESPACE) as api:
+        kube = KubeApi(api, field_manager=contract.SCHEDULER_COMPONENT)
+        yield SchedulingCycle(kube, binder=Binder(kube, retry=NO_WAIT))
+
+
+def _dra_view(k8s: client.ApiClient, nodes: set[str]) -> ClusterView:
+    custom = client.CustomObjectsApi(k8s)
+
+    def listed(plural: str, namespaced: bool = False) -> dict[str, JSON]:
+        if namespaced:
+            items = _raw(custom.list_custom_object_for_all_namespaces(*DRA, plural, _preload_content=False))["items"]
+            return {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in items}
+        items = _raw(custom.list_cluster_custom_object(*DRA, plural, _preload_content=False))["items"]
+        return {o["metadata"]["name"]: o for o in items}
+
+    base = view(k8s, nodes)
+    slices = {k: s for k, s in listed("resourceslices").items() if s["spec"].get("nodeName") in nodes}
+    return ClusterView(
+        nodes=base.nodes,
+        gpunodes=base.gpunodes,
+        pods=base.pods,
+        queues=base.queues,
+        podgroups=base.podgroups,
+        resource_slices=slices,
+        device_taint_rules=listed("devicetaintrules"),
+        resource_claims=listed("resourceclaims", namespaced=True),
+        device_classes=listed("deviceclasses"),
+    )
+
+
+def _template(k8s: client.ApiClient, namespace: str, count: int = 1, selector: str | None = None) -> str:
+    name = unique_name("gpus")
+    exactly: JSON = {"deviceClassName": "gpu.nvidia.com", "count": count}
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        *DRA,
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        },
+    )
+    return name
+
+
+def _claim_pod(k8s: client.ApiClient, namespace: str, name: str, group: str, template: str) -> None:
+    """A pod as a workload controller writes one that uses a claim template (its container names the claim)."""
+    client.CoreV1Api(k8s).create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "annotations": {contract.ANNOTATION_POD_GROUP: group}},
+            "spec": {
+                "schedulerName": contract.SCHEDULER_NAME,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/train:1",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        },
+    )
+
+
+def _claims_made(k8s: client.ApiClient, namespace: str, pods: list[str]) -> None:
+    core = client.CoreV1Api(k8s)
+
+    def made() -> bool:
+        for name in pods:
+            status = _raw(core.read_namespaced_pod(name, namespace, _preload_content=False)).get("status") or {}
+            if not status.get("resourceClaimStatuses"):
+                return False
+        return True
+
+    wait_for(made, timeout=30, description="the resourceclaim controller made the pods' claims")
+
+
+def _pod(k8s: client.ApiClient, namespace: str, name: str) -> JSON:
+    return dict(_raw(client.CoreV1Api(k8s).read_namespaced_pod(name, namespace, _preload_content=False)))
+
+
+def _claim_of(k8s: client.ApiClient, namespace: str, pod: str) -> JSON:
+    (status,) = _pod(k8s, namespace, pod)["status"]["resourceClaimStatuses"]
+    return dict(
+        client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+            *DRA, namespace, "resourceclaims", status["resourceClaimName"]
+        )
+    )
+
+
+def _condition(k8s: client.ApiClient, namespace: str, group: str) -> tuple[str, str]:
+    (condition,) = podgroup_status(k8s, namespace, group)["conditions"]
+    return condition["reason"], condition["message"]
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_claims_from_templates_are_allocated_reserved_and_bound(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    node = dra_nodes()
+    q = queue(16)
+    template = _template(k8s, namespace, count=2)
+    pods = ["a", "b"]
+    for name in pods:
+        podgroup(k8s, namespace, name, q, 1)
+        _claim_pod(k8s, namespace, name, name, template)
+    _claims_made(k8s, namespace, pods)
+
+    scheduler.run(_dra_view(k8s, {node}))
+
+    taken: list[str] = []
+    for name in pods:
+        pod = _pod(k8s, namespace, name)
+        assert pod["spec"].get("nodeName") == node, name
+        claim = _claim_of(k8s, namespace, name)
+        assert FINALIZER in claim["metadata"]["finalizers"]
+        status = claim["status"]
+        assert status["reservedFor"] == [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
+        results = status["allocation"]["devices"]["results"]
+        assert {(r["request"], r["driver"], r["pool"]) for r in results} == {("gpu", DRIVER, node)}
+        assert len(results) == 2
+        taken += [r["device"] for r in results]
+        (term,) = status["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+        assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [node]}]
+    # Four GPUs, four distinct devices.
+    assert sorted(taken) == [f"gpu-{i}" for i in range(4)]
+
+    # The node is full: a third pod waits, and its claim stays unallocated.
+    podgroup(k8s, namespace, "c", q, 1)
+    _claim_pod(k8s, namespace, "c", "c", template)
+    _claims_made(k8s, namespace, ["c"])
+    scheduler.run(_dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "c")["spec"].get("nodeName") is None
+    assert not (_claim_of(k8s, namespace, "c").get("status") or {}).get("allocation")
+
+
+def test_a_pod_waits_for_its_claim_to_be_made_and_says_so(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    node = dra_nodes()
+    q = queue(16)
+    template = _template(k8s, namespace)
+    podgroup(k8s, namespace, "early", q, 1)
+    _claim_pod(k8s, namespace, "early", "early", template)
+    scheduler.run(_dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "early")["spec"].get("nodeName") is None
+    reason, message = _condition(k8s, namespace, "early")
+    assert reason == contract.UnschedulableReason.UNSUPPORTED_PLACEMENT.value
+    assert "resourceclaim controller" in message, message
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_a_gang_of_claim_pods_is_allocated_whole_or_not_at_all(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    first = dra_nodes()
+    q = queue(16)
+    template = _template(k8s, namespace, count=2)
+    pods = [f"g-{i}" for i in range(3)]
+    podgroup(k8s, namespace, "g", q, 3)
+    for name in pods:
+        _claim_pod(k8s, namespace, name, "g", template)
+    _claims_made(k8s, namespace, pods)
+
+    # Six GPUs wanted, four there: nothing is allocated, nothing bound.
+    scheduler.run(_dra_view(k8s, {first}))
+    for name in pods:
+        assert _pod(k8s, namespace, name)["spec"].get("nodeName") is None
+        claim = _claim_of(k8s, namespace, name)
+        assert not (claim.get("status") or {}).get("allocation")
+        assert FINALIZER not in (claim["metadata"].get("finalizers") or [])
+
+    second = dra_nodes()
+    scheduler.run(_dra_view(k8s, {first, second}))
+    nodes = [_pod(k8s, namespace, name)["spec"].get("nodeName") for name in pods]
+    assert set(nodes) <= {first, second} and None not in nodes
+    for name, node in zip(pods, nodes, strict=True):
+        results = _claim_of(k8s, namespace, name)["status"]["allocation"]["devices"]["results"]
+        assert {r["pool"] for r in results} == {node}
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_the_driver_s_xid_taint_keeps_claims_off_that_device_only(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    xid = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    node = dra_nodes(taints={0: xid})
+    q = queue(16)
+    template = _template(k8s, namespace, count=3)
+    podgroup(k8s, namespace, "t", q, 1)
+    _claim_pod(k8s, namespace, "t", "t", template)
+    _claims_made(k8s, namespace, ["t"])
+    scheduler.run(_dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "t")["spec"].get("nodeName") == node
+    results = _claim_of(k8s, namespace, "t")["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["gpu-1", "gpu-2", "gpu-3"]
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_a_selector_that_fails_is_explained_on_the_podgroup_and_allocates_nothing(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    node = dra_nodes()
+    q = queue(16)
+    # Valid CEL, but the driver publishes no such attribute: an error, never "does not match".
+    template = _template(k8s, namespace, selector='device.attributes["gpu.nvidia.com"].memorySize > 10')
+    podgroup(k8s, namespace, "bad", q, 1)
+    _claim_pod(k8s, namespace, "bad", "bad", template)
+    _claims_made(k8s, namespace, ["bad"])
+    scheduler.run(_dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "bad")["spec"].get("nodeName") is None
+    assert not (_claim_of(k8s, namespace, "bad").get("status") or {}).get("allocation")
+    reason, message = _condition(k8s, namespace, "bad")
+    assert reason == contract.UnschedulableReason.UNSUPPORTED_PLACEMENT.value
+    assert "memorySize" in message and "no such key" in message, message
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_a_claim_written_for_a_bind_that_failed_is_taken_back(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    node = dra_nodes()
+    q = queue(16)
+    template = _template(k8s, namespace)
+    podgroup(k8s, namespace, "undo", q, 1)
+    _claim_pod(k8s, namespace, "undo", "undo", template)
+    _claims_made(k8s, namespace, ["undo"])
+    cycle_view = _dra_view(k8s, {node})
+    snapshot = scheduler.prepare(cycle_view, 0.0)
+    (bind,) = scheduler.decide(snapshot).binds
+    claims = scheduler.binder._claims  # the cycle's own writer, as the binder calls it
+    assert claims is not None
+    assert claims.prepare(bind) is None
+    allocated = _claim_of(k8s, namespace, "undo")
+    assert allocated["status"]["allocation"] and FINALIZER in allocated["metadata"]["finalizers"]
+    claims.settle(bind, bound=False)
+    undone = _claim_of(k8s, namespace, "undo")
+    assert not (undone.get("status") or {}).get("allocation")
+    assert not (undone.get("status") or {}).get("reservedFor")
+    assert FINALIZER not in (undone["metadata"].get("finalizers") or [])
+    assert _pod(k8s, namespace, "undo")["spec"].get("nodeName") is None
