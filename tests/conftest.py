@@ -29,6 +29,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how many random clusters the kube-scheduler oracle of the placement rules tries (default 6)",
     )
     parser.addoption(
+        "--dra-seeds",
+        type=int,
+        default=20,
+        help="how many random devices and claims the kube-scheduler oracle of DRA allocation tries (default 20)",
+    )
+    parser.addoption(
         "--placement-first-seed",
         type=int,
         default=0,

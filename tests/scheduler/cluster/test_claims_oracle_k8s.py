@@ -1,0 +1,298 @@
+"""gpuwarden's DRA allocation against the upstream kube-scheduler's, on random devices and claims.
+
+gpuwarden promises two things about a ResourceClaim it allocates: it
+allocates nothing where kube-scheduler finds no allocation, and every
+allocation it writes satisfies every selector and constraint of the claim
+(its allocator may be narrower than kube-scheduler's, never wider: see
+scheduler/cluster/claims.py). This test checks both against the
+kube-scheduler binary ``make controlplane`` builds, per seed
+(``--dra-seeds N``, default 20):
+
+- three DRA-only nodes with the same ResourceSlice (NVIDIA's driver's
+  shape, ``dra_objects``, with random products, memory, driver versions, a
+  NUMA attribute on some devices and the driver's XID taint on some);
+- one random claim spec: one or two requests of the driver's class, counts
+  1-3, CEL selectors over attributes, capacity (quantities) and versions
+  (semver), sometimes one that fails on a device, sometimes a toleration,
+  sometimes a ``matchAttribute`` constraint;
+- kube-scheduler allocates it for a pod pinned to node K; gpuwarden's cycle
+  for a pod of its own with only node G in view;
+- where gpuwarden allocated, the allocation is checked by pinning: the same
+  claim, each request narrowed to the UUIDs gpuwarden gave it, for a pod of
+  kube-scheduler's pinned to node P. kube-scheduler must allocate it, which
+  it does only if those devices satisfy every selector, taint and
+  constraint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.kube import KubeApi
+from gpuwarden.localcluster import LABEL_HOSTNAME, ManagedProcess, create_gpu_node
+from scheduler.cluster.bind import Binder
+from scheduler.cluster.cycle import SchedulingCycle
+from tests.harness import ControlPlane, unique_name
+from tests.harness import kube_scheduler as start_kube_scheduler
+from tests.scheduler.cluster.kube_objects import podgroup
+from tests.scheduler.cluster.test_claims_k8s import DRA, dra_view
+from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT
+from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_crds", "gpunode_crd")]
+
+JSON = dict[str, Any]
+PRODUCTS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+MEMORY = ("40Gi", "80Gi", "81559Mi")
+DRIVER_VERSIONS = ("535.161.8", "550.54.15", "580.82.7")
+XID = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+VERDICT_TIMEOUT_S = 60.0
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "dra_seed" in metafunc.fixturenames:
+        count = int(metafunc.config.getoption("--dra-seeds"))
+        metafunc.parametrize("dra_seed", range(count))
+
+
+@pytest.fixture(scope="module")
+def kube_scheduler(control_plane: ControlPlane) -> Iterator[ManagedProcess]:
+    with start_kube_scheduler(control_plane, "kube-scheduler-dra-oracle", "--v=1") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def device_classes(control_plane: ControlPlane) -> None:
+    control_plane.kubectl("apply", "-f", str(DEVICECLASSES))
+
+
+def _raw(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+# --------------------------------------------------------------------------
+# Random devices and claims
+# --------------------------------------------------------------------------
+
+
+def _devices(rng: random.Random) -> list[JSON]:
+    out = []
+    for minor in range(rng.randint(2, 6)):
+        attributes: JSON = {
+            "type": {"string": "gpu"},
+            "uuid": {"string": f"GPU-{rng.getrandbits(32):08x}-0000-0000-0000-{minor:012d}"},
+            "productName": {"string": rng.choice(PRODUCTS)},
+            "driverVersion": {"version": rng.choice(DRIVER_VERSIONS)},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x18 + minor:02x}:00.0"},
+        }
+        if rng.random() < 0.8:
+            attributes["numa"] = {"int": rng.randint(0, 1)}
+        device: JSON = {
+            "name": f"gpu-{minor}",
+            "attributes": attributes,
+            "capacity": {"memory": {"value": rng.choice(MEMORY)}},
+        }
+        if rng.random() < 0.2:
+            device["taints"] = [dict(XID)]
+        out.append(device)
+    return out
+
+
+def _selector(rng: random.Random) -> str:
+    a = 'device.attributes["gpu.nvidia.com"]'
+    return rng.choice(
+        (
+            f'{a}.productName == "{rng.choice(PRODUCTS)}"',
+            f'{a}.productName.startsWith("NVIDIA H")',
+            f'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("{rng.choice(("48Gi", "80Gi"))}")) >= 0',
+            f'{a}.driverVersion.isGreaterThan(semver("{rng.choice(DRIVER_VERSIONS)}"))',
+            f"{a}.driverVersion.major() >= 550",
+            f'"numa" in {a} && {a}.numa == {rng.randint(0, 1)}',
+            # Fails on a device without the attribute: an error for both, never "does not match".
+            f"{a}.numa == {rng.randint(0, 1)}",
+        )
+    )
+
+
+def _claim_spec(rng: random.Random) -> JSON:
+    requests = []
+    for i in range(rng.choice((1, 1, 2))):
+        exactly: JSON = {"deviceClassName": "gpu.nvidia.com", "count": rng.choice((1, 1, 2, 3))}
+        if rng.random() < 0.7:
+            exactly["selectors"] = [{"cel": {"expression": _selector(rng)}} for _ in range(rng.randint(1, 2))]
+        if rng.random() < 0.15:
+            exactly["tolerations"] = [{"key": XID["key"], "operator": "Exists", "effect": "NoSchedule"}]
+        requests.append({"name": f"r{i}", "exactly": exactly})
+    devices: JSON = {"requests": requests}
+    if rng.random() < 0.25:
+        devices["constraints"] = [{"matchAttribute": rng.choice(("gpu.nvidia.com/productName", "gpu.nvidia.com/numa"))}]
+    return {"devices": devices}
+
+
+# --------------------------------------------------------------------------
+# The cluster
+# --------------------------------------------------------------------------
+
+
+def _node(k8s: client.ApiClient, devices: list[JSON], made: list[tuple[str, str]]) -> str:
+    name = unique_name("dra-oracle")
+    node = create_gpu_node(k8s, name, gpus=0)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"00000-{DRIVER}-{name}-"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": json.loads(json.dumps(devices)),
+        },
+    }
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid, "controller": True}
+    ]
+    made.append(
+        (
+            name,
+            client.CustomObjectsApi(k8s).create_cluster_custom_object(*DRA, "resourceslices", body)["metadata"]["name"],
+        )
+    )
+    return name
+
+
+def _claim(k8s: client.ApiClient, namespace: str, spec: JSON) -> str:
+    name = unique_name("c")
+    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        *DRA,
+        namespace,
+        "resourceclaims",
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec},
+    )
+    return name
+
+
+def _pod(k8s: client.ApiClient, namespace: str, claim: str, *, scheduler: str, node: str = "", group: str = "") -> str:
+    name = unique_name("p")
+    spec: JSON = {
+        "schedulerName": scheduler,
+        "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.invalid/x:1",
+                "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpus"}]},
+            }
+        ],
+    }
+    if node:
+        spec["nodeSelector"] = {LABEL_HOSTNAME: node}
+    meta: JSON = {"name": name}
+    if group:
+        meta["annotations"] = {contract.ANNOTATION_POD_GROUP: group}
+    client.CoreV1Api(k8s).create_namespaced_pod(namespace, {"metadata": meta, "spec": spec})
+    return name
+
+
+def _results(k8s: client.ApiClient, namespace: str, claim: str) -> list[JSON] | None:
+    obj = client.CustomObjectsApi(k8s).get_namespaced_custom_object(*DRA, namespace, "resourceclaims", claim)
+    allocation = (obj.get("status") or {}).get("allocation")
+    return None if not allocation else list(allocation["devices"]["results"])
+
+
+def _unschedulable(k8s: client.ApiClient, namespace: str, pod: str) -> str:
+    status = _raw(client.CoreV1Api(k8s).read_namespaced_pod(pod, namespace, _preload_content=False)).get("status") or {}
+    for condition in status.get("conditions") or ():
+        # Unschedulable, or SchedulerError: a selector kube-scheduler could not evaluate.
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason')}: {condition.get('message')}"
+    return ""
+
+
+def _kube_verdict(k8s: client.ApiClient, namespace: str, claim: str, pod: str) -> list[JSON] | str:
+    """kube-scheduler's allocation of ``claim`` for ``pod``, or why it found none."""
+
+    def decided() -> list[JSON] | str | None:
+        found = _results(k8s, namespace, claim)
+        if found is not None:
+            return found
+        return _unschedulable(k8s, namespace, pod) or None
+
+    verdict = wait_for(decided, timeout=VERDICT_TIMEOUT_S, interval=0.2, description="kube-scheduler's verdict")
+    assert verdict is not None
+    return verdict
+
+
+@pytest.fixture
+def world(k8s: client.ApiClient, namespace: str) -> Iterator[list[tuple[str, str]]]:
+    made: list[tuple[str, str]] = []
+    yield made
+    custom = client.CustomObjectsApi(k8s)
+    for claim in custom.list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]:
+        with contextlib.suppress(client.ApiException):
+            custom.patch_namespaced_custom_object(
+                *DRA, namespace, "resourceclaims", claim["metadata"]["name"], {"metadata": {"finalizers": None}}
+            )
+    for node, slice_name in made:
+        with contextlib.suppress(client.ApiException):
+            custom.delete_cluster_custom_object(*DRA, "resourceslices", slice_name)
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(k8s).delete_node(node)
+
+
+@pytest.mark.usefixtures("kube_scheduler", "device_classes")
+def test_dra_allocation_agrees_with_kube_scheduler(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    world: list[tuple[str, str]],
+    dra_seed: int,
+) -> None:
+    rng = random.Random(f"dra-oracle-{dra_seed}")
+    devices = _devices(rng)
+    spec = _claim_spec(rng)
+    kube_node, ours, pinned = (_node(k8s, devices, world) for _ in range(3))
+    report = f"seed {dra_seed}\ndevices {json.dumps(devices, sort_keys=True)}\nclaim {json.dumps(spec, sort_keys=True)}"
+
+    kube_claim = _claim(k8s, namespace, spec)
+    kube_pod = _pod(k8s, namespace, kube_claim, scheduler="default-scheduler", node=kube_node)
+    kube = _kube_verdict(k8s, namespace, kube_claim, kube_pod)
+
+    q = queue(64)
+    group = unique_name("g")
+    podgroup(k8s, namespace, group, q, 1)
+    our_claim = _claim(k8s, namespace, spec)
+    _pod(k8s, namespace, our_claim, scheduler=contract.SCHEDULER_NAME, group=group)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    SchedulingCycle(api, binder=Binder(api, retry=NO_WAIT)).run(dra_view(k8s, {ours}))
+    given = _results(k8s, namespace, our_claim)
+
+    if isinstance(kube, str):
+        assert given is None, f"kube-scheduler found no allocation ({kube}); gpuwarden gave {given}\n{report}"
+        return
+    if given is None:
+        return  # narrower, never wider: allowed (module docstring)
+    # Pin: each request narrowed to the UUIDs gpuwarden gave it, on a third copy of the node.
+    uuid_of = {d["name"]: d["attributes"]["uuid"]["string"] for d in devices}
+    check = json.loads(json.dumps(spec))
+    for request in check["devices"]["requests"]:
+        chosen = sorted(uuid_of[r["device"]] for r in given if r["request"] == request["name"])
+        assert len(chosen) == request["exactly"]["count"], f"request {request['name']} got {chosen}\n{report}"
+        listed = ", ".join(f'"{u}"' for u in chosen)
+        request["exactly"].setdefault("selectors", []).append(
+            {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid in [{listed}]'}}
+        )
+    pin_claim = _claim(k8s, namespace, check)
+    pin_pod = _pod(k8s, namespace, pin_claim, scheduler="default-scheduler", node=pinned)
+    pinned_verdict = _kube_verdict(k8s, namespace, pin_claim, pin_pod)
+    assert not isinstance(pinned_verdict, str), (
+        f"gpuwarden's allocation {given} does not satisfy the claim by kube-scheduler: {pinned_verdict}\n{report}"
+    )
