@@ -42,6 +42,16 @@ Run it (not part of ``make test``; at the defaults about 7 minutes per run)::
     .venv/bin/python benchmarks/scheduler_fill.py [--runs 3] [--nodes 500] [--pods 4000]
     .venv/bin/python benchmarks/scheduler_fill.py --quick   # a smoke run: 10 nodes, 60 pods, one run
 
+``--dra`` runs the same on DRA nodes, as the GPU Operator's DRA mode leaves
+them: no device plugin (``nvidia.com/gpu`` 0) and no GPUNode, each node's
+8 GPUs in the ResourceSlice NVIDIA's DRA driver publishes, its
+DeviceClasses installed. Each pod takes one GPU through a claim of a
+ResourceClaimTemplate, which kube-controller-manager's resourceclaim
+controller (run for the whole benchmark) makes for it; the scheduler
+allocates the claim and binds. The bare binders do not run (a bind without
+an allocation is not a DRA bind), and every run checks that no device was
+allocated twice.
+
 ``--profile DIR`` runs gpuwarden's scheduler under cProfile and leaves one
 profile per run there; ``KUBE_SCHEDULER`` names a kube-scheduler binary to
 use instead of the one beside kube-apiserver.
@@ -276,13 +286,29 @@ def make_client(plane: ControlPlane, pool: int) -> client.ApiClient:
     return client.ApiClient(config)
 
 
-def make_nodes(api: client.ApiClient, count: int) -> list[str]:
-    """Ready GPU nodes, each with the GPUNode and conditions its agent would publish."""
+def make_nodes(api: client.ApiClient, count: int, dra: bool = False) -> list[str]:
+    """Ready GPU nodes, each with the GPUNode and conditions its agent would publish.
+
+    With ``dra``, DRA-only nodes: no device plugin, no GPUNode, the driver's slice.
+    """
     from tests.scheduler.cluster.kube_objects import publish_health
+    from tests.scheduler.remediation.dra_objects import DriverGpu, driver_slice
 
     names = [f"fill-node-{i:04d}" for i in range(count)]
 
     def one(name: str) -> None:
+        if dra:
+            node = create_gpu_node(api, name, gpus=0)
+            gpus = [
+                DriverGpu(
+                    i, i, f"GPU-{abs(hash(name)) % 10**8:08d}-0000-0000-0000-{i:012d}", f"00000000:{0x18 + i:02X}:00.0"
+                )
+                for i in range(GPUS_PER_NODE)
+            ]
+            client.CustomObjectsApi(api).create_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", driver_slice(name, node.metadata.uid, gpus)
+            )
+            return
         create_gpu_node(api, name, gpus=GPUS_PER_NODE)
         publish_health(api, name)
 
@@ -307,8 +333,34 @@ def make_queue(api: client.ApiClient, gpus: int) -> str:
     return name
 
 
-def pod_body(name: str, scheduler: str, queue: str, gpus: int = 1) -> dict[str, Any]:
-    """A training pod: one GPU (a limit, as users write it), a core and 4 GiB."""
+DRA_TEMPLATE = "one-gpu"
+
+
+def dra_template(api: client.ApiClient, namespace: str) -> None:
+    """The ResourceClaimTemplate every DRA pod of a run uses: one GPU of the driver's class."""
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": DRA_TEMPLATE},
+            "spec": {
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+            },
+        },
+    )
+
+
+def pod_body(name: str, scheduler: str, queue: str, gpus: int = 1, dra: bool = False) -> dict[str, Any]:
+    """A training pod: one GPU (a limit, as users write it, or with ``dra`` a claim), a core and 4 GiB."""
+    if dra and gpus:
+        body = pod_body(name, scheduler, queue, gpus=0)
+        body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": DRA_TEMPLATE}]
+        body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        return body
     limits = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
     return {
         "apiVersion": "v1",
@@ -342,12 +394,15 @@ def drain(resp: Any) -> int:
     return status
 
 
-def create_pods(api: client.ApiClient, namespace: str, names: Sequence[str], scheduler: str, queue: str) -> float:
+def create_pods(
+    api: client.ApiClient, namespace: str, names: Sequence[str], scheduler: str, queue: str, *, dra: bool = False
+) -> float:
     """Create the pods from a pool of threads, as fast as the API server takes them; seconds taken."""
     core = client.CoreV1Api(api)
 
     def one(name: str) -> None:
-        drain(core.create_namespaced_pod(namespace, pod_body(name, scheduler, queue), _preload_content=False))
+        body = pod_body(name, scheduler, queue, dra=dra)
+        drain(core.create_namespaced_pod(namespace, body, _preload_content=False))
 
     started = time.monotonic()
     with ThreadPoolExecutor(CREATE_THREADS) as pool:
@@ -406,6 +461,7 @@ def fresh_namespace(api: client.ApiClient) -> Iterator[str]:
         yield name
     finally:
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        release_claims(api, name)
         core.delete_namespace(name)
         deadline = time.monotonic() + STALL_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -416,6 +472,43 @@ def fresh_namespace(api: client.ApiClient) -> Iterator[str]:
                     break
                 raise
             time.sleep(0.5)
+
+
+def release_claims(api: client.ApiClient, namespace: str) -> None:
+    """Drop the allocated claims' finalizers, so the namespace goes without waiting for the claim controller."""
+    custom = client.CustomObjectsApi(api)
+    try:
+        items = custom.list_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims")["items"]
+    except client.ApiException:
+        return
+
+    def one(claim: dict[str, Any]) -> None:
+        with contextlib.suppress(client.ApiException):
+            custom.patch_namespaced_custom_object(
+                "resource.k8s.io",
+                "v1",
+                namespace,
+                "resourceclaims",
+                claim["metadata"]["name"],
+                {"metadata": {"finalizers": None}},
+            )
+
+    with ThreadPoolExecutor(SETUP_THREADS) as pool:
+        list(pool.map(one, [c for c in items if c["metadata"].get("finalizers")]))
+
+
+def devices_given_twice(api: client.ApiClient, namespace: str) -> int:
+    """How many (pool, device) pairs more than one claim of the namespace holds."""
+    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "resource.k8s.io", "v1", namespace, "resourceclaims"
+    )["items"]
+    held: dict[tuple[str, str], int] = {}
+    for claim in items:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            key = (result["pool"], result["device"])
+            held[key] = held.get(key, 0) + 1
+    return sum(1 for n in held.values() if n > 1)
 
 
 # ---------------------------------------------------------------------------
@@ -511,10 +604,13 @@ class Bench:
     queue: str
     pods: int
     launcher: Launcher
+    dra: bool = False
 
     def run(self, contender: Contender, workload: str) -> Outcome:
         names = [f"fill-{i:05d}" for i in range(self.pods)]
         with fresh_namespace(self.api) as namespace:
+            if self.dra:
+                dra_template(self.api, namespace)
             watch = BindWatch(self.plane, namespace, "fill-")
             proc: ManagedProcess | None = None
             try:
@@ -522,9 +618,11 @@ class Bench:
                 if workload == "created":
                     proc = self._start_ready(contender, namespace, watch)
                     started = time.monotonic()
-                    create_seconds = create_pods(self.api, namespace, names, contender.scheduler_name, self.queue)
+                    create_seconds = create_pods(
+                        self.api, namespace, names, contender.scheduler_name, self.queue, dra=self.dra
+                    )
                 else:
-                    create_pods(self.api, namespace, names, contender.scheduler_name, self.queue)
+                    create_pods(self.api, namespace, names, contender.scheduler_name, self.queue, dra=self.dra)
                     watch.wait(lambda: len(watch.created) >= len(names), "backlog creation")
                     started = time.monotonic()
                     if contender.kind == "bare":
@@ -532,13 +630,16 @@ class Bench:
                     else:
                         proc = self.launcher.start(contender)
                 self._wait_bound(watch, names, contender, proc)
+                overfilled = watch.overfilled_nodes(GPUS_PER_NODE)
+                if self.dra:
+                    overfilled += devices_given_twice(self.api, namespace)
                 return Outcome(
                     contender=contender.name,
                     workload=workload,
                     pods=len(names),
                     seconds=watch.last_bind(names) - started,
                     bound=len(names),
-                    overfilled_nodes=watch.overfilled_nodes(GPUS_PER_NODE),
+                    overfilled_nodes=overfilled,
                     create_seconds=create_seconds,
                 )
             finally:
@@ -586,10 +687,9 @@ def figures(outcomes: Sequence[Outcome], contender: str, workload: str) -> list[
     return [o.rate for o in outcomes if o.contender == contender and o.workload == workload]
 
 
-def report(outcomes: Sequence[Outcome], names: Sequence[str], pods: int, nodes: int) -> None:
-    print(
-        f"\n{pods} single-GPU pods onto {nodes} nodes x {GPUS_PER_NODE} GPUs; pods per second, min and median of runs"
-    )
+def report(outcomes: Sequence[Outcome], names: Sequence[str], pods: int, nodes: int, dra: bool = False) -> None:
+    kind = "single-GPU claim pods onto DRA" if dra else "single-GPU pods onto"
+    print(f"\n{pods} {kind} {nodes} nodes x {GPUS_PER_NODE} GPUs; pods per second, min and median of runs")
     medians: dict[tuple[str, str], float] = {}
     for workload in WORKLOADS:
         for name in names:
@@ -624,6 +724,10 @@ def report(outcomes: Sequence[Outcome], names: Sequence[str], pods: int, nodes: 
         print(f"ratio workload=backlog gpuwarden/bare-ceiling={ours / max(bare):.2f}")
     tuned = medians.get(("kube-scheduler-tuned", "created"))
     ours_created = medians.get(("gpuwarden", "created"))
+    tuned_backlog = medians.get(("kube-scheduler-tuned", "backlog"))
+    if dra and ours_created is not None and tuned and ours is not None and tuned_backlog:
+        meets = ours_created >= tuned and ours >= tuned_backlog
+        print(f"target: at least the tuned kube-scheduler's rate, both workloads: {'meets' if meets else 'MISSES'}")
     if ours_created is not None and tuned and bare and ours is not None:
         meets = (
             ours_created > tuned
@@ -646,6 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="workloads to run, comma-separated")
     parser.add_argument("--profile", type=Path, default=None, help="run gpuwarden under cProfile, profiles here")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 60 pods, one run")
+    parser.add_argument("--dra", action="store_true", help="DRA nodes and claim pods (module docstring)")
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.nodes, args.pods = 1, 10, 60
@@ -656,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = wanted - {c.name for c in everyone}
     if unknown:
         parser.error(f"unknown contenders: {', '.join(sorted(unknown))}")
-    chosen = [c for c in everyone if not wanted or c.name in wanted]
+    chosen = [c for c in everyone if (not wanted or c.name in wanted) and not (args.dra and c.kind == "bare")]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if set(workloads) - set(WORKLOADS):
         parser.error(f"workloads are {', '.join(WORKLOADS)}")
@@ -669,8 +774,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube_scheduler = kube_scheduler_binary()
 
     began = time.monotonic()
-    with running_control_plane() as plane:
+    with running_control_plane() as plane, contextlib.ExitStack() as extra:
         launcher = Launcher(plane, kube_scheduler, args.profile)
+        if args.dra:
+            plane.kubectl(
+                "apply", "-f", str(REPO / "tests" / "scheduler" / "remediation" / "dra" / "deviceclasses.yaml")
+            )
+            extra.enter_context(plane.extra_controllers("resourceclaim-controller"))
         try:
             plane.kubectl("apply", "-f", str(REPO / "manifests" / "crd-gpunodes.yaml"))
             plane.kubectl("apply", "-k", str(REPO / "manifests" / "scheduler" / "crds"))
@@ -679,14 +789,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 client.CoreV1Api(api).create_namespace(
                     client.V1Namespace(metadata=client.V1ObjectMeta(name=LEASE_NAMESPACE))
                 )
-                nodes = make_nodes(api, args.nodes)
+                nodes = make_nodes(api, args.nodes, dra=args.dra)
                 queue = make_queue(api, args.pods)
                 print(
                     f"control plane and {len(nodes)} nodes up in {time.monotonic() - began:.1f} s; "
                     f"{args.runs} runs of {len(chosen)} contenders",
                     flush=True,
                 )
-                bench = Bench(plane, api, nodes, queue, args.pods, launcher)
+                bench = Bench(plane, api, nodes, queue, args.pods, launcher, dra=args.dra)
                 outcomes: list[Outcome] = []
                 for run in range(args.runs):
                     order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
@@ -702,7 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 f"overfilled_nodes={outcome.overfilled_nodes}",
                                 flush=True,
                             )
-                report(outcomes, [c.name for c in chosen], args.pods, args.nodes)
+                report(outcomes, [c.name for c in chosen], args.pods, args.nodes, dra=args.dra)
         finally:
             launcher.stop_all()
     return 0

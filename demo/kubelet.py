@@ -16,12 +16,22 @@ gpuwarden's assignment annotation. So a whole-GPU pod can land on a GPU
 gpuwarden has quarantined for a fault the device plugin does not check; the
 kubelet notes each such landing (:attr:`StandInKubelet.landed`) and when the
 pod left that GPU, for the summary.
+
+A pod with DRA claims (``spec.resourceClaims``) starts only once every claim
+it names is allocated and reserved for it (``status.reservedFor``), as the
+kubelet's DRA manager refuses to prepare the resources of any other: until
+then it stays Pending (checked again every second), with a Warning Event
+``FailedPrepareDynamicResources`` saying which claim is not ready. Its GPUs
+are the devices of its claims' allocations (the driver names a GPU
+``gpu-<minor>``; the simulated nodes' minor numbers are their indices), not
+the device manager's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +56,49 @@ LABEL_JOB = "demo.gpuwarden.io/job"
 
 # A container started (+1) or stopped (-1) on these GPUs of this node.
 OnGpus = Callable[[str, tuple[int, ...], int], None]
+
+_DRA_GROUP, _DRA_VERSION = contract.DRA_API_GROUP, contract.DRA_API_VERSION
+_MINOR = re.compile(r"^gpu-(\d+)$")
+CLAIM_RECHECK_S = 1.0
+
+
+def claims_ready(api: client.ApiClient, pod: dict[str, Any]) -> tuple[int, ...] | str:
+    """The GPU indices a pod's DRA claims give it on its node, or why the kubelet would not start it yet."""
+    metadata, spec, status = meta(pod), sub(pod, "spec"), sub(pod, "status")
+    namespace, uid, node = str(metadata.get("namespace")), metadata.get("uid"), spec.get("nodeName")
+    made: dict[object, object] = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in status.get("resourceClaimStatuses") or ()
+        if isinstance(s, dict)
+    }
+    custom = client.CustomObjectsApi(api)
+    gpus: set[int] = set()
+    entries = list(spec.get("resourceClaims") or ())
+    extended = sub(status, "extendedResourceClaimStatus").get("resourceClaimName")
+    if extended:
+        # The claim the scheduler made for the pod's extended resources (KEP-5004).
+        entries.append({"name": "", "resourceClaimName": extended})
+    for entry in entries:
+        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
+        if entry.get("resourceClaimTemplateName") and entry.get("name") in made and made[entry.get("name")] is None:
+            continue  # the template needed no claim
+        if not isinstance(name, str) or not name:
+            return f"claim {entry.get('name')!r} of the pod has not been created yet"
+        try:
+            claim = custom.get_namespaced_custom_object(_DRA_GROUP, _DRA_VERSION, namespace, "resourceclaims", name)
+        except client.ApiException as exc:
+            return f"resourceclaim {name}: {exc.status} {exc.reason}"
+        claim_status = sub(claim, "status") if isinstance(claim, dict) else {}
+        allocation = claim_status.get("allocation")
+        if not allocation:
+            return f"resourceclaim {name} is not allocated"
+        if not any(r.get("uid") == uid for r in claim_status.get("reservedFor") or ()):
+            return f"resourceclaim {name} is not reserved for the pod"
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            minor = _MINOR.match(str(result.get("device")))
+            if result.get("driver") == contract.NVIDIA_DRA_DRIVER and result.get("pool") == node and minor:
+                gpus.add(int(minor.group(1)))
+    return tuple(sorted(gpus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +168,9 @@ class StandInKubelet:
             threading.Thread(target=self._finish_loop, name="demo-kubelet-finish", daemon=True),
         ]
         self._stream: watch.Watch | None = None
+        # Pods whose claims are not ready yet (uid -> pod), checked again every second; why, by uid.
+        self._waiting: dict[str, dict[str, Any]] = {}
+        self.refused: dict[str, str] = {}
         self.started = 0
         self.finished = 0
         self.deleted = 0
@@ -155,6 +211,8 @@ class StandInKubelet:
         metadata, spec, status = meta(pod), sub(pod, "spec"), sub(pod, "status")
         uid, name, namespace = str(metadata.get("uid")), str(metadata.get("name")), str(metadata.get("namespace"))
         if kind == "DELETED":
+            with self._lock:
+                self._waiting.pop(uid, None)
             self._stopped(uid, evicted=True)
             return
         if metadata.get("deletionTimestamp"):
@@ -175,9 +233,24 @@ class StandInKubelet:
         with self._lock:
             if uid in self._running:
                 return
+        self._start(pod, node)
+
+    def _start(self, pod: dict[str, Any], node: str) -> None:
+        metadata = meta(pod)
+        uid, name, namespace = str(metadata.get("uid")), str(metadata.get("name")), str(metadata.get("namespace"))
         annotations: Mapping[str, str] = metadata.get("annotations") or {}
         labels: Mapping[str, str] = metadata.get("labels") or {}
-        gpus = self._admit(node, pod, annotations)
+        if sub(pod, "spec").get("resourceClaims") or sub(pod, "status").get("extendedResourceClaimStatus"):
+            ready = claims_ready(self._api, pod)
+            if isinstance(ready, str):
+                self._refuse(pod, ready)
+                return
+            with self._lock:
+                self._waiting.pop(uid, None)
+            self.refused.pop(uid, None)
+            gpus: tuple[int, ...] | None = ready
+        else:
+            gpus = self._admit(node, pod, annotations)
         if gpus is None:
             # The device manager cannot serve it: the kubelet fails the pod at admission.
             with contextlib.suppress(client.ApiException):
@@ -206,6 +279,54 @@ class StandInKubelet:
         if gpus:
             self._on_gpus(running.node, gpus, 1)
 
+    def _refuse(self, pod: dict[str, Any], why: str) -> None:
+        """Keep the pod Pending and say why once, as the kubelet's DRA manager does; it is tried again later."""
+        metadata = meta(pod)
+        uid = str(metadata.get("uid"))
+        with self._lock:
+            self._waiting[uid] = pod
+        if self.refused.get(uid) == why:
+            return
+        self.refused[uid] = why
+        log.info("demo_pod_claims_not_ready", pod=f"{metadata.get('namespace')}/{metadata.get('name')}", why=why)
+        event: dict[str, Any] = {
+            "metadata": {"generateName": f"{metadata.get('name')}."},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": metadata.get("namespace"),
+                "name": metadata.get("name"),
+                "uid": uid,
+            },
+            "type": "Warning",
+            "reason": "FailedPrepareDynamicResources",
+            "message": f"Failed to prepare dynamic resources: {why}",
+            "source": {"component": "kubelet", "host": sub(pod, "spec").get("nodeName")},
+        }
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(self._api).create_namespaced_event(str(metadata.get("namespace")), event)  # type: ignore[arg-type]
+
+    def _recheck(self) -> None:
+        """Try the pods waiting for their claims again, each as it is now."""
+        with self._lock:
+            waiting = list(self._waiting.items())
+        core = client.CoreV1Api(self._api)
+        for uid, old in waiting:
+            metadata = meta(old)
+            try:
+                pod = to_json(
+                    self._api, core.read_namespaced_pod(str(metadata.get("name")), str(metadata.get("namespace")))
+                )
+            except client.ApiException:
+                with self._lock:
+                    self._waiting.pop(uid, None)
+                continue
+            node = sub(pod, "spec").get("nodeName")
+            if meta(pod).get("uid") != uid or meta(pod).get("deletionTimestamp") or not isinstance(node, str):
+                with self._lock:
+                    self._waiting.pop(uid, None)
+                continue
+            self._start(pod, node)
+
     def _admit(self, node: str, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> tuple[int, ...] | None:
         """The GPUs the node's device manager gives the pod (without one: gpuwarden's assignment)."""
         if self._devices is None:
@@ -229,8 +350,12 @@ class StandInKubelet:
     # ------------------------------------------------------------ finish
 
     def _finish_loop(self) -> None:
+        checked = time.monotonic()
         while not self._stop.wait(0.2):
             now = time.monotonic()
+            if self._waiting and now - checked >= CLAIM_RECHECK_S:
+                checked = now
+                self._recheck()
             due: list[RunningPod] = []
             with self._lock:
                 while self._due and self._due[0][0] <= now:

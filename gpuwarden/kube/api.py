@@ -416,6 +416,30 @@ class KubeApi:
             name,
         )
 
+    def create_resource_claim(self, namespace: str, body: JSON) -> JSON:
+        """Create a claim (a pod's extended resources served through DRA, KEP-5004)."""
+        return self._write(
+            "create_resource_claim",
+            self._custom.create_namespaced_custom_object,
+            contract.DRA_API_GROUP,
+            contract.DRA_API_VERSION,
+            namespace,
+            contract.RESOURCECLAIM_PLURAL,
+            body,
+            field_manager=self.field_manager,
+        )
+
+    def delete_resource_claim(self, namespace: str, name: str, uid: str) -> JSON | None:
+        """Delete a claim, only if it is still the one named by ``uid``; None if it is gone already."""
+        self.check_write("delete_resource_claim")
+        return self._request(
+            "delete_resource_claim",
+            self._custom.delete_namespaced_custom_object,
+            (contract.DRA_API_GROUP, contract.DRA_API_VERSION, namespace, contract.RESOURCECLAIM_PLURAL, name),
+            {"body": {"preconditions": {"uid": uid}}} if uid else {},
+            absent_ok=True,
+        )
+
     def replace_resource_claim(self, namespace: str, name: str, body: JSON) -> JSON:
         """Replace a claim's object (its finalizers); ``body`` names the ``resourceVersion`` read (409 if it moved)."""
         return self._write(

@@ -217,6 +217,9 @@ class Binder:
         """
         if bind.pipelined:
             raise ValueError("a pipelined bind waits for evictions: bind_all it")
+        if self._claims is not None and self._claims.writes(bind):
+            # Its claims take requests of their own before the bind: on the pool, not the cycle's thread.
+            return self.submit(bind, node)
         body = self._body(bind, node)
         if isinstance(body, BindResult):
             failed: Future[BindResult] = Future()

@@ -35,7 +35,15 @@ from typing import Any
 
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
-from scheduler.cluster.claims import DRIVER, FINALIZER, ClaimPlan, ClaimToWrite
+from scheduler.cluster.claims import (
+    DRIVER,
+    EXTENDED_ANNOTATION,
+    FINALIZER,
+    ClaimPlan,
+    ClaimToWrite,
+    ExtendedClaim,
+    RequestPlan,
+)
 from scheduler.engine.model import Bind
 
 log = get_logger(__name__)
@@ -49,6 +57,8 @@ class _Written:
     name: str
     allocated: bool
     finalizer_added: bool
+    # Made by this bind (a pod's extended resources, KEP-5004): deleted when taken back.
+    created: str = ""  # its UID
 
 
 class _StopError(Exception):
@@ -68,10 +78,15 @@ class ClaimBinder:
         self._lock = threading.Lock()
         self._written: dict[str, list[_Written]] = {}
 
+    def writes(self, bind: Bind) -> bool:
+        """Whether ``bind``'s pod has claims to write before its bind."""
+        plan = self._plans().get(bind.uid)
+        return plan is not None and plan.writes_on(bind.node)
+
     def prepare(self, bind: Bind) -> str | None:
         """Write the claims of ``bind``'s pod; None to go on with the bind, else why not (nothing is left written)."""
         plan = self._plans().get(bind.uid)
-        if plan is None or not plan.writes:
+        if plan is None or not plan.writes_on(bind.node):
             return None
         written: list[_Written] = []
         try:
@@ -89,6 +104,8 @@ class ClaimBinder:
                     take = sum(r.count for r in claim.requests)
                     picked, chosen = chosen[:take], chosen[take:]
                     written.append(self._allocate(claim, bind, plan, picked))
+            if plan.extended is not None and bind.node in plan.devices:
+                self._extended(plan.extended, bind, plan, chosen, written)
         except (_StopError, ApiError) as err:
             self._undo(bind, written)
             return f"resource claims not allocated: {err}"
@@ -117,7 +134,9 @@ class ClaimBinder:
             raise _StopError(f"{ident} is being deleted")
         return obj
 
-    def _allocate(self, claim: ClaimToWrite, bind: Bind, plan: ClaimPlan, picked: list[int]) -> _Written:
+    def _allocate(
+        self, claim: ClaimToWrite, bind: Bind, plan: ClaimPlan, picked: list[int], fresh: JSON | None = None
+    ) -> _Written:
         ident = f"resourceclaim {claim.namespace}/{claim.name}"
         devices = plan.devices.get(bind.node, {})
         results: list[JSON] = []
@@ -140,7 +159,7 @@ class ClaimBinder:
                 configs.append({"source": "FromClass", "requests": [request.name], **_opaque(config)})
         for config in claim.claim_config:
             configs.append({"source": "FromClaim", **_opaque(config, keep_requests=True)})
-        obj = self._fresh(claim)
+        obj = fresh if fresh is not None else self._fresh(claim)
         status = _d(obj.get("status"))
         if status.get("allocation"):
             raise _StopError(f"{ident} was allocated meanwhile (by another scheduler?)")
@@ -187,6 +206,88 @@ class ClaimBinder:
             self._api.replace_resource_claim_status(claim.namespace, claim.name, body)
         return _Written(claim.namespace, claim.name, allocated=False, finalizer_added=False)
 
+    def _extended(
+        self, extended: ExtendedClaim, bind: Bind, plan: ClaimPlan, chosen: list[int], written: list[_Written]
+    ) -> None:
+        """Make, allocate and record the claim of a pod's extended resources, as kube-scheduler does (KEP-5004).
+
+        Claims made for the pod before (a bind that did not go through) go
+        first. The new claim is owned by the pod (the garbage collector
+        deletes it with the pod) and marked with kube-scheduler's annotation;
+        the pod's ``status.extendedResourceClaimStatus`` names it and maps each
+        container to its request, which is how the kubelet finds it.
+        """
+        for stale in extended.stale:
+            self._delete_created(bind.namespace, stale, "")
+        base = f"{bind.pod}-extended-resources-"[:58]
+        body: JSON = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "generateName": base,
+                "annotations": {EXTENDED_ANNOTATION: "true"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": bind.pod, "uid": bind.uid, "controller": True}
+                ],
+            },
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": request,
+                            "exactly": {
+                                "deviceClassName": extended.device_class,
+                                "allocationMode": "ExactCount",
+                                "count": count,
+                            },
+                        }
+                        for _, request, count in extended.requests
+                    ]
+                }
+            },
+        }
+        made = self._api.create_resource_claim(bind.namespace, body)
+        meta = _d(made.get("metadata"))
+        name, uid = str(meta.get("name")), str(meta.get("uid"))
+        written.append(_Written(bind.namespace, name, allocated=True, finalizer_added=True, created=uid))
+        claim = ClaimToWrite(
+            bind.namespace,
+            name,
+            uid,
+            requests=tuple(RequestPlan(r, n, (), extended.class_config) for _, r, n in extended.requests),
+        )
+        self._allocate(claim, bind, plan, chosen[: sum(n for _, _, n in extended.requests)], fresh=made)
+        mappings = [
+            {"containerName": container, "resourceName": extended.resource, "requestName": request}
+            for container, request, _ in extended.requests
+        ]
+        self._api.patch_pod_status(
+            bind.namespace,
+            bind.pod,
+            {"status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}}},
+        )
+
+    def _delete_created(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a claim made for a pod's extended resources: its finalizer first, then the claim."""
+        for _ in range(3):
+            obj = self._api.get_resource_claim(namespace, name)
+            if obj is None:
+                return
+            meta = _d(obj.get("metadata"))
+            if uid and meta.get("uid") != uid:
+                return
+            finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            try:
+                if len(finalizers) != len(meta.get("finalizers") or []):
+                    self._api.replace_resource_claim(
+                        namespace, name, {**obj, "metadata": {**meta, "finalizers": finalizers}}
+                    )
+                self._api.delete_resource_claim(namespace, name, str(meta.get("uid") or ""))
+                return
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+
     # -- taking it back -----------------------------------------------------------
 
     def _undo(self, bind: Bind, written: list[_Written]) -> None:
@@ -204,6 +305,9 @@ class ClaimBinder:
                 )
 
     def _unreserve(self, bind: Bind, claim: _Written) -> None:
+        if claim.created:
+            self._delete_created(claim.namespace, claim.name, claim.created)
+            return
         for _ in range(3):  # a conflict is someone else's write meanwhile: read again
             obj = self._api.get_resource_claim(claim.namespace, claim.name)
             if obj is None:

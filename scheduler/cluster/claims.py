@@ -59,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden import contract
+from gpuwarden.contract import RESOURCE_NVIDIA_GPU
 from gpuwarden.kube import JSON
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.convert import EXTERNAL_JOB_PREFIX, external_queue_name, with_external_queues
@@ -91,6 +92,11 @@ MAX_RESERVED = 256
 _MINOR = re.compile(r"^gpu-(\d+)$")
 _FATAL_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 DRA_JOB_PREFIX = f"{EXTERNAL_JOB_PREFIX}claims:"
+# KEP-5004: the claim kube-scheduler makes for a pod's extended resources carries this annotation.
+EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+# pod_claims' mark for the claim ``status.extendedResourceClaimStatus`` names.
+EXTENDED = "<extended-resources>"
 
 
 # --------------------------------------------------------------------------
@@ -241,6 +247,22 @@ class ClaimToWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtendedClaim:
+    """The claim to create for a pod's ``nvidia.com/gpu`` on a node DRA serves it on (KEP-5004).
+
+    ``requests`` are (container, request name, count) in the claim's order;
+    ``stale`` names claims made for the pod before (an attempt that did not
+    bind), deleted before the new one is made, as kube-scheduler does.
+    """
+
+    resource: str
+    device_class: str
+    class_config: tuple[Mapping[str, Any], ...]
+    requests: tuple[tuple[str, str, int], ...]
+    stale: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimPlan:
     """Per pending pod: its claims in order, and the node's devices by GPU index (to name the devices chosen)."""
 
@@ -249,10 +271,15 @@ class ClaimPlan:
     uid: str
     claims: tuple[ClaimToWrite, ...]
     devices: Mapping[str, Mapping[int, tuple[str, str]]]  # node -> GPU index -> (pool, device)
+    extended: ExtendedClaim | None = None
 
     @property
     def writes(self) -> bool:
-        return any(not c.done for c in self.claims)
+        return self.extended is not None or any(not c.done for c in self.claims)
+
+    def writes_on(self, node: str) -> bool:
+        """Whether a bind to ``node`` writes claims (an extended resource's claim only where DRA serves it)."""
+        return any(not c.done for c in self.claims) or (self.extended is not None and node in self.devices)
 
 
 # --------------------------------------------------------------------------
@@ -268,8 +295,9 @@ def pod_claims(pod: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
     """
     spec = _d(pod.get("spec"))
     raw = spec.get("resourceClaims")
+    extended = _s(_d(_d(pod.get("status")).get("extendedResourceClaimStatus")).get("resourceClaimName"))
     if not isinstance(raw, list) or not raw:
-        return []
+        return [("", extended, EXTENDED)] if extended else []
     statuses = {
         _s(_d(s).get("name")): _d(s).get("resourceClaimName", "")
         for s in (_d(pod.get("status")).get("resourceClaimStatuses") or ())
@@ -287,7 +315,27 @@ def pod_claims(pod: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
             out.append((name, None, template))
         elif isinstance(statuses[name], str) and statuses[name]:
             out.append((name, statuses[name], template))
+    if extended:
+        out.append(("", extended, EXTENDED))
     return out
+
+
+def extended_classes(classes: Mapping[str, JSON]) -> dict[str, str]:
+    """Which DeviceClass serves each extended resource through DRA (KEP-5004), as kube-scheduler picks it.
+
+    A class serves its ``spec.extendedResourceName`` and, always, the implicit
+    ``deviceclass.resource.kubernetes.io/<class>``; where several name the
+    same resource, the newest wins, and of equally new ones the first by name.
+    """
+    best: dict[str, tuple[str, str]] = {}
+    for name, obj in classes.items():
+        created = _s(_d(obj.get("metadata")).get("creationTimestamp"))
+        explicit = _s(_d(obj.get("spec")).get("extendedResourceName"))
+        for resource in filter(None, (explicit, f"{IMPLICIT_PREFIX}{name}")):
+            have = best.get(resource)
+            if have is None or created > have[0] or (created == have[0] and name < have[1]):
+                best[resource] = (created, name)
+    return {resource: name for resource, (_, name) in best.items()}
 
 
 def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: DeviceTaint) -> bool:
@@ -417,6 +465,8 @@ class DraObjects:
     classes: Mapping[str, JSON]
     slices: Mapping[str, JSON]
     rules: Mapping[str, JSON]
+    # The Node objects by name: whether a device plugin serves nvidia.com/gpu there (KEP-5004).
+    nodes: Mapping[str, JSON] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -427,6 +477,11 @@ class _Read:
     inventory: Inventory
     held: dict[str, tuple[str, tuple[int, ...]]]
     reserved: dict[str, set[str]]
+    # nvidia.com/gpu through DRA: the class that serves it, and the nodes where no device plugin does.
+    gpu_class: str | None = None
+    dra_nodes: frozenset[str] = frozenset()
+    # Claims made for pods' extended resources, by the pod UID that owns them.
+    extended_by_pod: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -480,15 +535,39 @@ class ClaimStage:
                 _s(_d(r).get("uid")) for r in (_d(claim.get("status")).get("reservedFor") or ()) if _d(r).get("uid")
             }
         read = _Read(objects, inventory, held, reserved)
+        read.gpu_class = extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes else None
+        if read.gpu_class is not None:
+            read.dra_nodes = frozenset(
+                name for name in inventory.by_node if _plugin_gpus(objects.nodes.get(name)) == 0 and name in self._index
+            )
+            for key, claim in claims.items():
+                meta = _d(claim.get("metadata"))
+                if _d(meta.get("annotations")).get(EXTENDED_ANNOTATION) == "true":
+                    for owner in meta.get("ownerReferences") or ():
+                        if _d(owner).get("controller") is True and _d(owner).get("kind") == "Pod":
+                            read.extended_by_pod.setdefault(_s(_d(owner).get("uid")), []).append(key)
+        extended_on = read.gpu_class is not None and bool(read.dra_nodes)
         attributed: set[str] = set()
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
         seen: set[str] = set()
         for i, job in enumerate(jobs):
-            if not any(_has_claims(pods.get(t.uid)) for t in job.tasks):
+            if not any(
+                _has_claims(pods.get(t.uid))
+                or (extended_on and t.gpus and t.status is TaskStatus.PENDING and not t.devices)
+                for t in job.tasks
+            ):
                 continue
             seen.add(job.key)
-            inputs = (job, inventory.version, self._index_version, *self._claim_inputs(job, pods, claims, classes))
+            inputs = (
+                job,
+                inventory.version,
+                self._index_version,
+                read.gpu_class,
+                read.dra_nodes,
+                *self._claim_inputs(job, pods, claims, classes),
+                *(claims.get(k) for t in job.tasks for k in read.extended_by_pod.get(t.uid, ())),
+            )
             memo = self._jobs.get(job.key)
             if (
                 memo is None
@@ -659,14 +738,27 @@ class ClaimStage:
         for task in job.tasks:
             pod = pods.get(task.uid)
             entries = pod_claims(pod or {})
-            if pod is None or not _has_claims(pod):
+            extended = (
+                read.gpu_class is not None
+                and bool(read.dra_nodes)
+                and task.gpus > 0
+                and pod is not None
+                and task.status is TaskStatus.PENDING
+                and not _d(pod.get("spec")).get("resourceClaims")
+            )
+            if pod is None or not (_has_claims(pod) or extended):
                 tasks.append(task)
                 continue
             if task.status is not TaskStatus.PENDING:
                 tasks.append(self._running(task, job.namespace, entries, read.held, attributed))
                 continue
+            if extended and not self._extended_done(task, job.namespace, entries, read):
+                entries = [e for e in entries if e[2] != EXTENDED]
             try:
-                judged, plan = self._pending(task, job.namespace, entries, read)
+                if extended and not entries:
+                    judged, plan = self._pending_extended(task, job.namespace, pod, read)
+                else:
+                    judged, plan = self._pending(task, job.namespace, entries, read)
             except _RefusedError as why:
                 tasks.append(replace(task, unplaceable=str(why)))
                 continue
@@ -701,7 +793,7 @@ class ClaimStage:
     ) -> tuple[Task, ClaimPlan]:
         claims, classes, inventory = read.objects.claims, read.objects.classes, read.inventory
         held, reserved = read.held, read.reserved
-        if task.gpus:
+        if task.gpus and any(template != EXTENDED for _, _, template in entries):
             raise _RefusedError(
                 "the pod asks for nvidia.com/gpu and for DRA resource claims; gpuwarden places one or the other"
             )
@@ -724,6 +816,8 @@ class ClaimStage:
             meta = _d(claim.get("metadata"))
             if meta.get("deletionTimestamp"):
                 raise _RefusedError(f"{ident} is being deleted")
+            if template == EXTENDED and _d(meta.get("annotations")).get(EXTENDED_ANNOTATION) != "true":
+                raise _RefusedError(f"{ident} named in the pod's extendedResourceClaimStatus is no such claim")
             if template and not any(
                 _d(o).get("uid") == task.uid and _d(o).get("controller") is True
                 for o in (meta.get("ownerReferences") or ())
@@ -768,16 +862,54 @@ class ClaimStage:
             namespace=namespace,
             uid=task.uid,
             claims=tuple(to_write),
-            devices={
-                n: {
-                    i: (d.pool, d.name)
-                    for d in inventory.by_node.get(n, ())
-                    if (i := self._index.get(n, {}).get(d.name)) is not None
-                }
-                for n in (devices.nodes if devices else ())
-            },
+            devices=self._device_names(inventory, devices.nodes if devices else ()),
         )
         return replace(task, gpus=count + len(own), devices=devices, placement=placement), plan
+
+    @staticmethod
+    def _extended_done(task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read) -> bool:
+        """Whether the claim the pod's status names for its extended resources is allocated and reserved for it."""
+        for _, name, template in entries:
+            if template == EXTENDED:
+                key = f"{namespace}/{name}"
+                return key in read.held and task.uid in read.reserved.get(key, set())
+        return False
+
+    def _pending_extended(
+        self, task: Task, namespace: str, pod: Mapping[str, Any], read: _Read
+    ) -> tuple[Task, ClaimPlan]:
+        """A pod's ``nvidia.com/gpu``: any GPU where a device plugin serves it, a device of the class where DRA does."""
+        assert read.gpu_class is not None
+        requests = _extended_requests(pod, RESOURCE_NVIDIA_GPU)
+        device_class = read.objects.classes[read.gpu_class]
+        class_spec = _d(device_class.get("spec"))
+        request = _Request(
+            "extended",
+            task.gpus,
+            _expressions(class_spec.get("selectors"), f"deviceclass {read.gpu_class}"),
+            (),
+            tuple(_d(c) for c in (class_spec.get("config") or ())),
+        )
+        found = self._filter([request], [], read.inventory, None, (), only=read.dra_nodes)
+        plain = frozenset(n for n in read.objects.nodes if n not in read.dra_nodes)
+        devices = DeviceFilter(key=f"{found.key}|extended", nodes=found.nodes, plain=plain)
+        stale = tuple(k.split("/", 1)[1] for k in read.extended_by_pod.get(task.uid, ()))
+        plan = ClaimPlan(
+            pod=task.name,
+            namespace=namespace,
+            uid=task.uid,
+            claims=(),
+            devices=self._device_names(read.inventory, devices.nodes),
+            extended=ExtendedClaim(RESOURCE_NVIDIA_GPU, read.gpu_class, request.class_config, requests, stale),
+        )
+        return replace(task, devices=devices), plan
+
+    def _device_names(self, inventory: Inventory, nodes: Iterable[str]) -> dict[str, dict[int, tuple[str, str]]]:
+        out: dict[str, dict[int, tuple[str, str]]] = {}
+        for node in nodes:
+            names = self._index.get(node, {})
+            out[node] = {names[d.name]: (d.pool, d.name) for d in inventory.by_node.get(node, ()) if d.name in names}
+        return out
 
     def _allocation_node(self, allocation: Mapping[str, Any], ident: str) -> str:
         try:
@@ -805,10 +937,13 @@ class ClaimStage:
         inventory: Inventory,
         pinned: str | None,
         own: tuple[int, ...],
+        *,
+        only: frozenset[str] | None = None,
     ) -> DeviceFilter:
         key = (
             inventory.version,
             self._index_version,
+            only,
             pinned,
             own,
             tuple(constraints),
@@ -820,7 +955,7 @@ class ClaimStage:
         if cached is not None:
             return cached
         try:
-            found = self._compute(requests, constraints, inventory, pinned, own)
+            found = self._compute(requests, constraints, inventory, pinned, own, only=only)
         except _RefusedError as why:
             self._filters[key] = str(why)
             raise
@@ -836,10 +971,12 @@ class ClaimStage:
         inventory: Inventory,
         pinned: str | None,
         own: tuple[int, ...],
+        *,
+        only: frozenset[str] | None,
     ) -> DeviceFilter:
         nodes: dict[str, frozenset[int]] = {}
         for node, devices in inventory.by_node.items():
-            if pinned is not None and node != pinned:
+            if (pinned is not None and node != pinned) or (only is not None and node not in only):
                 continue
             names = self._index.get(node, {})
             usable = [
@@ -853,7 +990,7 @@ class ClaimStage:
             allowed |= set(own)
             if allowed:
                 nodes[node] = frozenset(allowed)
-        if not nodes and requests:
+        if not nodes and requests and only is None:
             raise _RefusedError(
                 "no whole GPU of NVIDIA's DRA driver matches the claims' device classes and selectors"
                 + (f" on node {pinned}" if pinned else "")
@@ -910,6 +1047,48 @@ class ClaimStage:
             out.append(memo[1])
         self._holders = kept
         return out
+
+
+def _plugin_gpus(node: Mapping[str, Any] | None) -> int:
+    """The node's allocatable ``nvidia.com/gpu`` (a device plugin's); 0 where none is advertised."""
+    raw = _d(_d(_d(node).get("status")).get("allocatable")).get(RESOURCE_NVIDIA_GPU)
+    try:
+        return int(str(raw)) if raw is not None else 0
+    except ValueError:
+        return 0
+
+
+def _extended_requests(pod: Mapping[str, Any], resource: str) -> tuple[tuple[str, str, int], ...]:
+    """(container, request name, count) of the claim kube-scheduler would make for ``resource`` (KEP-5004).
+
+    A request is named ``container-<i>-request-<r>``: ``i`` counts init
+    containers first, then containers; ``r`` is the resource's place among
+    the container's requests, in name order. Init containers that ask for the
+    resource are refused (upstream shares their devices with the containers
+    that follow, which gpuwarden does not model).
+    """
+    spec = _d(pod.get("spec"))
+    inits = [_d(c) for c in spec.get("initContainers") or ()]
+    for container in inits:
+        if resource in _d(_d(container.get("resources")).get("requests")):
+            raise _RefusedError(
+                f"init container {_s(container.get('name'))!r} asks for {resource}, which DRA serves on some nodes: "
+                "gpuwarden does not place such pods there"
+            )
+    out: list[tuple[str, str, int]] = []
+    for i, container in enumerate((_d(c) for c in spec.get("containers") or ()), start=len(inits)):
+        requests = _d(_d(container.get("resources")).get("requests")) or _d(
+            _d(container.get("resources")).get("limits")
+        )
+        if resource not in requests:
+            continue
+        try:
+            count = int(str(requests[resource]))
+        except ValueError:
+            raise _RefusedError(f"container {_s(container.get('name'))!r}: {resource} {requests[resource]!r}") from None
+        if count > 0:
+            out.append((_s(container.get("name")), f"container-{i}-request-{sorted(requests).index(resource)}", count))
+    return tuple(sorted(out, key=lambda r: r[1]))
 
 
 def _has_claims(pod: Mapping[str, Any] | None) -> bool:

@@ -815,6 +815,7 @@ class SchedulingCycle:
                 classes=view.device_classes,
                 slices=view.resource_slices,
                 rules=view.device_taint_rules,
+                nodes=view.nodes,
             ),
         )
         snapshot = self.backoff.apply(snapshot, now)

@@ -344,8 +344,14 @@ class DeviceFilter:
 
     key: str
     nodes: Mapping[str, frozenset[int]]
+    # Nodes where any free GPU will do: a device plugin serves the pod's
+    # ``nvidia.com/gpu`` there (a pod whose extended resource DRA serves on
+    # the other nodes, KEP-5004).
+    plain: frozenset[str] = frozenset()
 
     def allows(self, node: str, gpu_index: int) -> bool:
+        if node in self.plain:
+            return True
         allowed = self.nodes.get(node)
         return allowed is not None and gpu_index in allowed
 

@@ -98,8 +98,8 @@ def _whole_positions(node: NodeState, count: int, devices: DeviceFilter | None =
     """
     if count <= 0:
         return ()
-    allowed = None if devices is None else devices.nodes.get(node.name)
-    if devices is not None and allowed is None:
+    allowed = None if devices is None or node.name in devices.plain else devices.nodes.get(node.name)
+    if allowed is None and devices is not None and node.name not in devices.plain:
         return None
     found: list[int] = []
     for p in range(len(node.gpu_ok)):

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gpuwarden import contract
-from scheduler.cluster.claims import ClaimStage, DraObjects, pod_claims
-from scheduler.engine.model import Job, Node, Queue, Snapshot, Task, TaskStatus
+from scheduler.cluster.claims import ClaimStage, DraObjects, extended_classes, pod_claims
+from scheduler.engine.model import Gpu, Job, Node, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice
 
@@ -181,3 +181,63 @@ def test_match_attribute_allows_only_devices_that_share_the_value() -> None:
     snapshot, _ = _run([_pod("p", {"gpu": "c"})], [claim], [body])
     devices = _task(snapshot, "p").devices
     assert devices is not None and devices.nodes == {"n1": frozenset({0, 1, 2})}
+
+
+def _class(name: str, created: str, resource: str = "") -> JSON:
+    spec: JSON = {"selectors": []}
+    if resource:
+        spec["extendedResourceName"] = resource
+    return {"metadata": {"name": name, "creationTimestamp": created}, "spec": spec}
+
+
+def test_the_class_serving_an_extended_resource_is_the_newest_then_the_first_by_name() -> None:
+    classes = {
+        "old.example.com": _class("old.example.com", "2026-01-01T00:00:00Z", "nvidia.com/gpu"),
+        "b.example.com": _class("b.example.com", "2026-06-01T00:00:00Z", "nvidia.com/gpu"),
+        "a.example.com": _class("a.example.com", "2026-06-01T00:00:00Z", "nvidia.com/gpu"),
+        "plain.example.com": _class("plain.example.com", "2026-09-01T00:00:00Z"),
+    }
+    mapping = extended_classes(classes)
+    assert mapping["nvidia.com/gpu"] == "a.example.com"
+    # Every class also serves its implicit name.
+    assert mapping["deviceclass.resource.kubernetes.io/plain.example.com"] == "plain.example.com"
+
+
+def test_nvidia_gpu_pods_take_any_gpu_on_plugin_nodes_and_the_class_s_devices_on_dra_nodes() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "nodeName": "",
+            "initContainers": [{"name": "setup", "resources": {"requests": {"cpu": "1"}}}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            ],
+        },
+    }
+    task = Task(name="p", namespace="ns", uid="uid-p", gpus=3)
+    plugin = Node("plugin", cpu_milli=64000, memory_mib=10**6, gpus=tuple(Gpu(i) for i in range(8)))
+    dra = Node("n1", cpu_milli=64000, memory_mib=10**6)
+    snapshot = Snapshot(
+        nodes=(plugin, dra), queues=(Queue("q"),), jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),)
+    )
+    stage = ClaimStage()
+    raw_nodes = {
+        "plugin": {"status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+        "n1": {"status": {"allocatable": {"nvidia.com/gpu": "0"}}},
+    }
+    objects = DraObjects(
+        pods={"uid-p": pod}, claims={}, classes=CLASSES, slices={"s": _slice()}, rules={}, nodes=raw_nodes
+    )
+    judged = stage.apply(snapshot, objects)
+    devices = _task(judged, "p").devices
+    assert devices is not None
+    assert devices.plain == frozenset({"plugin"}) and devices.nodes == {"n1": frozenset(range(4))}
+    extended = stage.plans["uid-p"].extended
+    assert extended is not None
+    # Init container first (index 0); a's requests in name order: cpu, nvidia.com/gpu; b's only one.
+    assert extended.requests == (("a", "container-1-request-1", 1), ("b", "container-2-request-0", 2))
+    assert extended.device_class == "gpu.nvidia.com"
+    plan = stage.plans["uid-p"]
+    assert plan.writes_on("n1") and not plan.writes_on("plugin")

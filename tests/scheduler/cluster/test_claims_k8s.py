@@ -106,7 +106,7 @@ def scheduler(control_plane: ControlPlane) -> Iterator[SchedulingCycle]:
         yield SchedulingCycle(kube, binder=Binder(kube, retry=NO_WAIT))
 
 
-def _dra_view(k8s: client.ApiClient, nodes: set[str]) -> ClusterView:
+def dra_view(k8s: client.ApiClient, nodes: set[str]) -> ClusterView:
     custom = client.CustomObjectsApi(k8s)
 
     def listed(plural: str, namespaced: bool = False) -> dict[str, JSON]:
@@ -219,7 +219,7 @@ def test_claims_from_templates_are_allocated_reserved_and_bound(
         _claim_pod(k8s, namespace, name, name, template)
     _claims_made(k8s, namespace, pods)
 
-    scheduler.run(_dra_view(k8s, {node}))
+    scheduler.run(dra_view(k8s, {node}))
 
     taken: list[str] = []
     for name in pods:
@@ -242,7 +242,7 @@ def test_claims_from_templates_are_allocated_reserved_and_bound(
     podgroup(k8s, namespace, "c", q, 1)
     _claim_pod(k8s, namespace, "c", "c", template)
     _claims_made(k8s, namespace, ["c"])
-    scheduler.run(_dra_view(k8s, {node}))
+    scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "c")["spec"].get("nodeName") is None
     assert not (_claim_of(k8s, namespace, "c").get("status") or {}).get("allocation")
 
@@ -259,7 +259,7 @@ def test_a_pod_waits_for_its_claim_to_be_made_and_says_so(
     template = _template(k8s, namespace)
     podgroup(k8s, namespace, "early", q, 1)
     _claim_pod(k8s, namespace, "early", "early", template)
-    scheduler.run(_dra_view(k8s, {node}))
+    scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "early")["spec"].get("nodeName") is None
     reason, message = _condition(k8s, namespace, "early")
     assert reason == contract.UnschedulableReason.UNSUPPORTED_PLACEMENT.value
@@ -284,7 +284,7 @@ def test_a_gang_of_claim_pods_is_allocated_whole_or_not_at_all(
     _claims_made(k8s, namespace, pods)
 
     # Six GPUs wanted, four there: nothing is allocated, nothing bound.
-    scheduler.run(_dra_view(k8s, {first}))
+    scheduler.run(dra_view(k8s, {first}))
     for name in pods:
         assert _pod(k8s, namespace, name)["spec"].get("nodeName") is None
         claim = _claim_of(k8s, namespace, name)
@@ -292,7 +292,7 @@ def test_a_gang_of_claim_pods_is_allocated_whole_or_not_at_all(
         assert FINALIZER not in (claim["metadata"].get("finalizers") or [])
 
     second = dra_nodes()
-    scheduler.run(_dra_view(k8s, {first, second}))
+    scheduler.run(dra_view(k8s, {first, second}))
     nodes = [_pod(k8s, namespace, name)["spec"].get("nodeName") for name in pods]
     assert set(nodes) <= {first, second} and None not in nodes
     for name, node in zip(pods, nodes, strict=True):
@@ -315,7 +315,7 @@ def test_the_driver_s_xid_taint_keeps_claims_off_that_device_only(
     podgroup(k8s, namespace, "t", q, 1)
     _claim_pod(k8s, namespace, "t", "t", template)
     _claims_made(k8s, namespace, ["t"])
-    scheduler.run(_dra_view(k8s, {node}))
+    scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "t")["spec"].get("nodeName") == node
     results = _claim_of(k8s, namespace, "t")["status"]["allocation"]["devices"]["results"]
     assert sorted(r["device"] for r in results) == ["gpu-1", "gpu-2", "gpu-3"]
@@ -336,7 +336,7 @@ def test_a_selector_that_fails_is_explained_on_the_podgroup_and_allocates_nothin
     podgroup(k8s, namespace, "bad", q, 1)
     _claim_pod(k8s, namespace, "bad", "bad", template)
     _claims_made(k8s, namespace, ["bad"])
-    scheduler.run(_dra_view(k8s, {node}))
+    scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "bad")["spec"].get("nodeName") is None
     assert not (_claim_of(k8s, namespace, "bad").get("status") or {}).get("allocation")
     reason, message = _condition(k8s, namespace, "bad")
@@ -358,7 +358,7 @@ def test_a_claim_written_for_a_bind_that_failed_is_taken_back(
     podgroup(k8s, namespace, "undo", q, 1)
     _claim_pod(k8s, namespace, "undo", "undo", template)
     _claims_made(k8s, namespace, ["undo"])
-    cycle_view = _dra_view(k8s, {node})
+    cycle_view = dra_view(k8s, {node})
     snapshot = scheduler.prepare(cycle_view, 0.0)
     (bind,) = scheduler.decide(snapshot).binds
     claims = scheduler.binder._claims  # the cycle's own writer, as the binder calls it
@@ -372,3 +372,107 @@ def test_a_claim_written_for_a_bind_that_failed_is_taken_back(
     assert not (undone.get("status") or {}).get("reservedFor")
     assert FINALIZER not in (undone["metadata"].get("finalizers") or [])
     assert _pod(k8s, namespace, "undo")["spec"].get("nodeName") is None
+
+
+def _gpu_pod(k8s: client.ApiClient, namespace: str, name: str, gpus: int) -> None:
+    """A pod that asks for nvidia.com/gpu, as users write it (a limit), served through DRA where no plugin is."""
+    client.CoreV1Api(k8s).create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "annotations": {contract.ANNOTATION_POD_GROUP: name}},
+            "spec": {
+                "schedulerName": contract.SCHEDULER_NAME,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/train:1",
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "limits": {contract.RESOURCE_NVIDIA_GPU: str(gpus)},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+
+
+def test_nvidia_gpu_on_a_dra_node_gets_the_claim_kube_scheduler_would_make(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    """KEP-5004: no device plugin on the node, the driver's class names nvidia.com/gpu as its extended resource."""
+    node = dra_nodes()
+    q = queue(16)
+    podgroup(k8s, namespace, "ext", q, 1)
+    _gpu_pod(k8s, namespace, "ext", 2)
+    scheduler.run(dra_view(k8s, {node}))
+
+    pod = _pod(k8s, namespace, "ext")
+    assert pod["spec"].get("nodeName") == node
+    status = pod["status"]["extendedResourceClaimStatus"]
+    # requests: cpu, memory, nvidia.com/gpu in name order: the GPU is the container's request 2.
+    assert status["requestMappings"] == [
+        {"containerName": "main", "resourceName": contract.RESOURCE_NVIDIA_GPU, "requestName": "container-0-request-2"}
+    ]
+    claim = client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+        *DRA, namespace, "resourceclaims", status["resourceClaimName"]
+    )
+    meta = claim["metadata"]
+    assert meta["name"].startswith("ext-extended-resources-")
+    assert meta["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "Pod",
+        "ext",
+        pod["metadata"]["uid"],
+        True,
+    )
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "container-0-request-2",
+        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2},
+    }
+    assert FINALIZER in meta["finalizers"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["request"], r["pool"]) for r in results] == [("container-0-request-2", node)] * 2
+    assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "ext", "uid": pod["metadata"]["uid"]}]
+
+    # The next cycle sees the pod running on the claim's devices: a second pod gets the other two.
+    podgroup(k8s, namespace, "ext2", q, 1)
+    _gpu_pod(k8s, namespace, "ext2", 2)
+    scheduler.run(dra_view(k8s, {node}))
+    second = _pod(k8s, namespace, "ext2")
+    assert second["spec"].get("nodeName") == node
+    other = client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+        *DRA, namespace, "resourceclaims", second["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    )
+    devices = {r["device"] for r in results} | {
+        r["device"] for r in other["status"]["allocation"]["devices"]["results"]
+    }
+    assert devices == {f"gpu-{i}" for i in range(4)}
+
+
+def test_nvidia_gpu_goes_to_a_device_plugin_node_without_a_claim_where_dra_has_no_room(  # noqa: PLR0917
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+    cluster: Callable[[int], list[str]],
+) -> None:
+    xid = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    dra = dra_nodes(taints={i: xid for i in range(4)})
+    (plugin,) = cluster(1)
+    q = queue(16)
+    podgroup(k8s, namespace, "plain", q, 1)
+    _gpu_pod(k8s, namespace, "plain", 1)
+    scheduler.run(dra_view(k8s, {dra, plugin}))
+    pod = _pod(k8s, namespace, "plain")
+    assert pod["spec"].get("nodeName") == plugin
+    assert "extendedResourceClaimStatus" not in pod["status"]
+    claims = client.CustomObjectsApi(k8s).list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]
+    assert claims == []

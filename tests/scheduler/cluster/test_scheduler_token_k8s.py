@@ -442,10 +442,41 @@ def test_the_scheduler_token_allocates_claims_but_cannot_make_or_delete_them(
             )
             == 200
         )
-        # The resourceclaim controller makes and deletes claims, not the scheduler.
+        # Nothing else of a claim changes through it: not its labels.
+        claim = custom.get_namespaced_custom_object(*dra, namespace, "resourceclaims", name)
+        claim["metadata"]["labels"] = {"team": "stolen"}
+        assert (
+            _status(lambda: custom.replace_namespaced_custom_object(*dra, namespace, "resourceclaims", name, claim))
+            == 403
+        )
+        # The resourceclaim controller makes and deletes users' claims, not the scheduler.
         other = {**body, "metadata": {"name": unique_name("claim")}}
         assert _status(lambda: custom.create_namespaced_custom_object(*dra, namespace, "resourceclaims", other)) == 403
         assert _status(lambda: custom.delete_namespaced_custom_object(*dra, namespace, "resourceclaims", name)) == 403
+        # The claim of a pod's extended resources (KEP-5004) it makes and deletes, as kube-scheduler does.
+        owner = client.CoreV1Api(k8s).create_namespaced_pod(
+            namespace,
+            {"metadata": {"name": "ext"}, "spec": {"containers": [{"name": "c", "image": "registry.invalid/x:1"}]}},
+        )
+        extended = {
+            **body,
+            "metadata": {
+                "generateName": "ext-extended-resources-",
+                "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": "ext", "uid": owner.metadata.uid, "controller": True}
+                ],
+            },
+        }
+        made = custom.create_namespaced_custom_object(*dra, namespace, "resourceclaims", extended)
+        made_name = made["metadata"]["name"]
+        assert (
+            _status(lambda: custom.delete_namespaced_custom_object(*dra, namespace, "resourceclaims", made_name)) == 200
+        )
+        unowned = {**extended, "metadata": {**extended["metadata"], "ownerReferences": []}}
+        assert (
+            _status(lambda: custom.create_namespaced_custom_object(*dra, namespace, "resourceclaims", unowned)) == 403
+        )
         template = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
