@@ -776,7 +776,12 @@ class ClaimStage:
         held: Mapping[str, tuple[str, tuple[int, ...]]],
         attributed: set[str],
     ) -> Task:
-        """A bound pod of ours holds its claims' devices on its node (the allocation says which GPUs)."""
+        """A bound pod of ours holds its claims' devices on its node (the allocation says which GPUs).
+
+        Until the view shows its claims allocated (the claims' watch may be
+        behind the pods'), it holds the GPUs its bind recorded (the
+        assignment annotation), so that no one else is given them meanwhile.
+        """
         indices: set[int] = set()
         for _, name, _ in entries:
             key = f"{namespace}/{name}"
@@ -784,6 +789,8 @@ class ClaimStage:
             if found is not None and found[0] == task.node:
                 indices.update(found[1])
                 attributed.add(key)
+        if not indices:
+            indices.update(task.gpu_indices)
         if not indices:
             return task
         return replace(task, gpus=max(task.gpus, len(indices)), gpu_indices=tuple(sorted(indices)))

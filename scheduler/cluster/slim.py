@@ -42,8 +42,18 @@ _POD_SPEC = (
     "runtimeClassName",
     "schedulingGates",
     "topologySpreadConstraints",
+    # DRA claims (scheduler.cluster.claims).
+    "resourceClaims",
 )
-_POD_STATUS = ("phase", "nominatedNodeName", "startTime", "qosClass")
+# resourceClaimStatuses and extendedResourceClaimStatus name a pod's DRA claims (scheduler.cluster.claims).
+_POD_STATUS = (
+    "phase",
+    "nominatedNodeName",
+    "startTime",
+    "qosClass",
+    "resourceClaimStatuses",
+    "extendedResourceClaimStatus",
+)
 # Whether the pod was judged unschedulable, or is about to be disrupted; the
 # kubelet's Ready/Initialized conditions (with timestamps) would double a
 # running pod's size.

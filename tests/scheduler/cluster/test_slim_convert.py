@@ -92,3 +92,23 @@ def test_pods_mounting_the_same_claims_share_one_list_of_them_and_others_keep_th
     assert a["spec"]["volumes"] is b["spec"]["volumes"]
     assert c["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "other"}
     assert [task_from_pod(p).claims for p in (a, c)] == [("team-data", "a-scratch"), ("other", "c-scratch")]
+
+
+def test_a_pod_s_dra_claims_survive_slimming() -> None:
+    """The DRA stage finds a pod's claims from what the cache keeps (scheduler.cluster.claims.pod_claims)."""
+    from scheduler.cluster.claims import pod_claims
+
+    raw = _raw_pod(resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])
+    raw["status"] = {
+        "phase": "Pending",
+        "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "w-0-gpu-x7k2"}],
+        "extendedResourceClaimStatus": {"resourceClaimName": "w-0-extended-resources-abcde", "requestMappings": []},
+    }
+    assert (
+        pod_claims(slim_pod(raw))
+        == pod_claims(raw)
+        == [
+            ("gpu", "w-0-gpu-x7k2", "one-gpu"),
+            ("", "w-0-extended-resources-abcde", "<extended-resources>"),
+        ]
+    )
