@@ -497,6 +497,19 @@ def release_claims(api: client.ApiClient, namespace: str) -> None:
         list(pool.map(one, [c for c in items if c["metadata"].get("finalizers")]))
 
 
+def wait_for_claims(api: client.ApiClient, namespace: str, count: int) -> None:
+    """Until the resourceclaim controller made ``count`` claims in the namespace (a backlog starts with all made)."""
+    custom = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + STALL_TIMEOUT_S
+    while time.monotonic() < deadline:
+        listed = custom.list_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", limit=1)
+        remaining = listed["metadata"].get("remainingItemCount") or 0
+        if len(listed["items"]) + remaining >= count:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the resourceclaim controller made fewer than {count} claims in {STALL_TIMEOUT_S:.0f} s")
+
+
 def devices_given_twice(api: client.ApiClient, namespace: str) -> int:
     """How many (pool, device) pairs more than one claim of the namespace holds."""
     items = client.CustomObjectsApi(api).list_namespaced_custom_object(
@@ -624,6 +637,8 @@ class Bench:
                 else:
                     create_pods(self.api, namespace, names, contender.scheduler_name, self.queue, dra=self.dra)
                     watch.wait(lambda: len(watch.created) >= len(names), "backlog creation")
+                    if self.dra:
+                        wait_for_claims(self.api, namespace, len(names))
                     started = time.monotonic()
                     if contender.kind == "bare":
                         bare_bind(self.api, namespace, names, self.nodes, contender.threads)
@@ -780,7 +795,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             plane.kubectl(
                 "apply", "-f", str(REPO / "tests" / "scheduler" / "remediation" / "dra" / "deviceclasses.yaml")
             )
-            extra.enter_context(plane.extra_controllers("resourceclaim-controller"))
+            # Its client's default rate (20 requests a second, two writes per pod) would
+            # bound every contender; raised, as large clusters raise it.
+            extra.enter_context(
+                plane.extra_controllers(
+                    "resourceclaim-controller", flags=("--kube-api-qps=1000", "--kube-api-burst=2000")
+                )
+            )
         try:
             plane.kubectl("apply", "-f", str(REPO / "manifests" / "crd-gpunodes.yaml"))
             plane.kubectl("apply", "-k", str(REPO / "manifests" / "scheduler" / "crds"))

@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,14 +281,15 @@ class ControlPlane:
         return self._apiserver is not None and self._apiserver.running()
 
     @contextlib.contextmanager
-    def extra_controllers(self, *names: str) -> Iterator[None]:
+    def extra_controllers(self, *names: str, flags: Sequence[str] = ()) -> Iterator[None]:
         """Run more kube-controller-manager controllers (``job``, ...) while the block runs.
 
         The control plane runs only the controllers every user of it relies
         on; a test whose workload needs another one for real (a batch Job's
         pods made by the Job controller) runs it for just that long: a
         second controller manager with only ``names``, no leader election,
-        stopped when the block ends, even when it fails.
+        stopped when the block ends, even when it fails. ``flags`` go to that
+        controller manager (``--kube-api-qps``, say).
         """
         if not names:
             raise ValueError("name at least one controller")
@@ -301,6 +302,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--v=1",
+                *flags,
             ],
         )
         proc.start()
