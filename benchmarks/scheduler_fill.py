@@ -49,8 +49,8 @@ DeviceClasses installed. Each pod takes one GPU through a claim of a
 ResourceClaimTemplate, which kube-controller-manager's resourceclaim
 controller (run for the whole benchmark) makes for it; the scheduler
 allocates the claim and binds. The bare binders do not run (a bind without
-an allocation is not a DRA bind), and every run checks that no device was
-allocated twice.
+an allocation is not a DRA bind), and every run counts as over-filled each
+device allocated twice and each pod bound without an allocated claim.
 
 ``--profile DIR`` runs gpuwarden's scheduler under cProfile and leaves one
 profile per run there; ``KUBE_SCHEDULER`` names a kube-scheduler binary to
@@ -70,7 +70,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -510,18 +510,26 @@ def wait_for_claims(api: client.ApiClient, namespace: str, count: int) -> None:
     raise TimeoutError(f"the resourceclaim controller made fewer than {count} claims in {STALL_TIMEOUT_S:.0f} s")
 
 
-def devices_given_twice(api: client.ApiClient, namespace: str) -> int:
-    """How many (pool, device) pairs more than one claim of the namespace holds."""
+def claim_faults(api: client.ApiClient, namespace: str, bound: Collection[str]) -> int:
+    """Devices more than one claim of the namespace holds, and bound pods with no claim allocated for them.
+
+    Each counts as an over-filled node: either is a pod the kubelet would not
+    start (an unallocated claim) or a GPU given twice.
+    """
     items = client.CustomObjectsApi(api).list_namespaced_custom_object(
         "resource.k8s.io", "v1", namespace, "resourceclaims"
     )["items"]
     held: dict[tuple[str, str], int] = {}
+    served: set[str] = set()
     for claim in items:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or ():
             key = (result["pool"], result["device"])
             held[key] = held.get(key, 0) + 1
-    return sum(1 for n in held.values() if n > 1)
+        if allocation:
+            served.update(str(r.get("name")) for r in (claim.get("status") or {}).get("reservedFor") or ())
+    twice = sum(1 for n in held.values() if n > 1)
+    return twice + sum(1 for name in bound if not name.endswith(CANARY) and name not in served)
 
 
 # ---------------------------------------------------------------------------
@@ -647,7 +655,7 @@ class Bench:
                 self._wait_bound(watch, names, contender, proc)
                 overfilled = watch.overfilled_nodes(GPUS_PER_NODE)
                 if self.dra:
-                    overfilled += devices_given_twice(self.api, namespace)
+                    overfilled += claim_faults(self.api, namespace, names)
                 return Outcome(
                     contender=contender.name,
                     workload=workload,

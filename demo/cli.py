@@ -29,6 +29,15 @@ def register(sub: Any) -> None:
     )
     add_flag(
         parser,
+        "--dra",
+        action="store_true",
+        help=(
+            "DRA nodes: no device plugin; each node's GPUs published by NVIDIA's DRA driver (simulated) in a "
+            "ResourceSlice, with its health taints; whole-GPU pods get their GPUs through ResourceClaims"
+        ),
+    )
+    add_flag(
+        parser,
         "--no-tty",
         action="store_true",
         help="print plain periodic lines instead of the live view (the default when stdout is not a terminal)",
@@ -53,4 +62,4 @@ def run(args: argparse.Namespace) -> int:
     if duration <= 0:
         raise FlagError("--duration must be above 0")
     tty = not args.no_tty and sys.stdout.isatty()
-    return run_demo(DemoOptions(scenario=scenario, duration_s=duration, nodes=nodes, tty=tty))
+    return run_demo(DemoOptions(scenario=scenario, duration_s=duration, nodes=nodes, tty=tty, dra=args.dra))

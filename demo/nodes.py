@@ -28,6 +28,7 @@ from agent.model import HealthReport
 from agent.monitor import Monitor
 from agent.publish.settings import DaemonSettings
 from agent.samples import NodeSample
+from agent.sim.dra import SimDraDriver
 from agent.sim.node import SimNode
 from agent.sim.scenario import Scenario
 from agent.sources.podresources import KubeletPodResources
@@ -35,6 +36,9 @@ from gpuwarden.localcluster.devices import DeviceManager
 from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
+
+# How often the simulated DRA driver looks at its GPUs' health (its slice is written only on a change).
+DRA_SYNC_S = 1.0
 
 
 @dataclass(slots=True)
@@ -80,6 +84,7 @@ class SimulatedNode:
         *,
         poll_interval_s: float,
         heartbeat_period_s: float,
+        dra: bool = False,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -103,12 +108,30 @@ class SimulatedNode:
         )
         self._processes: dict[int, int] = {}
         self._lock = threading.Lock()
+        # On a DRA node, NVIDIA's DRA driver (simulated) publishes the GPUs and taints a failed one.
+        self.dra = SimDraDriver(self.api, name, self.sim) if dra else None
+        self._dra_stop = threading.Event()
+        self._dra_thread = threading.Thread(target=self._dra_loop, name=f"dra-{name}", daemon=True)
 
     def start(self) -> None:
         self.devices.start()
         self.daemon.start()
+        if self.dra is not None:
+            self.dra.sync()
+            self._dra_thread.start()
+
+    def _dra_loop(self) -> None:
+        assert self.dra is not None
+        while not self._dra_stop.wait(DRA_SYNC_S):
+            try:
+                self.dra.sync()
+            except client.ApiException as exc:
+                log.warning("demo_dra_slice_not_published", node=self.name, status=exc.status)
 
     def stop(self) -> None:
+        self._dra_stop.set()
+        if self._dra_thread.is_alive():
+            self._dra_thread.join(5)
         self.daemon.stop()
         self.monitor.close()
         self.devices.stop()

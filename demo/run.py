@@ -77,6 +77,8 @@ class DemoOptions:
     duration_s: float
     nodes: int
     tty: bool
+    # DRA nodes (module docstring of agent/sim/dra.py): no device plugin, the driver's slices.
+    dra: bool = False
 
 
 class StopRequestedError(Exception):
@@ -157,7 +159,12 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout) -> int:
     previous_term = signal.signal(signal.SIGTERM, _raise_stopped)
     print(f"gpuwarden demo: starting the control plane (logs: {log_file})", file=out, flush=True)
     # The servers are started from this (the main) thread: their parent-death signal follows it.
-    plane = ControlPlane.start(binaries, controllers=(*DEFAULT_CONTROLLERS, "job"))
+    controllers: tuple[str, ...] = (*DEFAULT_CONTROLLERS, "job")
+    if options.dra:
+        # The resourceclaim controller frees the claims of finished pods; the device-taint
+        # eviction controller runs to show that gpuwarden writes nothing it would act on.
+        controllers = (*controllers, "resourceclaim-controller", "device-taint-eviction-controller")
+    plane = ControlPlane.start(binaries, controllers=controllers)
     stack = contextlib.ExitStack()
     # The logs go to the file until everything has stopped: the agents and the
     # scheduler log their own stops, which would follow the summary on the terminal.
@@ -184,6 +191,8 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
     print(f"  kubeconfig: {plane.kubeconfig}", file=out)
     print(f"  try: KUBECONFIG={plane.kubeconfig} kubectl get nodes -L gpuwarden.io/state", file=out, flush=True)
     apply_manifests(plane)
+    if options.dra:
+        plane.kubectl("apply", "-f", str(DEMO_MANIFESTS / "dra-deviceclasses.yaml"))
     api = plane.api_client()
     stack.callback(api.close)
     core = client.CoreV1Api(api)
@@ -221,7 +230,8 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
         create_gpu_node(
             api,
             name,
-            gpus=node_scenario.gpus.count,
+            # A DRA node's kubelet has no device plugin: no nvidia.com/gpu in its capacity.
+            gpus=0 if options.dra else node_scenario.gpus.count,
             labels={contract.LABEL_NODE_POOL: pool, "nvidia.com/gpu.present": "true"},
         )
         node = SimulatedNode(
@@ -231,13 +241,17 @@ def _run(options: DemoOptions, plane: ControlPlane, stack: contextlib.ExitStack,
             plane.configuration(),
             poll_interval_s=sc.cluster.poll_interval_s,
             heartbeat_period_s=sc.cluster.heartbeat_period_s,
+            dra=options.dra,
         )
         node.start()
         nodes.append(node)
     _wait(lambda: all(n.published for n in nodes), READY_TIMEOUT_S, "every agent to publish")
     by_name = {n.name: n for n in nodes}
     print(
-        f"gpuwarden demo: {len(nodes)} nodes x {node_scenario.gpus.count} GPUs with their agents", file=out, flush=True
+        f"gpuwarden demo: {len(nodes)} nodes x {node_scenario.gpus.count} GPUs with their agents"
+        + (" (DRA: no device plugin, GPUs in NVIDIA's DRA driver's ResourceSlices)" if options.dra else ""),
+        file=out,
+        flush=True,
     )
 
     # The scheduler with remediation, as the Deployment runs it.

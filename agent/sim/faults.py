@@ -73,6 +73,7 @@ def _gpu_lost(node: SimNodeState, p: Params) -> None:
 def _gpu_reset(node: SimNodeState, p: Params) -> None:
     g = node.gpu(p)
     g.plugin_unhealthy = False
+    g.last_xid = 0
     g.remap_pending = False
     g.retired_pending = False
     for link in g.links:

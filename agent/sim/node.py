@@ -16,6 +16,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agent.samples import GpuEvent, GpuSample, IbPortSample, MountSample, normalize_bus_id
@@ -64,6 +65,20 @@ def _make_ports(scenario: Scenario) -> list[SimPort]:
                 netdev = f"ib{h * ib.ports_per_hca + p - 1}" if ib.link_layer == "InfiniBand" else f"eth{h}p{p}"
             ports.append(SimPort(f"mlx5_{h}", p, "ACTIVE", "LinkUp", ib.rate_gbps, ib.link_layer, netdev))
     return ports
+
+
+@dataclass(frozen=True, slots=True)
+class DraGpuState:
+    """A simulated GPU as the DRA driver sees it: identity, memory (MiB), and whether it is lost or saw an XID."""
+
+    index: int
+    uuid: str
+    bus: str
+    name: str
+    memory_mib: int
+    mig: bool
+    lost: bool
+    last_xid: int
 
 
 class SimNode:
@@ -191,6 +206,15 @@ class SimNode:
         with self._cond:
             self._advance()
             return self._state.gpu({"gpu": index}).pids()
+
+    def dra_gpus(self) -> tuple[DraGpuState, ...]:
+        """Each GPU as NVIDIA's DRA driver publishes it, with what its health taints read (agent/sim/dra.py)."""
+        with self._cond:
+            self._advance()
+            return tuple(
+                DraGpuState(g.index, g.uuid, g.bus, g.name, g.memory_total // 2**20, g.mig, g.lost, g.last_xid)
+                for g in self._state.gpus
+            )
 
     def device_plugin_devices(self) -> tuple[str, ...]:
         """The GPUs (UUIDs, in index order) NVIDIA's device plugin would list Healthy to the kubelet.

@@ -78,6 +78,8 @@ class SimGpu:
     # The NVIDIA device plugin saw a critical XID on it and lists it Unhealthy
     # (until a reset: a plugin restarted after repair lists it again).
     plugin_unhealthy: bool = False
+    # The last such XID: NVIDIA's DRA driver taints the device with it (agent/sim/dra.py).
+    last_xid: int = 0
 
     def pids(self) -> tuple[int, ...]:
         """The PIDs NVML would list for the GPU's processes (made up, stable per GPU)."""
@@ -234,6 +236,7 @@ class SimNodeState:
         """
         if xid not in DEVICE_PLUGIN_SKIPPED_XIDS:
             g.plugin_unhealthy = True
+            g.last_xid = xid
         # As the NVML backend reads XID 154's recovery action from NVML, the
         # simulated NVML knows the one the injected driver text names.
         self.event(g, GpuEventKind.XID, xid, parse_recovery_action(message) if xid == XID_RECOVERY_ACTION else None)

@@ -180,6 +180,8 @@ class Binder:
             if why is not None:
                 results[i] = BindResult(bind, BindOutcome.DEFERRED, why)
             else:
+                if self._claims is not None:
+                    self._claims.hold(bind)
                 todo.append(i)
         if len(todo) == 1:
             # The common cycle under steady arrivals binds one pod: a thread
@@ -204,6 +206,8 @@ class Binder:
         """Send one bind (not pipelined) from the pool without waiting (see :mod:`.inflight`)."""
         if bind.pipelined:
             raise ValueError("a pipelined bind waits for evictions: bind_all it")
+        if self._claims is not None:
+            self._claims.hold(bind)
         return self._pool().submit(self._bind_one, bind, node)
 
     def start(self, bind: Bind, node: Node | None) -> Future[BindResult]:
@@ -217,9 +221,9 @@ class Binder:
         """
         if bind.pipelined:
             raise ValueError("a pipelined bind waits for evictions: bind_all it")
-        if self._claims is not None and self._claims.writes(bind):
+        if self._claims is not None and self._claims.hold(bind):
             # Its claims take requests of their own before the bind: on the pool, not the cycle's thread.
-            return self.submit(bind, node)
+            return self._pool().submit(self._bind_one, bind, node)
         body = self._body(bind, node)
         if isinstance(body, BindResult):
             failed: Future[BindResult] = Future()

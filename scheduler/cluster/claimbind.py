@@ -77,16 +77,28 @@ class ClaimBinder:
         self._plans = plans
         self._lock = threading.Lock()
         self._written: dict[str, list[_Written]] = {}
+        self._held: dict[str, ClaimPlan] = {}
 
-    def writes(self, bind: Bind) -> bool:
-        """Whether ``bind``'s pod has claims to write before its bind."""
+    def hold(self, bind: Bind) -> bool:
+        """Keep the plan of ``bind``'s pod for its bind; whether it has claims to write first.
+
+        Called on the cycle's thread as the bind is sent: the bind itself may
+        run on the pool while the next cycle already made new plans (in
+        which the pod, bound or assumed, has none), so the plan it was
+        decided with is kept until :meth:`settle`.
+        """
         plan = self._plans().get(bind.uid)
-        return plan is not None and plan.writes_on(bind.node)
+        if plan is None or not plan.writes_on(bind.node):
+            return False
+        with self._lock:
+            self._held[bind.uid] = plan
+        return True
 
     def prepare(self, bind: Bind) -> str | None:
         """Write the claims of ``bind``'s pod; None to go on with the bind, else why not (nothing is left written)."""
-        plan = self._plans().get(bind.uid)
-        if plan is None or not plan.writes_on(bind.node):
+        with self._lock:
+            plan = self._held.get(bind.uid)
+        if plan is None:
             return None
         written: list[_Written] = []
         try:
@@ -117,6 +129,7 @@ class ClaimBinder:
         """After the bind: forget what was written (bound), or take it back (not bound)."""
         with self._lock:
             written = self._written.pop(bind.uid, [])
+            self._held.pop(bind.uid, None)
         if not bound and written:
             self._undo(bind, written)
 

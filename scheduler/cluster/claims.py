@@ -482,6 +482,9 @@ class _Read:
     dra_nodes: frozenset[str] = frozenset()
     # Claims made for pods' extended resources, by the pod UID that owns them.
     extended_by_pod: dict[str, list[str]] = field(default_factory=dict)
+    # Nodes whose device plugin advertises nvidia.com/gpu, and nodes with GPUs whose kubelet advertises none.
+    plugged: frozenset[str] = frozenset()
+    pluginless: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -508,13 +511,20 @@ class ClaimStage:
     _filters: dict[tuple[object, ...], DeviceFilter | str] = field(default_factory=dict)
     _jobs: dict[str, _JobMemo] = field(default_factory=dict)
     _holders: dict[str, tuple[tuple[object, ...], Job]] = field(default_factory=dict)
+    # Per allocated claim: its cache entry, the (node, GPU indices) it holds and the UIDs it is reserved for.
+    _allocations: dict[str, tuple[object, tuple[str, tuple[int, ...]] | None, set[str]]] = field(default_factory=dict)
+    _allocations_version: tuple[int, int] = (-1, -1)
+    # Per Node entry: its allocatable nvidia.com/gpu; the set of nodes with some, kept while it is the same.
+    _plugins: dict[str, tuple[object, int]] = field(default_factory=dict)
+    _sets: dict[str, frozenset[str]] = field(default_factory=dict)
     # What the binds of the last snapshot need, by pod UID.
     plans: dict[str, ClaimPlan] = field(default_factory=dict)
 
     def apply(self, snapshot: Snapshot, objects: DraObjects) -> Snapshot:
         """``snapshot`` with DRA GPUs, the devices claims hold, and each pending claim pod's devices or reason."""
         pods, claims, classes = objects.pods, objects.claims, objects.classes
-        if not objects.slices and not claims and not self._slices and not self._jobs:
+        pluginless, plugged = self._plugin_nodes(snapshot.nodes, objects.nodes)
+        if not objects.slices and not claims and not self._slices and not self._jobs and not pluginless:
             self.plans = {}
             return snapshot
         inventory = self._read_inventory(objects.slices, objects.rules)
@@ -524,21 +534,31 @@ class ClaimStage:
         # Which claim holds which GPUs (node, indices), and for whom.
         held: dict[str, tuple[str, tuple[int, ...]]] = {}
         reserved: dict[str, set[str]] = {}
+        # Read again only for a claim whose cache entry changed, or when the devices' indices did.
+        known = self._allocations if self._allocations_version == (inventory.version, self._index_version) else {}
+        kept: dict[str, tuple[object, tuple[str, tuple[int, ...]] | None, set[str]]] = {}
         for key, claim in claims.items():
-            allocation = _d(_d(claim.get("status")).get("allocation"))
-            if not allocation:
-                continue
-            found = self._claim_gpus(allocation, inventory)
-            if found is not None:
-                held[key] = found
-            reserved[key] = {
-                _s(_d(r).get("uid")) for r in (_d(claim.get("status")).get("reservedFor") or ()) if _d(r).get("uid")
-            }
+            entry = known.get(key)
+            if entry is None or entry[0] is not claim:
+                status = _d(claim.get("status"))
+                allocation = _d(status.get("allocation"))
+                if not allocation:
+                    continue
+                uids = {_s(_d(r).get("uid")) for r in (status.get("reservedFor") or ()) if _d(r).get("uid")}
+                entry = (claim, self._claim_gpus(allocation, inventory), uids)
+            kept[key] = entry
+            if entry[1] is not None:
+                held[key] = entry[1]
+            reserved[key] = entry[2]
+        self._allocations = kept
+        self._allocations_version = (inventory.version, self._index_version)
         read = _Read(objects, inventory, held, reserved)
         read.gpu_class = extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes else None
+        read.plugged = plugged
+        read.pluginless = pluginless
         if read.gpu_class is not None:
-            read.dra_nodes = frozenset(
-                name for name in inventory.by_node if _plugin_gpus(objects.nodes.get(name)) == 0 and name in self._index
+            read.dra_nodes = self._stable(
+                "dra", frozenset(name for name in inventory.by_node if name not in plugged and name in self._index)
             )
             for key, claim in claims.items():
                 meta = _d(claim.get("metadata"))
@@ -546,7 +566,8 @@ class ClaimStage:
                     for owner in meta.get("ownerReferences") or ():
                         if _d(owner).get("controller") is True and _d(owner).get("kind") == "Pod":
                             read.extended_by_pod.setdefault(_s(_d(owner).get("uid")), []).append(key)
-        extended_on = read.gpu_class is not None and bool(read.dra_nodes)
+        # Whole-GPU pods must be told where a device plugin serves nvidia.com/gpu once a node with GPUs has none.
+        extended_on = bool(pluginless) or (read.gpu_class is not None and bool(read.dra_nodes))
         attributed: set[str] = set()
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
@@ -565,6 +586,7 @@ class ClaimStage:
                 self._index_version,
                 read.gpu_class,
                 read.dra_nodes,
+                read.plugged,
                 *self._claim_inputs(job, pods, claims, classes),
                 *(claims.get(k) for t in job.tasks for k in read.extended_by_pod.get(t.uid, ())),
             )
@@ -589,6 +611,32 @@ class ClaimStage:
         if missing:
             queues = with_external_queues(queues, missing)
         return replace(snapshot, nodes=nodes, jobs=(*jobs, *holders), queues=queues)
+
+    def _plugin_nodes(self, nodes: tuple[Node, ...], raw: Mapping[str, JSON]) -> tuple[frozenset[str], frozenset[str]]:
+        """Nodes with GPUs whose kubelet advertises no ``nvidia.com/gpu`` (no device plugin), and those with one.
+
+        Read again only for Node entries that changed (the cache replaces an
+        entry on every change).
+        """
+        known = self._plugins
+        kept: dict[str, tuple[object, int]] = {}
+        for name, obj in raw.items():
+            entry = known.get(name)
+            if entry is None or entry[0] is not obj:
+                entry = (obj, _plugin_gpus(obj))
+            kept[name] = entry
+        self._plugins = kept
+        plugged = self._stable("plugged", frozenset(name for name, (_, count) in kept.items() if count > 0))
+        pluginless = frozenset(n.name for n in nodes if n.gpus and n.name in kept and n.name not in plugged)
+        return self._stable("pluginless", pluginless), plugged
+
+    def _stable(self, what: str, value: frozenset[str]) -> frozenset[str]:
+        """``value``, or the equal set handed out before: the job memos compare their inputs by identity."""
+        before = self._sets.get(what)
+        if before is not None and before == value:
+            return before
+        self._sets[what] = value
+        return value
 
     # -- inventory ------------------------------------------------------------
 
@@ -739,8 +787,7 @@ class ClaimStage:
             pod = pods.get(task.uid)
             entries = pod_claims(pod or {})
             extended = (
-                read.gpu_class is not None
-                and bool(read.dra_nodes)
+                (bool(read.pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)))
                 and task.gpus > 0
                 and pod is not None
                 and task.status is TaskStatus.PENDING
@@ -763,6 +810,8 @@ class ClaimStage:
                 tasks.append(replace(task, unplaceable=str(why)))
                 continue
             tasks.append(judged)
+            if plan is None:
+                continue
             plans[task.uid] = plan
             attributed.update(f"{c.namespace}/{c.name}" for c in plan.claims if c.done)
         same = all(a is b for a, b in zip(tasks, job.tasks, strict=True))
@@ -884,9 +933,16 @@ class ClaimStage:
 
     def _pending_extended(
         self, task: Task, namespace: str, pod: Mapping[str, Any], read: _Read
-    ) -> tuple[Task, ClaimPlan]:
-        """A pod's ``nvidia.com/gpu``: any GPU where a device plugin serves it, a device of the class where DRA does."""
-        assert read.gpu_class is not None
+    ) -> tuple[Task, ClaimPlan | None]:
+        """A pod's ``nvidia.com/gpu``: any GPU where a device plugin serves it, a device of the class where DRA does.
+
+        With no class serving it through DRA, only the device plugin's nodes:
+        a kubelet without the plugin refuses the pod (the node's GPUs, which
+        the agent's GPUNode lists, are not the kubelet's to give).
+        """
+        if read.gpu_class is None or not read.dra_nodes:
+            devices = DeviceFilter(key="device-plugin", nodes={}, plain=read.plugged)
+            return replace(task, devices=devices), None
         requests = _extended_requests(pod, RESOURCE_NVIDIA_GPU)
         device_class = read.objects.classes[read.gpu_class]
         class_spec = _d(device_class.get("spec"))
@@ -898,8 +954,7 @@ class ClaimStage:
             tuple(_d(c) for c in (class_spec.get("config") or ())),
         )
         found = self._filter([request], [], read.inventory, None, (), only=read.dra_nodes)
-        plain = frozenset(n for n in read.objects.nodes if n not in read.dra_nodes)
-        devices = DeviceFilter(key=f"{found.key}|extended", nodes=found.nodes, plain=plain)
+        devices = DeviceFilter(key=f"{found.key}|extended", nodes=found.nodes, plain=read.plugged)
         stale = tuple(k.split("/", 1)[1] for k in read.extended_by_pod.get(task.uid, ()))
         plan = ClaimPlan(
             pod=task.name,

@@ -85,10 +85,14 @@ def _watch(api: client.ApiClient, faulty: set[str], seen: Seen, stop: threading.
 
 
 @pytest.fixture
-def demo_run() -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+def demo_run(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """The demo as a process; a test's indirect parameter adds flags (``["--dra", "--duration", "120"]``)."""
+    extra: list[str] = list(getattr(request, "param", []))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    duration = extra[extra.index("--duration") + 1] if "--duration" in extra else str(DURATION_S)
+    extra = [a for i, a in enumerate(extra) if a != "--duration" and (i == 0 or extra[i - 1] != "--duration")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "demo", "--nodes", str(NODES), "--duration", str(DURATION_S), "--no-tty"],
+        [sys.executable, "-m", "demo", "--nodes", str(NODES), "--duration", duration, "--no-tty", *extra],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -114,6 +118,17 @@ def demo_run() -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
                 shutil.rmtree(match.group(1), ignore_errors=True)
 
 
+def _kubeconfig(proc: subprocess.Popen[str], lines: list[str]) -> str:
+    """The kubeconfig path the demo prints once its control plane is up (its output so far kept in ``lines``)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        match = re.search(r"kubeconfig: (\S+)", line)
+        if match:
+            return match.group(1)
+    raise AssertionError("".join(lines))
+
+
 def _leftovers(run_dir: str) -> list[str]:
     """Processes whose command line names the demo's control-plane folder."""
     found = []
@@ -131,17 +146,9 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     demo_run: tuple[subprocess.Popen[str], list[str]],
 ) -> None:
     proc, lines = demo_run
-    assert proc.stdout is not None
     scenario = load_scenario("default")
     faulty = {f"gpu-node-{f.node:02d}" for f in scenario.faults if f.node < NODES}
-    kubeconfig = ""
-    for line in proc.stdout:
-        lines.append(line)
-        match = re.search(r"kubeconfig: (\S+)", line)
-        if match:
-            kubeconfig = match.group(1)
-            break
-    assert kubeconfig, "".join(lines)
+    kubeconfig = _kubeconfig(proc, lines)
     run_dir = str(Path(kubeconfig).parent)
     assert Path(run_dir).name.startswith(RUN_DIR_PREFIX)
 
@@ -214,4 +221,108 @@ def test_the_demo_runs_faults_to_the_end_of_remediation_and_leaves_nothing(
     # Nothing left: no process of the demo's control plane, and its folder gone.
     assert _leftovers(run_dir) == []
     assert not Path(run_dir).exists()
+    api.close()
+
+
+DRA_DURATION_S = 120
+
+
+@dataclass
+class SeenDra:
+    """What the test read of the DRA side of the demo's cluster while it ran."""
+
+    slices: dict[str, int] = field(default_factory=dict)  # node -> devices in its slice
+    plugin_gpus: dict[str, str] = field(default_factory=dict)  # node -> its allocatable nvidia.com/gpu
+    claimed_pods: set[str] = field(default_factory=set)  # running whole-GPU pods whose claim was theirs
+    unclaimed_pods: set[str] = field(default_factory=set)  # running whole-GPU pods without one
+    given_twice: list[tuple[str, str]] = field(default_factory=list)  # (pool, device) held by two running pods
+    driver_taints: set[tuple[str, str, str]] = field(default_factory=set)  # (node, device, key=value)
+    rules: set[str] = field(default_factory=set)  # gpuwarden's DeviceTaintRules seen
+    rules_at_end: set[str] = field(default_factory=set)
+    reads: int = 0
+
+
+def _watch_dra(api: client.ApiClient, seen: SeenDra, stop: threading.Event) -> None:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    dra = ("resource.k8s.io", "v1")
+    while not stop.is_set():
+        try:
+            for node in core.list_node().items:
+                seen.plugin_gpus[node.metadata.name] = (node.status.allocatable or {}).get("nvidia.com/gpu", "")
+            for item in custom.list_cluster_custom_object(*dra, "resourceslices")["items"]:
+                spec = item["spec"]
+                seen.slices[spec["nodeName"]] = len(spec.get("devices") or [])
+                for device in spec.get("devices") or []:
+                    for taint in device.get("taints") or []:
+                        text = f"{taint['key']}={taint.get('value', '')}"
+                        seen.driver_taints.add((spec["nodeName"], device["name"], text))
+            claims = {
+                f"{c['metadata']['namespace']}/{c['metadata']['name']}": c
+                for c in custom.list_cluster_custom_object(*dra, "resourceclaims")["items"]
+            }
+            held: dict[tuple[str, str], str] = {}
+            pods = core.list_pod_for_all_namespaces(label_selector="app.kubernetes.io/part-of=gpuwarden-demo").items
+            for pod in pods:
+                limits = (pod.spec.containers[0].resources or client.V1ResourceRequirements()).limits or {}
+                if pod.status.phase != "Running" or not limits.get("nvidia.com/gpu"):
+                    continue
+                status = api.sanitize_for_serialization(pod.status).get("extendedResourceClaimStatus") or {}
+                claim = claims.get(f"{pod.metadata.namespace}/{status.get('resourceClaimName')}")
+                reserved = ((claim or {}).get("status") or {}).get("reservedFor") or []
+                if claim is None or not any(r.get("uid") == pod.metadata.uid for r in reserved):
+                    seen.unclaimed_pods.add(pod.metadata.uid)
+                    continue
+                seen.claimed_pods.add(pod.metadata.uid)
+                for result in claim["status"]["allocation"]["devices"]["results"]:
+                    key = (result["pool"], result["device"])
+                    if key in held and held[key] != pod.metadata.uid:
+                        seen.given_twice.append(key)
+                    held[key] = pod.metadata.uid
+            rules = custom.list_cluster_custom_object(*dra, "devicetaintrules")["items"]
+            seen.rules_at_end = {r["metadata"]["name"] for r in rules}
+            seen.rules |= seen.rules_at_end
+            seen.reads += 1
+        except Exception:  # the demo is tearing its cluster down: the last good read stands
+            if stop.wait(0.5):
+                return
+        stop.wait(0.5)
+
+
+@pytest.mark.timeout(DRA_DURATION_S + 240)
+@pytest.mark.parametrize("demo_run", [["--dra", "--duration", str(DRA_DURATION_S)]], indirect=True)
+def test_the_demo_on_dra_nodes_allocates_claims_and_taints_the_sick_device(
+    demo_run: tuple[subprocess.Popen[str], list[str]],
+) -> None:
+    """``gpuwarden demo --dra``: no device plugin, the driver's slices; whole-GPU pods run on their claims."""
+    proc, lines = demo_run
+    kubeconfig = _kubeconfig(proc, lines)
+    run_dir = str(Path(kubeconfig).parent)
+    api = config.new_client_from_config(config_file=kubeconfig)
+    seen = SeenDra()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_dra, args=(api, seen, stop), daemon=True)
+    watcher.start()
+    lines.extend(proc.stdout)
+    rc = proc.wait(60)
+    stop.set()
+    watcher.join(15)
+    output = "".join(lines)
+    assert rc == 0, output
+    assert seen.reads > 10, output
+    nodes = [f"gpu-node-{i:02d}" for i in range(NODES)]
+    # DRA nodes: no device plugin, every GPU in the driver's slice.
+    assert all(seen.plugin_gpus.get(n) == "0" for n in nodes), seen.plugin_gpus
+    assert all(seen.slices.get(n) == 8 for n in nodes), seen.slices
+    # Whole-GPU pods ran on claims made, allocated and reserved for them, and no device twice.
+    assert len(seen.claimed_pods) > 10 and not seen.unclaimed_pods, (seen.claimed_pods, seen.unclaimed_pods)
+    assert seen.given_twice == [], seen.given_twice
+    # XID 79 on gpu-node-01's GPU 0: the driver tainted the device (until the node's repair restarts it).
+    assert ("gpu-node-01", "gpu-0", "gpu.nvidia.com/xid=79") in seen.driver_taints, seen.driver_taints
+    # A GPU quarantined one by one (XID 48 on gpu-node-00, the NVLink on gpu-node-03) got remediation's
+    # DeviceTaintRule for as long as it was out (seconds: the agent resets an idle GPU at once); none is left.
+    assert any(r.startswith("gpuwarden-quarantine-gpu-node-0") for r in seen.rules), seen.rules
+    assert not any(r.startswith("gpuwarden-quarantine-") for r in seen.rules_at_end), seen.rules_at_end
+    assert "nothing left running" in output
+    assert _leftovers(run_dir) == []
     api.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -241,3 +242,33 @@ def test_nvidia_gpu_pods_take_any_gpu_on_plugin_nodes_and_the_class_s_devices_on
     assert extended.device_class == "gpu.nvidia.com"
     plan = stage.plans["uid-p"]
     assert plan.writes_on("n1") and not plan.writes_on("plugin")
+
+
+def test_without_a_class_serving_nvidia_gpu_whole_gpu_pods_stay_off_nodes_without_a_device_plugin() -> None:
+    """A GPUNode lists the node's GPUs, but a kubelet without the plugin would refuse the pod: never bound there."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {"schedulerName": contract.SCHEDULER_NAME, "nodeName": "", "containers": []},
+    }
+    task = Task(name="p", namespace="ns", uid="uid-p", gpus=1)
+    pluginless = Node("bare", cpu_milli=64000, memory_mib=10**6, gpus=tuple(Gpu(i) for i in range(8)))
+    plugin = Node("plugin", cpu_milli=64000, memory_mib=10**6, gpus=tuple(Gpu(i) for i in range(8)))
+    snapshot = Snapshot(
+        nodes=(pluginless, plugin),
+        queues=(Queue("q"),),
+        jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),),
+    )
+    raw = {
+        "bare": {"status": {"allocatable": {"nvidia.com/gpu": "0"}}},
+        "plugin": {"status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+    }
+    stage = ClaimStage()
+    judged = stage.apply(
+        snapshot, DraObjects(pods={"uid-p": pod}, claims={}, classes={}, slices={}, rules={}, nodes=raw)
+    )
+    (bind,) = run_session(judged).binds
+    assert bind.node == "plugin"
+    assert "uid-p" not in stage.plans
+    # With the plugin's node full, the pod waits rather than go where its kubelet would refuse it.
+    full = replace(judged, nodes=(pluginless, replace(plugin, gpus=())))
+    assert run_session(full).binds == ()

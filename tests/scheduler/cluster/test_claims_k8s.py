@@ -184,6 +184,14 @@ def _claims_made(k8s: client.ApiClient, namespace: str, pods: list[str]) -> None
     wait_for(made, timeout=30, description="the resourceclaim controller made the pods' claims")
 
 
+def _alone(k8s: client.ApiClient, namespace: str, queue: str, name: str, template: str, *, made: bool = True) -> None:
+    """A claim pod in a PodGroup of its own; with ``made``, once the resourceclaim controller made its claim."""
+    podgroup(k8s, namespace, name, queue, 1)
+    _claim_pod(k8s, namespace, name, name, template)
+    if made:
+        _claims_made(k8s, namespace, [name])
+
+
 def _pod(k8s: client.ApiClient, namespace: str, name: str) -> JSON:
     return dict(_raw(client.CoreV1Api(k8s).read_namespaced_pod(name, namespace, _preload_content=False)))
 
@@ -215,8 +223,7 @@ def test_claims_from_templates_are_allocated_reserved_and_bound(
     template = _template(k8s, namespace, count=2)
     pods = ["a", "b"]
     for name in pods:
-        podgroup(k8s, namespace, name, q, 1)
-        _claim_pod(k8s, namespace, name, name, template)
+        _alone(k8s, namespace, q, name, template, made=False)
     _claims_made(k8s, namespace, pods)
 
     scheduler.run(dra_view(k8s, {node}))
@@ -239,9 +246,7 @@ def test_claims_from_templates_are_allocated_reserved_and_bound(
     assert sorted(taken) == [f"gpu-{i}" for i in range(4)]
 
     # The node is full: a third pod waits, and its claim stays unallocated.
-    podgroup(k8s, namespace, "c", q, 1)
-    _claim_pod(k8s, namespace, "c", "c", template)
-    _claims_made(k8s, namespace, ["c"])
+    _alone(k8s, namespace, q, "c", template)
     scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "c")["spec"].get("nodeName") is None
     assert not (_claim_of(k8s, namespace, "c").get("status") or {}).get("allocation")
@@ -257,8 +262,7 @@ def test_a_pod_waits_for_its_claim_to_be_made_and_says_so(
     node = dra_nodes()
     q = queue(16)
     template = _template(k8s, namespace)
-    podgroup(k8s, namespace, "early", q, 1)
-    _claim_pod(k8s, namespace, "early", "early", template)
+    _alone(k8s, namespace, q, "early", template, made=False)
     scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "early")["spec"].get("nodeName") is None
     reason, message = _condition(k8s, namespace, "early")
@@ -312,9 +316,7 @@ def test_the_driver_s_xid_taint_keeps_claims_off_that_device_only(
     node = dra_nodes(taints={0: xid})
     q = queue(16)
     template = _template(k8s, namespace, count=3)
-    podgroup(k8s, namespace, "t", q, 1)
-    _claim_pod(k8s, namespace, "t", "t", template)
-    _claims_made(k8s, namespace, ["t"])
+    _alone(k8s, namespace, q, "t", template)
     scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "t")["spec"].get("nodeName") == node
     results = _claim_of(k8s, namespace, "t")["status"]["allocation"]["devices"]["results"]
@@ -333,9 +335,7 @@ def test_a_selector_that_fails_is_explained_on_the_podgroup_and_allocates_nothin
     q = queue(16)
     # Valid CEL, but the driver publishes no such attribute: an error, never "does not match".
     template = _template(k8s, namespace, selector='device.attributes["gpu.nvidia.com"].memorySize > 10')
-    podgroup(k8s, namespace, "bad", q, 1)
-    _claim_pod(k8s, namespace, "bad", "bad", template)
-    _claims_made(k8s, namespace, ["bad"])
+    _alone(k8s, namespace, q, "bad", template)
     scheduler.run(dra_view(k8s, {node}))
     assert _pod(k8s, namespace, "bad")["spec"].get("nodeName") is None
     assert not (_claim_of(k8s, namespace, "bad").get("status") or {}).get("allocation")
@@ -355,14 +355,15 @@ def test_a_claim_written_for_a_bind_that_failed_is_taken_back(
     node = dra_nodes()
     q = queue(16)
     template = _template(k8s, namespace)
-    podgroup(k8s, namespace, "undo", q, 1)
-    _claim_pod(k8s, namespace, "undo", "undo", template)
-    _claims_made(k8s, namespace, ["undo"])
+    _alone(k8s, namespace, q, "undo", template)
     cycle_view = dra_view(k8s, {node})
     snapshot = scheduler.prepare(cycle_view, 0.0)
     (bind,) = scheduler.decide(snapshot).binds
     claims = scheduler.binder._claims  # the cycle's own writer, as the binder calls it
     assert claims is not None
+    assert claims.hold(bind)
+    # The bind runs on the pool; the next cycle may have made new plans meanwhile, without this pod.
+    scheduler.claims.plans = {}
     assert claims.prepare(bind) is None
     allocated = _claim_of(k8s, namespace, "undo")
     assert allocated["status"]["allocation"] and FINALIZER in allocated["metadata"]["finalizers"]
