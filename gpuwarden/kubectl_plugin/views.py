@@ -578,7 +578,10 @@ def verdict(pod: JSON | None, group: PodGroupView | None, events: Sequence[Event
 
 
 def pod_claim_names(pod: JSON) -> list[tuple[str, str]]:
-    """(name in the pod, ResourceClaim name) of each of the pod's claims; the second empty when not made yet."""
+    """(name in the pod, ResourceClaim name) of each of the pod's claims; the second empty when not made yet.
+
+    The claim of the pod's ``nvidia.com/gpu`` served through DRA is named ``(extended resources)``.
+    """
     made = {
         _s(entry.get("name")): _s(entry.get("resourceClaimName"))
         for entry in map(_d, _l(_d(pod.get("status")).get("resourceClaimStatuses")))
@@ -587,6 +590,10 @@ def pod_claim_names(pod: JSON) -> list[tuple[str, str]]:
     for entry in map(_d, _l(_d(pod.get("spec")).get("resourceClaims"))):
         name = _s(entry.get("name"))
         out.append((name, _s(entry.get("resourceClaimName")) or made.get(name, "")))
+    # The claim the scheduler made for the pod's extended resources (nvidia.com/gpu through DRA, KEP-5004).
+    extended = _s(_d(_d(pod.get("status")).get("extendedResourceClaimStatus")).get("resourceClaimName"))
+    if extended:
+        out.append(("(extended resources)", extended))
     return out
 
 

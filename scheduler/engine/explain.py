@@ -60,8 +60,11 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         return "too little free CPU"
     if task.mem > 0 and node.free_mem < task.mem:
         return "too little free memory"
-    if gpu.whole and task.spec.devices is not None:
-        # Room enough for the count, so the GPUs free there are not ones the claims' selectors allow.
+    devices = task.spec.devices
+    if gpu.whole and devices is not None:
+        # Room enough for the count, so the GPUs free there are not ones the pod may be given.
+        if node.name not in devices.plain and node.name not in devices.nodes:
+            return "no device plugin serves nvidia.com/gpu there and its DRA devices match none of the pod's"
         return f"fewer than {gpu.whole} free GPUs its resource claims' selectors allow"
     return "their room taken by other pods placed this cycle"
 

@@ -46,3 +46,18 @@ def test_a_claims_devices_show_the_drivers_taint_and_each_rules() -> None:
     devices = {d.name: d for d in objects.device_views("n") or []}
     assert devices["gpu-0"].claims == ["team/job-0-gpu-x7"]
     assert devices["gpu-1"].taints == ["gpu.nvidia.com/xid=79:NoSchedule"]
+
+
+def test_the_claim_made_for_a_pod_s_nvidia_gpu_is_shown_with_its_claims() -> None:
+    pod = {
+        "spec": {"resourceClaims": []},
+        "status": {
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": "train-0-extended-resources-k2x9",
+                "requestMappings": [
+                    {"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-2"}
+                ],
+            }
+        },
+    }
+    assert pod_claim_names(pod) == [("(extended resources)", "train-0-extended-resources-k2x9")]

@@ -271,4 +271,6 @@ def test_without_a_class_serving_nvidia_gpu_whole_gpu_pods_stay_off_nodes_withou
     assert "uid-p" not in stage.plans
     # With the plugin's node full, the pod waits rather than go where its kubelet would refuse it.
     full = replace(judged, nodes=(pluginless, replace(plugin, gpus=())))
-    assert run_session(full).binds == ()
+    waiting = run_session(full)
+    assert waiting.binds == ()
+    assert "no device plugin serves nvidia.com/gpu" in waiting.pending[0].reasons[0].message
