@@ -79,6 +79,7 @@ def test_base_applies_and_its_objects_are_served(control_plane: ControlPlane, ag
                 "podgroups",
                 "pod-deletion",
                 "device-taint-rules",
+                "resource-claims",
                 "fence",
             )
             for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")

@@ -674,9 +674,14 @@ def test_rbac_grants_what_the_executors_use_and_nothing_on_secrets() -> None:
     }
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-    # The deletes: pods, for remediation's delete-after-timeout drain policy, and the
-    # DeviceTaintRules of GPUs that returned (the admission policy: only its own).
-    assert {(g, r) for g, r, v in granted if v == "delete"} == {("", "pods"), ("resource.k8s.io", "devicetaintrules")}
+    # The deletes: pods, for remediation's delete-after-timeout drain policy, the
+    # DeviceTaintRules of GPUs that returned, and the claims it made for pods'
+    # nvidia.com/gpu served through DRA (the admission policies: only its own).
+    assert {(g, r) for g, r, v in granted if v == "delete"} == {
+        ("", "pods"),
+        ("resource.k8s.io", "devicetaintrules"),
+        ("resource.k8s.io", "resourceclaims"),
+    }
     # Remediation writes Nodes and GPUNodes, never their status (health is the agent's).
     assert {("", "nodes", "patch"), ("gpuwarden.io", "gpunodes", "patch")} <= granted
     assert not {("", "nodes/status"), ("gpuwarden.io", "gpunodes/status")} & {(g, r) for g, r, _ in granted}
