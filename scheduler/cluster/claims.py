@@ -124,7 +124,6 @@ class DraGpu:
     memory_mib: int
     cel: CelDevice
     taints: tuple[DeviceTaint, ...] = ()
-    entry: Mapping[str, Any] = field(default_factory=dict)
 
     def attribute(self, qualified: str) -> object:
         """An attribute by its qualified name (``gpu.nvidia.com/productName``), as CEL would read it."""
@@ -181,7 +180,6 @@ def _slice_devices(obj: Mapping[str, Any]) -> list[DraGpu]:
                 memory_mib=_memory_mib(entry),
                 cel=CelDevice(value),
                 taints=taints,
-                entry=entry,
             )
         )
     return out
@@ -272,10 +270,6 @@ class ClaimPlan:
     claims: tuple[ClaimToWrite, ...]
     devices: Mapping[str, Mapping[int, tuple[str, str]]]  # node -> GPU index -> (pool, device)
     extended: ExtendedClaim | None = None
-
-    @property
-    def writes(self) -> bool:
-        return self.extended is not None or any(not c.done for c in self.claims)
 
     def writes_on(self, node: str) -> bool:
         """Whether a bind to ``node`` writes claims (an extended resource's claim only where DRA serves it)."""
