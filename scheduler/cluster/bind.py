@@ -140,6 +140,10 @@ class Binder:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
+    def holder(self) -> str | None:
+        """The lease term the binds name (``<identity>#<leaseTransitions>``), None when not fenced."""
+        return self._holder() if self._holder is not None else None
+
     def use_claims(self, claims: ClaimBinder) -> None:
         """Allocate pods' DRA claims before their binds from now on (the cycle's own plans, :mod:`.claims`)."""
         self._claims = claims
@@ -276,7 +280,7 @@ class Binder:
             problem = self._claims.prepare(bind)
             if problem is not None:
                 return self._failed(bind, problem, 0)
-        return binding_body(bind, assignment, self._holder() if self._holder is not None else None)
+        return binding_body(bind, assignment, self.holder())
 
     def _outcome(self, bind: Bind, answer: JSON | ApiError, tries: int) -> BindResult:
         result = self._answer(bind, answer, tries)

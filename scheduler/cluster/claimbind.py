@@ -16,6 +16,19 @@ and only then is the pod bound. Every write names the resourceVersion it
 read, so a claim changed meanwhile (another scheduler allocated it) fails
 the write instead of being overwritten.
 
+Claim writes are lease-fenced like binds (:mod:`.fence`). An allocation is
+the moment a device is given away, so a replica paused after its lease
+check must not write one once another replica leads and may have given
+that device to another claim. The status subresource cannot carry the
+replica's term itself (the API server keeps a claim's metadata as it was on
+a status write), so the claim is stamped first: the object write that adds
+the finalizer also sets ``scheduling.gpuwarden.io/lease-holder`` to this
+replica's term, and the fence policy refuses it unless that term holds the
+Lease. The status write then names the stamped resourceVersion and is
+checked by the same policy against the stamp it finds: a paused replica's
+allocation is refused once another replica leads, whether or not that one
+touched the claim (if it did, the resourceVersion no longer matches).
+
 A failure at any step leaves nothing half done: what was written for the
 pod is taken back (reservation removed; an allocation this bind made is
 cleared and its finalizer removed) before the bind is reported failed, and
@@ -33,6 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuwarden.contract import ANNOTATION_LEASE_HOLDER
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.claims import (
@@ -72,9 +86,17 @@ def _d(value: object) -> dict[str, Any]:
 class ClaimBinder:
     """Allocates and reserves a pod's claims before its bind; thread-safe (binds run on a pool)."""
 
-    def __init__(self, api: KubeApi, plans: Callable[[], Mapping[str, ClaimPlan]]) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        plans: Callable[[], Mapping[str, ClaimPlan]],
+        *,
+        holder: Callable[[], str | None] | None = None,
+    ) -> None:
         self._api = api
         self._plans = plans
+        # The lease term the writes name (the fence's token); None: not fenced.
+        self._holder = holder or (lambda: None)
         self._lock = threading.Lock()
         self._written: dict[str, list[_Written]] = {}
         self._held: dict[str, ClaimPlan] = {}
@@ -176,12 +198,9 @@ class ClaimBinder:
         status = _d(obj.get("status"))
         if status.get("allocation"):
             raise _StopError(f"{ident} was allocated meanwhile (by another scheduler?)")
-        meta = _d(obj.get("metadata"))
-        finalizers = list(meta.get("finalizers") or [])
+        finalizers = list(_d(obj.get("metadata")).get("finalizers") or [])
         added = FINALIZER not in finalizers
-        if added:
-            obj = {**obj, "metadata": {**meta, "finalizers": [*finalizers, FINALIZER]}}
-            obj = self._api.replace_resource_claim(claim.namespace, claim.name, obj)
+        obj = self._stamp(claim.namespace, claim.name, obj, [*finalizers, FINALIZER] if added else finalizers)
         allocation: JSON = {
             "devices": {"results": results, **({"config": configs} if configs else {})},
             "nodeSelector": {
@@ -215,6 +234,7 @@ class ClaimBinder:
             raise _StopError(f"{ident} was deallocated meanwhile")
         reserved = list(status.get("reservedFor") or [])
         if not any(_d(r).get("uid") == bind.uid for r in reserved):
+            obj = self._stamp(claim.namespace, claim.name, obj)
             body = {**obj, "status": {**status, "reservedFor": [*reserved, _consumer(bind)]}}
             self._api.replace_resource_claim_status(claim.namespace, claim.name, body)
         return _Written(claim.namespace, claim.name, allocated=False, finalizer_added=False)
@@ -238,7 +258,7 @@ class ClaimBinder:
             "kind": "ResourceClaim",
             "metadata": {
                 "generateName": base,
-                "annotations": {EXTENDED_ANNOTATION: "true"},
+                "annotations": {EXTENDED_ANNOTATION: "true", **self._term()},
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": bind.pod, "uid": bind.uid, "controller": True}
                 ],
@@ -292,14 +312,35 @@ class ClaimBinder:
             finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
             try:
                 if len(finalizers) != len(meta.get("finalizers") or []):
-                    self._api.replace_resource_claim(
-                        namespace, name, {**obj, "metadata": {**meta, "finalizers": finalizers}}
-                    )
+                    self._stamp(namespace, name, obj, finalizers)
                 self._api.delete_resource_claim(namespace, name, str(meta.get("uid") or ""))
                 return
             except ApiError as err:
                 if err.status != 409:
                     raise
+
+    def _term(self) -> dict[str, str]:
+        token = self._holder()
+        return {ANNOTATION_LEASE_HOLDER: token} if token else {}
+
+    def _stamp(self, namespace: str, name: str, obj: JSON, finalizers: list[str] | None = None) -> JSON:
+        """The claim stamped with this replica's lease term (and ``finalizers``): written only where it changes.
+
+        Every object write of a claim goes through here, so the fence policy
+        checks each against the Lease, and the status write after it finds
+        the term it is checked against (see the module's docstring). Without
+        a term (no leader election) the stamp is removed rather than left
+        naming another replica's old term.
+        """
+        meta = _d(obj.get("metadata"))
+        annotations = {k: v for k, v in _d(meta.get("annotations")).items() if k != ANNOTATION_LEASE_HOLDER}
+        annotations.update(self._term())
+        old_finalizers = list(meta.get("finalizers") or [])
+        new_finalizers = old_finalizers if finalizers is None else finalizers
+        if annotations == _d(meta.get("annotations")) and new_finalizers == old_finalizers:
+            return obj
+        new_meta = {**meta, "annotations": annotations, "finalizers": new_finalizers}
+        return self._api.replace_resource_claim(namespace, name, {**obj, "metadata": new_meta})
 
     # -- taking it back -----------------------------------------------------------
 
@@ -334,6 +375,7 @@ class ClaimBinder:
                 new_status.pop("reservedFor", None)
             try:
                 if new_status != status:
+                    obj = self._stamp(claim.namespace, claim.name, obj)
                     self._api.replace_resource_claim_status(claim.namespace, claim.name, {**obj, "status": new_status})
             except ApiError as err:
                 if err.status == 409:
@@ -353,9 +395,7 @@ class ClaimBinder:
             if len(finalizers) == len(meta.get("finalizers") or []) or _d(obj.get("status")).get("allocation"):
                 return
             try:
-                self._api.replace_resource_claim(
-                    namespace, name, {**obj, "metadata": {**meta, "finalizers": finalizers}}
-                )
+                self._stamp(namespace, name, obj, finalizers)
                 return
             except ApiError as err:
                 if err.status != 409:

@@ -300,7 +300,7 @@ class SchedulingCycle:
         self.binder = binder or Binder(api)
         # Pods with DRA claims: their devices, and the allocations their binds write.
         self.claims = ClaimStage()
-        self.binder.use_claims(ClaimBinder(api, self._claim_plans))
+        self.binder.use_claims(ClaimBinder(api, self._claim_plans, holder=self.binder.holder))
         # With binds in the background (the runner's choice) the cycle sends
         # its binds onto free room and goes on (:mod:`.inflight`).
         self.inflight = BindsInFlight(self.binder) if binds_in_background else None

@@ -1,16 +1,21 @@
-"""What the lease-fence tests share: the shipped Lease, the policy taking effect, and the over-commit check."""
+"""What the lease-fence tests share: the shipped Lease, replicas on it, the policy in force, the over-commit check."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from gpuwarden import contract
 from scheduler.cluster.assignment import decode_assignment
-from tests.harness import unique_name
+from scheduler.cluster.leader import LeaderElectionConfig
+from scheduler.runner import RunnerSettings, SchedulerRunner
+from tests.harness import ControlPlane, unique_name
 from tests.waiting import wait_for
 
 # The Lease the shipped fence policy's binding names (manifests/scheduler/admission-policy.yaml).
@@ -129,3 +134,42 @@ def gpu_pod(name: str, queue: str, *, gpus: int = 1) -> dict[str, Any]:
             ],
         },
     }
+
+
+@pytest.fixture
+def replicas(
+    control_plane: ControlPlane, k8s: client.ApiClient
+) -> Iterator[Callable[[str], tuple[SchedulerRunner, threading.Event]]]:
+    """Starts replicas on the shipped Lease, each as the scheduler's ServiceAccount; stops them afterwards."""
+    forget_lease(k8s)
+    started: list[tuple[SchedulerRunner, threading.Event, threading.Thread, client.ApiClient]] = []
+
+    def start(identity: str) -> tuple[SchedulerRunner, threading.Event]:
+        config = LeaderElectionConfig(
+            namespace=LEASE_NAMESPACE,
+            name=LEASE_NAME,
+            identity=identity,
+            lease_duration_s=3.0,
+            renew_deadline_s=2.0,
+            retry_period_s=0.4,
+        )
+        api = control_plane.impersonate("gpuwarden-scheduler", "gpuwarden")
+        runner = SchedulerRunner(
+            api, RunnerSettings(period_s=0.3, lease=config, bind_workers=8, remediation=None, metrics_port=None)
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
+        thread.start()
+        started.append((runner, stop, thread, api))
+        return runner, stop
+
+    try:
+        yield start
+    finally:
+        for _, stop, _, _ in started:
+            stop.set()
+        for _, _, thread, api in started:
+            thread.join(30)
+            api.close()
+        forget_lease(k8s)
+    assert not any(thread.is_alive() for _, _, thread, _ in started)

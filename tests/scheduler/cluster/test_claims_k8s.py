@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,13 +22,15 @@ import pytest
 from kubernetes import client
 
 from gpuwarden import contract
-from gpuwarden.kube import KubeApi
+from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.localcluster import create_gpu_node
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.claims import FINALIZER
 from scheduler.cluster.cycle import ClusterView, SchedulingCycle
+from scheduler.runner import SchedulerRunner
 from tests.harness import ControlPlane, unique_name
-from tests.scheduler.cluster.kube_objects import podgroup
+from tests.scheduler.cluster.fencing import wait_for_fence_policy
+from tests.scheduler.cluster.kube_objects import create_queue, delete_queue, podgroup
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status, view
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER, DriverGpu, driver_slice
 from tests.waiting import wait_for
@@ -477,3 +480,108 @@ def test_nvidia_gpu_goes_to_a_device_plugin_node_without_a_claim_where_dra_has_n
     assert "extendedResourceClaimStatus" not in pod["status"]
     claims = client.CustomObjectsApi(k8s).list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]
     assert claims == []
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_takeover(  # noqa: PLR0917
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+) -> None:
+    """The lease fence holds for claim allocations as for binds (claimbind's docstring).
+
+    Replica A stamps its claims and passes its lease check for each
+    allocation, then stands still (every bind worker paused just before its
+    status write, A's lease no longer renewed). Replica B takes the lease
+    over and gives every device to other pods. Then A's allocations go out:
+    the API server must refuse each one, so no device is given twice.
+    """
+    node = dra_nodes()
+    early = unique_name("q")  # its pods wait for the queue, so that one cycle of A places them all
+    urgent = queue(16)
+    template = _template(k8s, namespace)
+    with control_plane.impersonate(SA, SA_NAMESPACE) as as_scheduler:
+        wait_for_fence_policy(k8s, as_scheduler, namespace)
+
+    a, _ = replicas("replica-a")
+    wait_for(a.elector.is_leader, timeout=20, description="replica a leads")
+    b, _ = replicas("replica-b")
+
+    paused = threading.Event()
+    resume = threading.Event()
+    passed: list[str] = []
+    answers: list[int | None] = []
+    lock = threading.Lock()
+    check = a.fence.check
+    renew = a.elector._attempt
+    write_status = a.api.replace_resource_claim_status
+
+    def check_then_pause(operation: str) -> None:
+        check(operation)
+        if operation == "replace_resource_claim_status":
+            with lock:
+                passed.append(operation)
+            if not paused.is_set():
+                a.elector._attempt = lambda: False  # type: ignore[method-assign]  # the whole process stands still
+                paused.set()
+            resume.wait(60)
+
+    def recorded(namespace: str, name: str, body: JSON) -> JSON:
+        try:
+            answer = write_status(namespace, name, body)
+        except ApiError as err:
+            with lock:
+                answers.append(err.status)
+            assert err.status != 403 or "no longer holds the lease" in err.detail, err.detail
+            raise
+        with lock:
+            answers.append(200)
+        return answer
+
+    a.api._guard = check_then_pause
+    a.api.replace_resource_claim_status = recorded  # type: ignore[method-assign]
+    early_pods = [f"early-{i}" for i in range(4)]
+    for name in early_pods:
+        _alone(k8s, namespace, early, name, template, made=False)
+    _claims_made(k8s, namespace, early_pods)
+    create_queue(k8s, early, {"gpu": {"quota": 0}})
+    request.addfinalizer(lambda: delete_queue(k8s, early))
+    wait_for(paused.is_set, timeout=30, description="replica a about to write an allocation, paused")
+    # B must not touch A's claims (that would fail A's writes by resourceVersion,
+    # not by the fence): their queue goes. The urgent pods come once A no
+    # longer believes it leads, so that A does not act on them in its last moments.
+    delete_queue(k8s, early)
+    wait_for(lambda: not a.elector.is_leader(), timeout=20, description="replica a steps down")
+    urgent_pods = [f"urgent-{i}" for i in range(4)]
+    for name in urgent_pods:
+        _alone(k8s, namespace, urgent, name, template, made=False)
+    wait_for(b.elector.is_leader, timeout=20, description="replica b takes the lease over")
+    wait_for(
+        lambda: all(_pod(k8s, namespace, name)["spec"].get("nodeName") == node for name in urgent_pods),
+        timeout=60,
+        description="replica b gives every device to the urgent pods and binds them",
+    )
+
+    a.elector._attempt = renew  # type: ignore[method-assign]
+    resume.set()
+    wait_for(lambda: len(answers) >= len(passed), timeout=30, description="replica a's paused writes answered")
+    assert answers and set(answers) == {403}, answers
+    wait_for(lambda: a.resets >= 1, timeout=30, description="replica a drops its kept state")
+    assert b.elector.is_leader()
+
+    holders: dict[str, list[str]] = {}
+    for claim in client.CustomObjectsApi(k8s).list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]:
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            holders.setdefault(result["device"], []).append(claim["metadata"]["name"])
+    assert sorted(holders) == [f"gpu-{i}" for i in range(4)]
+    assert all(len(claims) == 1 for claims in holders.values()), holders
+    for name in early_pods:
+        assert _pod(k8s, namespace, name)["spec"].get("nodeName") is None
+        assert not (_claim_of(k8s, namespace, name).get("status") or {}).get("allocation")
+    for name in urgent_pods:
+        stamp = _claim_of(k8s, namespace, name)["metadata"]["annotations"][contract.ANNOTATION_LEASE_HOLDER]
+        assert stamp.startswith("replica-b#"), stamp

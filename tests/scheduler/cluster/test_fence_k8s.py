@@ -1,6 +1,6 @@
 """A leader that lost its lease binds nothing: the fence in the process and at the API server, for real.
 
-Two replicas in this process share the shipped Lease, as the scheduler's
+Two replicas in this process (the ``replicas`` fixture) share the shipped Lease, as the scheduler's
 ServiceAccount under the shipped RBAC and admission policies. Replica A is
 stopped exactly where no check in the process can help: every bind worker
 has passed the lease check and is about to send its Binding, and A's lease
@@ -14,68 +14,20 @@ SIGSTOP, are in test_fence_process_k8s.py.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client
 
-from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.runner import RunnerSettings, SchedulerRunner
+from scheduler.runner import SchedulerRunner
 from tests.harness import ControlPlane, unique_name
-from tests.scheduler.cluster.fencing import (
-    LEASE_NAME,
-    LEASE_NAMESPACE,
-    binders,
-    forget_lease,
-    gpu_pod,
-    over_committed,
-    wait_for_fence_policy,
-)
+from tests.scheduler.cluster.fencing import binders, gpu_pod, over_committed, wait_for_fence_policy
 from tests.scheduler.cluster.kube_objects import create_queue, delete_queue
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac")]
 
 GPUS_PER_NODE = 8
-
-
-@pytest.fixture
-def replicas(
-    control_plane: ControlPlane, k8s: client.ApiClient
-) -> Iterator[Callable[[str], tuple[SchedulerRunner, threading.Event]]]:
-    """Starts replicas on the shipped Lease, each as the scheduler's ServiceAccount; stops them afterwards."""
-    forget_lease(k8s)
-    started: list[tuple[SchedulerRunner, threading.Event, threading.Thread, client.ApiClient]] = []
-
-    def start(identity: str) -> tuple[SchedulerRunner, threading.Event]:
-        config = LeaderElectionConfig(
-            namespace=LEASE_NAMESPACE,
-            name=LEASE_NAME,
-            identity=identity,
-            lease_duration_s=3.0,
-            renew_deadline_s=2.0,
-            retry_period_s=0.4,
-        )
-        api = control_plane.impersonate("gpuwarden-scheduler", "gpuwarden")
-        runner = SchedulerRunner(
-            api, RunnerSettings(period_s=0.3, lease=config, bind_workers=8, remediation=None, metrics_port=None)
-        )
-        stop = threading.Event()
-        thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
-        thread.start()
-        started.append((runner, stop, thread, api))
-        return runner, stop
-
-    try:
-        yield start
-    finally:
-        for _, stop, _, _ in started:
-            stop.set()
-        for _, _, thread, api in started:
-            thread.join(30)
-            api.close()
-        forget_lease(k8s)
-    assert not any(thread.is_alive() for _, _, thread, _ in started)
 
 
 def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_takeover(  # noqa: PLR0917

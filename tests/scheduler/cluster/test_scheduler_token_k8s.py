@@ -11,6 +11,7 @@ sends it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -442,13 +443,21 @@ def test_the_scheduler_token_allocates_claims_but_cannot_make_or_delete_them(
             )
             == 200
         )
-        # Nothing else of a claim changes through it: not its labels.
+        # Its lease stamp (the fence's term, claimbind) it may set; no other annotation, nor labels.
         claim = custom.get_namespaced_custom_object(*dra, namespace, "resourceclaims", name)
-        claim["metadata"]["labels"] = {"team": "stolen"}
-        assert (
-            _status(lambda: custom.replace_namespaced_custom_object(*dra, namespace, "resourceclaims", name, claim))
-            == 403
-        )
+        claim["metadata"]["annotations"] = {contract.ANNOTATION_LEASE_HOLDER: "replica#0"}
+        claim = custom.replace_namespaced_custom_object(*dra, namespace, "resourceclaims", name, claim)
+        for key, value in (("labels", {"team": "stolen"}), ("annotations", {"owner": "stolen"})):
+            changed = copy.deepcopy(claim)
+            changed["metadata"][key] = {**(changed["metadata"].get(key) or {}), **value}
+            assert (
+                _status(
+                    lambda body=changed: custom.replace_namespaced_custom_object(  # type: ignore[misc]
+                        *dra, namespace, "resourceclaims", name, body
+                    )
+                )
+                == 403
+            ), key
         # The resourceclaim controller makes and deletes users' claims, not the scheduler.
         other = {**body, "metadata": {"name": unique_name("claim")}}
         assert _status(lambda: custom.create_namespaced_custom_object(*dra, namespace, "resourceclaims", other)) == 403
