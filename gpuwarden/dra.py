@@ -17,7 +17,7 @@ being replaced.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden import contract
@@ -31,6 +31,9 @@ class Taint:
     value: str
     effect: str
     rule: str = ""
+    # ``timeAdded`` as written (RFC 3339; the API server fills it in when the writer did not).
+    # Not part of a taint's identity: the same taint read twice is the same taint.
+    time_added: str = field(default="", compare=False)
 
     def describe(self) -> str:
         text = f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
@@ -66,7 +69,14 @@ def _taints(raw: object) -> tuple[Taint, ...]:
     for item in raw if isinstance(raw, list) else ():
         entry = _d(item)
         if _s(entry.get("key")) and _s(entry.get("effect")):
-            out.append(Taint(_s(entry.get("key")), _s(entry.get("value")), _s(entry.get("effect"))))
+            out.append(
+                Taint(
+                    _s(entry.get("key")),
+                    _s(entry.get("value")),
+                    _s(entry.get("effect")),
+                    time_added=_s(entry.get("timeAdded")),
+                )
+            )
     return tuple(out)
 
 

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 from agent.config import AgentConfig
 from agent.model import Entity, EntityKind, EventType, HealthEvent
 from agent.rules.base import Finding, RuleContext
-from agent.rules.xid_catalogue import XidInfo, XidKind, lookup, recovery_action
 from agent.samples import XID_RECOVERY_ACTION, GpuEvent, GpuEventKind, NodeSample
 from gpuwarden.contract import Action, ConditionType, Reason, xid_reason
+from gpuwarden.xid_catalogue import XidInfo, XidKind, lookup, recovery_action
 
 
 class XidRule:

@@ -71,6 +71,7 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import EvictionAction
+from gpuwarden.dra import Device
 from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from gpuwarden.timefmt import parse_epoch
@@ -82,6 +83,7 @@ from scheduler.cluster.logonce import WarnOnce
 from scheduler.engine.holders import holder_key
 from scheduler.engine.model import Eviction
 from scheduler.remediation.breaker import BreakerVerdict, PoolStatus, is_out, verdict
+from scheduler.remediation.driverhealth import driver_faults
 from scheduler.remediation.machine import Transition, advance
 from scheduler.remediation.model import (
     DecodedRecord,
@@ -284,15 +286,21 @@ def observe(
     record: NodeRecord,
     *,
     blocked: Mapping[str, str],
+    driver: Sequence[Device] = (),
 ) -> Observations:
     """One node's observations (the breaker verdict is filled in by the controller).
 
     ``blocked`` maps a pod (``namespace/name``) to why its eviction was
-    refused this cycle: the drain's blockers.
+    refused this cycle: the drain's blockers. ``driver`` are the node's
+    devices that NVIDIA's DRA driver tainted for their health
+    (:mod:`.driverhealth`): faults beside the conditions'.
     """
     engine_node = node_from_objects(node_obj, gpunode)
     gpus = tuple(GpuIdentity(g.index, g.uuid) for g in engine_node.gpus)
     faults = faults_from_conditions(engine_node.conditions, gpus, _fault_starts(gpunode))
+    if driver:
+        reported = {f.key for f in faults}
+        faults += tuple(f for f in driver_faults(driver, gpus) if f.key not in reported)
     spec = _map(node_obj, "spec")
     taints = [t for t in _list(spec, "taints") if isinstance(t, dict)]
     drains: list[DrainProgress] = []
@@ -349,7 +357,7 @@ class RemediationReport:
 class _Seen:
     """A node as the controller last read it, kept until its Node or GPUNode changes.
 
-    ``versions`` are the two objects' resourceVersions; ``pool``, ``out``
+    ``versions`` are the two objects' resourceVersions and the node's driver-tainted devices; ``pool``, ``out``
     and ``draining`` its part in the breaker's pool counts. ``quiet`` is set
     when the last pass found nothing to do and nothing to remember (no
     record, no fault, no step, no patch): with the same objects the next
@@ -357,7 +365,7 @@ class _Seen:
     of them changes.
     """
 
-    versions: tuple[object, object]
+    versions: tuple[object, object, object]
     record: DecodedRecord
     pool: str
     out: bool
@@ -460,8 +468,13 @@ class RemediationController:
         nodes: Mapping[str, Mapping[str, Any]],
         gpunodes: Mapping[str, Mapping[str, Any]],
         pods: Collection[Mapping[str, Any]],
+        driver: Mapping[str, Sequence[Device]] | None = None,
     ) -> RemediationReport:
         """One pass over every node that changed or has work in hand; never raises for one node's trouble.
+
+        ``driver``: per node, its devices that NVIDIA's DRA driver tainted
+        for their health (:class:`~.driverhealth.DriverTaints`); a node whose
+        taints changed is observed again as if its Node had.
 
         A healthy cluster is almost all quiet nodes, and a pass runs after
         every scheduling cycle: converting and advancing each of them again
@@ -475,7 +488,8 @@ class RemediationController:
         report = RemediationReport()
         blocked, self._blocked = self._blocked, {}
         nodes = self._caught_up(nodes)
-        self._refresh(nodes, gpunodes)
+        driver = driver or {}
+        self._refresh(nodes, gpunodes, driver)
         pools = {
             pool: PoolStatus(pool, frozenset(members), frozenset(out), frozenset(draining))
             for pool, (members, out, draining) in self._members.items()
@@ -496,7 +510,9 @@ class RemediationController:
                     "remediation_record_unreadable", ("record", name, decoded.error), node=name, error=decoded.error
                 )
             try:
-                obs = observe(node_obj, gpunodes.get(name), pods, decoded.record, blocked=blocked)
+                obs = observe(
+                    node_obj, gpunodes.get(name), pods, decoded.record, blocked=blocked, driver=driver.get(name, ())
+                )
                 status = pools[obs.pool]
                 judged = verdict(self.settings.machine.breaker, status, name)
                 obs = _with_verdict(obs, judged)
@@ -556,12 +572,21 @@ class RemediationController:
 
     # -- what changed, and the breaker's view ---------------------------------
 
-    def _refresh(self, nodes: Mapping[str, Mapping[str, Any]], gpunodes: Mapping[str, Mapping[str, Any]]) -> None:
-        """Read again each node whose Node or GPUNode changed since the last pass; forget deleted ones."""
+    def _refresh(
+        self,
+        nodes: Mapping[str, Mapping[str, Any]],
+        gpunodes: Mapping[str, Mapping[str, Any]],
+        driver: Mapping[str, Sequence[Device]],
+    ) -> None:
+        """Read again each node whose Node, GPUNode or driver taints changed since the last pass; drop the deleted."""
         for name in [n for n in self._seen if n not in nodes]:
             self._leave(name, self._seen.pop(name))
         for name, obj in nodes.items():
-            versions = (_meta(obj).get("resourceVersion"), _meta(gpunodes.get(name) or {}).get("resourceVersion"))
+            versions = (
+                _meta(obj).get("resourceVersion"),
+                _meta(gpunodes.get(name) or {}).get("resourceVersion"),
+                tuple(driver.get(name, ())),
+            )
             seen = self._seen.get(name)
             if seen is not None and seen.versions == versions and versions[0]:
                 continue

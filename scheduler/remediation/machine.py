@@ -80,6 +80,7 @@ from dataclasses import dataclass, replace
 from gpuwarden.contract import ANNOTATION_ESCALATION_CLEARED, ANNOTATION_REMEDIATION_STATE, Action, worst_action
 from scheduler.engine.health import is_fatal, is_node_wide
 from scheduler.remediation.model import (
+    DRA_DRIVER_REPORT,
     NODE_SCOPE_KEY,
     Attempts,
     Fault,
@@ -154,9 +155,16 @@ def _what(scope: Scope) -> str:
     return "the node" if scope.is_node else f"GPU {scope.gpu_index}"
 
 
+def _by_driver(f: Fault) -> bool:
+    """Whether NVIDIA's DRA driver, not the agent, reported the fault (a device taint)."""
+    return f.message.startswith(DRA_DRIVER_REPORT)
+
+
 def _describe_fault(f: Fault) -> str:
     where = f"GPU {f.gpu_index}" if f.gpu_index is not None else "the node"
     name = f"XID {f.xid}" if f.xid is not None else f"{f.condition}/{f.reason}"
+    if _by_driver(f):  # not the agent's: say who saw it
+        return f"{name} on {where} (recommended action {f.action}; {f.message.partition('): ')[0]}))"
     return f"{name} on {where} (recommended action {f.action})"
 
 
@@ -597,13 +605,23 @@ class _Cycle:
         # Latched faults from before the repair may still be on the Node for a
         # moment (the agent clears them after its pass): they must not start a
         # new workflow, which the repeat window would turn into a replacement.
-        superseded = {f.key for f in self.faults_of(rec, s)}
+        faults = self.faults_of(rec, s)
+        superseded = {f.key for f in faults}
         rec = replace(rec, suppressed=tuple(sorted(set(rec.suppressed) | superseded)))
         reason = EventReason.NODE_RETURNED if s.scope.is_node else EventReason.GPU_RETURNED
+        # The DRA driver's taint outlives the repair (it goes when the driver's plugin restarts):
+        # say so where people look, or the GPU seems back while no DRA claim can have it.
+        lingering = sorted({f.message.partition(" (")[0][len(DRA_DRIVER_REPORT) :] for f in faults if _by_driver(f)})
+        still = (
+            f"; NVIDIA's DRA driver still taints device {', '.join(lingering)}, so no DRA claim gets it until "
+            f"the driver's kubelet plugin on {self.obs.node} restarts (a reboot restarts it)"
+            if lingering
+            else ""
+        )
         self.event(
             EventType.NORMAL,
             reason,
-            f"{_what(s.scope)} passed validation at {passed.at:.0f} (after the repair) and is back in service",
+            f"{_what(s.scope)} passed validation at {passed.at:.0f} (after the repair) and is back in service{still}",
         )
         return _drop(rec, s.scope.key)
 

@@ -90,6 +90,11 @@ class Scope:
         return NODE_SCOPE_KEY if self.gpu_index is None else f"gpu-{self.gpu_index}"
 
 
+# How a fault's message begins when NVIDIA's DRA driver, not the agent, reported it (a device taint,
+# scheduler/remediation/driverhealth.py); the message is kept in the record, so the source is too.
+DRA_DRIVER_REPORT = "NVIDIA's DRA driver tainted device "
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One fault on a node, as read from its conditions or its GPUNode.

@@ -17,7 +17,10 @@ views it did not take, so a skipped view's Node change is never lost.
 Before the pass, on a view in which a Node, a GPUNode, a ResourceSlice or
 a DeviceTaintRule changed, the worker syncs the DeviceTaintRules of the
 quarantined GPUs (:mod:`scheduler.remediation.devicetaints`); a change of
-the DRA objects alone brings that sync and no pass.
+DeviceTaintRules alone brings that sync and no pass. A changed
+ResourceSlice brings a pass too: NVIDIA's DRA driver reports a failed GPU
+by tainting its device there (:mod:`scheduler.remediation.driverhealth`),
+and only the nodes whose taints changed are observed again.
 
 Fencing is unchanged: the controller writes through the same fenced API,
 so a pass of a lost term fails at the fence (:class:`LeaseLostError`),
@@ -41,6 +44,7 @@ from scheduler.cluster.cycle import ClusterView
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.remediation.controller import RemediationController
 from scheduler.remediation.devicetaints import DeviceTaintPublisher
+from scheduler.remediation.driverhealth import DriverTaints
 
 log = get_logger(__name__)
 
@@ -49,11 +53,11 @@ log = get_logger(__name__)
 class _Offer:
     view: ClusterView
     refused: dict[str, str]
-    # Whether a Node or GPUNode changed since the view of the worker's last pass (or that is unknown).
+    # Whether a Node, GPUNode or ResourceSlice changed since the view of the worker's last pass (or that is unknown).
     nodes_changed: bool
     # The view's pods, taken on the loop's thread; None when no pass was expected (see offer).
     pods: tuple[Mapping[str, Any], ...] | None = None
-    # Whether a ResourceSlice or DeviceTaintRule changed (or that is unknown): a device-taint sync, no pass.
+    # Whether a ResourceSlice or DeviceTaintRule changed (or that is unknown): a device-taint sync.
     dra_changed: bool = False
 
 
@@ -64,6 +68,8 @@ class RemediationWorker:
         self.controller = controller
         # The DeviceTaintRules of the quarantined GPUs (None: not kept), synced before each pass.
         self.taints = taints
+        # The DRA driver's health taints, read from the slices that changed.
+        self.driver = DriverTaints()
         self._cond = threading.Condition()
         self._offer: _Offer | None = None
         self._stopping = False
@@ -86,7 +92,7 @@ class RemediationWorker:
             kept = dict(self._offer.refused) if self._offer is not None else {}
             kept.update(refused)
             changed = view.changed
-            moved = changed is None or bool(changed.nodes or changed.gpunodes)
+            moved = changed is None or bool(changed.nodes or changed.gpunodes or changed.resource_slices)
             moved = moved or (self._offer is not None and self._offer.nodes_changed)
             dra = changed is None or bool(changed.resource_slices or changed.device_taint_rules)
             dra = dra or (self._offer is not None and self._offer.dra_changed)
@@ -149,7 +155,8 @@ class RemediationWorker:
             try:
                 self.controller.note_refusals(offer.refused)
                 view = offer.view
-                self.controller.run(view.nodes, view.gpunodes, offer.pods)
+                slices = {} if RESOURCESLICES in view.missing else view.resource_slices
+                self.controller.run(view.nodes, view.gpunodes, offer.pods, self.driver.update(slices))
                 self.passes += 1
             except LeaseLostError as lost:
                 self._fenced_out(lost)

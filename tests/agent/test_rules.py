@@ -18,9 +18,9 @@ from agent.rules.base import RateWindow
 from agent.rules.engine import HealthRules
 from agent.rules.memory import MemoryRule
 from agent.rules.storage import StorageRule
-from agent.rules.xid_catalogue import XID_CATALOGUE, XidKind
 from agent.samples import EventSource, GpuEvent, GpuEventKind, IbCounters, MountSample, NodeSample, RetiredPages
 from gpuwarden.contract import Action, ConditionType, Reason
+from gpuwarden.xid_catalogue import XID_CATALOGUE, XidKind
 from tests.agent.samples_factory import T0, at, gpu, link, node, pcie, port, xid
 
 C = ConditionType

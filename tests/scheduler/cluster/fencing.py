@@ -137,10 +137,10 @@ def gpu_pod(name: str, queue: str, *, gpus: int = 1) -> dict[str, Any]:
 
 
 @pytest.fixture
-def replicas(
+def fenced_replicas(
     control_plane: ControlPlane, k8s: client.ApiClient
 ) -> Iterator[Callable[[str], tuple[SchedulerRunner, threading.Event]]]:
-    """Starts replicas on the shipped Lease, each as the scheduler's ServiceAccount; stops them afterwards."""
+    """Starts replicas on the fence policy's Lease, as the scheduler's ServiceAccount; stops them afterwards."""
     forget_lease(k8s)
     started: list[tuple[SchedulerRunner, threading.Event, threading.Thread, client.ApiClient]] = []
 

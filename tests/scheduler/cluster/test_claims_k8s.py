@@ -490,7 +490,7 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
     namespace: str,
     queue: Callable[..., str],
     dra_nodes: Callable[..., str],
-    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+    fenced_replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
 ) -> None:
     """The lease fence holds for claim allocations as for binds (claimbind's docstring).
 
@@ -507,9 +507,9 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
     with control_plane.impersonate(SA, SA_NAMESPACE) as as_scheduler:
         wait_for_fence_policy(k8s, as_scheduler, namespace)
 
-    a, _ = replicas("replica-a")
+    a, _ = fenced_replicas("replica-a")
     wait_for(a.elector.is_leader, timeout=20, description="replica a leads")
-    b, _ = replicas("replica-b")
+    b, _ = fenced_replicas("replica-b")
 
     paused = threading.Event()
     resume = threading.Event()

@@ -1,6 +1,6 @@
 """A leader that lost its lease binds nothing: the fence in the process and at the API server, for real.
 
-Two replicas in this process (the ``replicas`` fixture) share the shipped Lease, as the scheduler's
+Two replicas in this process (the ``fenced_replicas`` fixture) share the shipped Lease, as the scheduler's
 ServiceAccount under the shipped RBAC and admission policies. Replica A is
 stopped exactly where no check in the process can help: every bind worker
 has passed the lease check and is about to send its Binding, and A's lease
@@ -37,7 +37,7 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
     namespace: str,
     cluster: Callable[[int], list[str]],
     queue: Callable[..., str],
-    replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
+    fenced_replicas: Callable[[str], tuple[SchedulerRunner, threading.Event]],
 ) -> None:
     nodes = set(cluster(4))
     gpus = GPUS_PER_NODE * len(nodes)
@@ -46,9 +46,9 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
     with control_plane.impersonate("gpuwarden-scheduler", "gpuwarden") as as_scheduler:
         wait_for_fence_policy(k8s, as_scheduler, namespace)
 
-    a, _ = replicas("replica-a")
+    a, _ = fenced_replicas("replica-a")
     wait_for(a.elector.is_leader, timeout=20, description="replica a leads")
-    b, _ = replicas("replica-b")
+    b, _ = fenced_replicas("replica-b")
 
     # Replica A pauses right after its lease check, before each Binding leaves.
     paused = threading.Event()

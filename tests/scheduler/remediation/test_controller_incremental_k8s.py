@@ -20,6 +20,7 @@ from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.contract import Action
+from gpuwarden.dra import Device, Taint
 from gpuwarden.kube import KubeApi
 from scheduler.cluster.evict import Evictor
 from scheduler.engine.model import Node
@@ -122,3 +123,38 @@ def test_a_deleted_node_leaves_the_report(k8s: client.ApiClient, cluster: Callab
     client.CoreV1Api(k8s).delete_node(names[0])
     report = _pass(k8s, controller, nodes)
     assert sorted(report.transitions) == sorted(report.pools) == [names[1]]
+
+
+def test_a_node_whose_driver_taints_changed_is_observed_and_no_other(
+    k8s: client.ApiClient, cluster: Callable[[int], list[str]], conversions: list[str]
+) -> None:
+    """NVIDIA's DRA driver's health taints are an input like the Node's: a change re-observes that node only."""
+    names = cluster(3)
+    nodes = set(names)
+    controller = _controller(k8s)
+
+    def run(driver: dict[str, tuple[Device, ...]]) -> RemediationReport:
+        current = view(k8s, nodes)
+        report = controller.run(current.nodes, current.gpunodes, current.pods.values(), driver)
+        assert report.errors == [], report.errors
+        return report
+
+    run({})
+    run({})  # its own label patches read back
+    assert run({}).observed == []
+    sick = sorted(names)[1]
+    (uuid,) = [g["uuid"] for g in view(k8s, nodes).gpunodes[sick]["status"]["gpus"] if g["index"] == 3]
+    tainted = Device(
+        "gpu.nvidia.com",
+        sick,
+        "gpu-7",  # the device's minor is not the GPU's index: the UUID names the GPU
+        uuid,
+        kind="gpu",
+        taints=(Taint("gpu.nvidia.com/xid", "48", "NoSchedule", time_added="2026-12-01T10:00:00Z"),),
+    )
+    conversions.clear()
+    report = run({sick: (tainted,)})
+    assert report.observed == [sick] and set(conversions) == {sick}
+    transition = report.transitions[sick]
+    (scope,) = transition.record.scopes
+    assert (scope.fault.reason, scope.fault.gpu_index, scope.scope.gpu_index) == ("Xid48", 3, 3)

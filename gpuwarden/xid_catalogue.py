@@ -1,7 +1,10 @@
 """The XID catalogue: what each XID means and what to do about it.
 
 One table, as data, so that reviewing a severity is reading one line and an
-operator can override any entry from the config file (``xid.overrides``).
+operator can override any entry from the agent's config file
+(``xid.overrides``). It lives in the shared core because both parts judge
+XIDs by it: the agent the XIDs it sees, the scheduler's remediation those
+that NVIDIA's DRA driver reports as device taints.
 
 ``APPLICATION`` XIDs are faults of the program running on the GPU (a bad
 kernel, a page fault, a watchdog on a hung context): the GPU itself is fine,
