@@ -403,7 +403,10 @@ class SchedulerRunner:
             self.remediation.on_report = self.remediation_metrics.observe
         # Its passes run beside the cycles, never before a bind (see the worker's module).
         self.remediation_worker = (
-            RemediationWorker(self.remediation, DeviceTaintPublisher(self.api))
+            RemediationWorker(
+                self.remediation,
+                DeviceTaintPublisher(self.api, effect=self.remediation.settings.machine.device_taint_effect),
+            )
             if self.remediation is not None
             else None
         )

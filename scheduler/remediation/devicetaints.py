@@ -26,7 +26,9 @@ What the rule does not do:
   to remediation's drain, which goes through the Eviction API, gang-aware,
   as on any node. ``NoExecute`` would have the device-taint eviction
   controller delete those pods without asking any PodDisruptionBudget,
-  which is why gpuwarden never writes it.
+  which is why gpuwarden writes it only when the remediation config asks
+  for it (``device_taint_effect``, :class:`~.policy.DeviceTaintEffect`) and
+  the admission policy's component allows it.
 * The driver's own taints (``gpu.nvidia.com/xid``, ``gpu.nvidia.com/gpu-lost``)
   live in its ResourceSlice and stay until the driver's plugin restarts; a
   rule can add a taint, not remove one. A GPU that gpuwarden returns after
@@ -52,12 +54,13 @@ from gpuwarden.kube import JSON, ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.convert import quarantined_indices
 from scheduler.remediation.model import decode_record
+from scheduler.remediation.policy import DeviceTaintEffect
 
 log = get_logger(__name__)
 
 MANAGER = contract.SCHEDULER_COMPONENT  # the label value the admission policy checks
 NAME_PREFIX = "gpuwarden-quarantine-"
-EFFECT = "NoSchedule"
+EFFECT = DeviceTaintEffect.NO_SCHEDULE
 # What a taint's value may hold (a label value): 63 characters, alphanumerics at both ends.
 _VALUE_MAX = 63
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -74,6 +77,7 @@ class Wanted:
     gpu_index: int
     device: Device
     value: str
+    effect: DeviceTaintEffect = EFFECT
 
     @property
     def name(self) -> str:
@@ -90,7 +94,7 @@ class Wanted:
             },
             "spec": {
                 "deviceSelector": {"driver": self.device.driver, "pool": self.device.pool, "device": self.device.name},
-                "taint": {"key": contract.TAINT_QUARANTINE, "value": self.value, "effect": EFFECT},
+                "taint": {"key": contract.TAINT_QUARANTINE, "value": self.value, "effect": str(self.effect)},
             },
         }
 
@@ -181,6 +185,8 @@ def wanted_rules(
     devices: Mapping[str, list[Device]],
     report: DeviceTaintReport | None = None,
     fenced: Mapping[str, frozenset[int]] | None = None,
+    *,
+    effect: DeviceTaintEffect = EFFECT,
 ) -> dict[str, Wanted]:
     """The rules the quarantined GPUs of ``nodes`` call for, by name (see the module docstring).
 
@@ -210,7 +216,7 @@ def wanted_rules(
                 continue
             value = taint_value(why)
             for device in (*whole, *carved):
-                rule = Wanted(name, index, device, value)
+                rule = Wanted(name, index, device, value, effect)
                 wanted[rule.name] = rule
     return wanted
 
@@ -261,9 +267,13 @@ class DeviceTaintPublisher:
     (:class:`~scheduler.cluster.fence.LeaseLostError`), as every write does.
     """
 
-    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, api: KubeApi, clock: Callable[[], float] = time.monotonic, effect: DeviceTaintEffect = EFFECT
+    ) -> None:
         self._api = api
         self._clock = clock
+        # NoSchedule unless the remediation config asks for NoExecute (see DeviceTaintEffect).
+        self.effect = effect
         # When the last sync left a write undone (None: it wrote all it meant to).
         self._failed_at: float | None = None
         # What was last said in the log, so that it is said once, not on every sync.
@@ -305,7 +315,7 @@ class DeviceTaintPublisher:
         report = DeviceTaintReport()
         fenced = quarantined(nodes, gpunodes)
         devices = devices_by_node(s for s in slices.values() if _slice_node(s) in fenced) if fenced else {}
-        wanted = wanted_rules(nodes, gpunodes, devices, report, fenced) if devices else {}
+        wanted = wanted_rules(nodes, gpunodes, devices, report, fenced, effect=self.effect) if devices else {}
         covered = {(rule.node, rule.gpu_index) for rule in wanted.values()}
         ours = {name: rule for name, rule in rules.items() if _ours(rule)}
         for name, rule in sorted(wanted.items()):

@@ -54,6 +54,10 @@ Example with every key at its default::
                                  # for any reason; a quarantine beyond it is held
       max_out_nodes: null        # per node pool: and at most this many nodes (null: no such limit)
       max_concurrent_drains: 10  # per node pool: nodes drained at once
+    device_taint_effect: NoSchedule  # the DeviceTaintRule on a quarantined GPU's DRA device: NoSchedule, or
+                                 # NoExecute, which also has Kubernetes evict the pods using the device at
+                                 # once, asking no PodDisruptionBudget (needs the admission policy's
+                                 # noexecute-device-taints component)
 """
 
 from __future__ import annotations
@@ -129,6 +133,23 @@ class DrainPolicies:
         return max([self.default.timeout_s, *(p.timeout_s for p in self.namespaces.values())])
 
 
+class DeviceTaintEffect(StrEnum):
+    """The effect of gpuwarden's DeviceTaintRule on a quarantined GPU's device (scheduler/remediation/devicetaints.py).
+
+    ``NoSchedule`` (the default) keeps new claims off the device; the pods
+    that use it leave through remediation's drain, gang-aware, through the
+    Eviction API, so PodDisruptionBudgets hold. ``NoExecute`` also has
+    kube-controller-manager's device-taint eviction controller delete those
+    pods at once, which no PodDisruptionBudget stops: only for clusters that
+    would rather lose the pods than wait, and the scheduler's admission
+    policy refuses it unless its ``noexecute-device-taints`` component is
+    applied.
+    """
+
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the transition function needs besides the record and observations.
@@ -146,6 +167,7 @@ class Settings:
     history_limit: int = bounded(32, Bounds(1, 1000, allow_low=True, integer=True))
     drain: DrainPolicies = DrainPolicies()
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    device_taint_effect: DeviceTaintEffect = DeviceTaintEffect.NO_SCHEDULE
     actor: str = SCHEDULER_COMPONENT
 
     def __post_init__(self) -> None:
@@ -266,6 +288,14 @@ def _breaker(value: object, where: str = "remediation.breaker") -> BreakerSettin
         raise SettingsError(f"remediation.{exc}") from None
 
 
+def _effect(value: object, where: str) -> DeviceTaintEffect:
+    try:
+        return DeviceTaintEffect(str(value))
+    except ValueError:
+        choices = ", ".join(e.value for e in DeviceTaintEffect)
+        raise SettingsError(f"{where}: {value!r} is not one of {choices}") from None
+
+
 # How each type of a file key is read; a new key's type must be here.
 _PARSERS: dict[object, Callable[[object, str], object]] = {
     bool: _boolean,
@@ -273,6 +303,7 @@ _PARSERS: dict[object, Callable[[object, str], object]] = {
     int: _integer,
     DrainPolicies: _drain_policies,
     BreakerSettings: _breaker,
+    DeviceTaintEffect: _effect,
 }
 
 

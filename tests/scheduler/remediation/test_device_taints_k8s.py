@@ -11,7 +11,9 @@ what it allocates shows that the rule keeps it off the quarantined device.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +25,10 @@ from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.localcluster import ManagedProcess, create_gpu_node
 from scheduler.remediation.devicetaints import DeviceTaintPublisher
+from scheduler.remediation.policy import DeviceTaintEffect
 from tests.harness import ControlPlane, unique_name
 from tests.harness import kube_scheduler as start_kube_scheduler
+from tests.scheduler.cluster.kube_objects import REPO, SCHEDULER_POLICY
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER, GPUS, driver_slice, gpunode_status
 from tests.waiting import wait_for
 
@@ -311,3 +315,90 @@ def test_a_rule_stays_while_its_gpu_is_out_even_when_its_device_cannot_be_told(
     # Once the GPU is back in service, the rule goes, slice or no slice.
     _sync(k8s, publisher, node, slices={})
     assert _rules(k8s) == {}
+
+
+def _policy_doc(text: str, name: str) -> JSON:
+    return next(
+        d
+        for d in yaml.safe_load_all(text)
+        if d and d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name
+    )
+
+
+def test_noexecute_rules_only_where_the_config_asks_and_the_policy_component_allows(
+    k8s: client.ApiClient, control_plane: ControlPlane, dra_node: str, tmp_path: Path
+) -> None:
+    """NoExecute is opt-in twice: the remediation config's ``device_taint_effect`` and the policy's component.
+
+    The shipped policy refuses a NoExecute rule and says which component
+    allows it; an overlay with the component (rendered by kubectl kustomize
+    as a user would) lets the publisher write it. The shipped policy is put
+    back afterwards, whatever happens.
+    """
+    name = "gpuwarden-scheduler-device-taint-rules"
+    shipped = _policy_doc(SCHEDULER_POLICY.read_text(), name)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(REPO / "manifests" / "scheduler", overlay)
+    component = os.path.relpath(REPO / "manifests" / "scheduler" / "components" / "noexecute-device-taints", overlay)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [base],
+                "components": [component],
+            }
+        )
+    )
+    allowing = _policy_doc(control_plane.kubectl("kustomize", str(overlay)).stdout, name)
+    assert allowing["spec"]["variables"] == [{"name": "effects", "expression": "['NoSchedule', 'NoExecute']"}]
+    assert {k: v for k, v in allowing["spec"].items() if k != "variables"} == {
+        k: v for k, v in shipped["spec"].items() if k != "variables"
+    }, "the component changes the allowed effects and nothing else"
+
+    _quarantine(k8s, dra_node, "1")
+    with control_plane.impersonate(SA, SA_NAMESPACE) as api:
+        publisher = DeviceTaintPublisher(
+            KubeApi(api, field_manager=contract.SCHEDULER_COMPONENT), effect=DeviceTaintEffect.NO_EXECUTE
+        )
+        core = client.CoreV1Api(k8s)
+        nodes = {dra_node: k8s.sanitize_for_serialization(core.read_node(dra_node))}
+        gpunodes = {
+            dra_node: client.CustomObjectsApi(k8s).get_cluster_custom_object(
+                contract.API_GROUP, contract.API_VERSION, contract.GPUNODE_PLURAL, dra_node
+            )
+        }
+
+        def sync() -> list[str]:
+            report = publisher.sync(nodes, gpunodes, _slices(k8s), _rules(k8s))
+            assert report is not None
+            return report.errors
+
+        errors = sync()
+        assert errors and "noexecute-device-taints component" in errors[0], errors
+
+        def ours() -> dict[str, JSON]:
+            return {n: r for n, r in _rules(k8s).items() if r["spec"]["deviceSelector"].get("pool") == dra_node}
+
+        def drop_ours() -> None:
+            for rule_name in ours():
+                with contextlib.suppress(client.ApiException):
+                    client.CustomObjectsApi(k8s).delete_cluster_custom_object(*DRA, "devicetaintrules", rule_name)
+
+        try:
+            try:
+                control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(allowing))
+                wait_for(lambda: sync() == [], timeout=30, interval=0.5, description="the component's policy in force")
+                assert {r["spec"]["taint"]["effect"] for r in ours().values()} == {"NoExecute"}
+            finally:
+                control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(shipped))
+
+            def refused_again() -> bool:
+                drop_ours()  # one the old policy still let through, while the shipped one loads
+                return bool(sync())
+
+            wait_for(refused_again, timeout=30, interval=0.5, description="the shipped policy back in force")
+        finally:
+            _quarantine(k8s, dra_node, None)
+            drop_ours()

@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 
 from scheduler.remediation.policy import (
+    DeviceTaintEffect,
     DrainMode,
     DrainPolicies,
     DrainPolicy,
@@ -46,8 +47,10 @@ def test_settings_from_a_config_section() -> None:
                 "namespaces": {"batch": {"mode": "delete-after-timeout", "timeout_s": 600}},
             },
             "breaker": {"max_out_fraction": 0.2, "max_out_nodes": 5, "max_concurrent_drains": 3},
+            "device_taint_effect": "NoExecute",
         }
     )
+    assert settings.device_taint_effect is DeviceTaintEffect.NO_EXECUTE
     assert settings.dry_run and settings.repeat_window_s == 86400 and settings.max_reset_attempts == 2
     assert settings.drain.for_namespace("batch") == DrainPolicy(DrainMode.DELETE_AFTER_TIMEOUT, 600)
     assert settings.drain.default == DrainPolicy(DrainMode.ALLOW_COMPLETION, 1800)
@@ -59,6 +62,7 @@ def test_settings_from_a_config_section() -> None:
     ("data", "says"),
     [
         ({"repeat_window": 5}, "unknown key(s) repeat_window"),
+        ({"device_taint_effect": "NoEvict"}, "device_taint_effect: 'NoEvict' is not one of NoSchedule, NoExecute"),
         ({"reset_timeout_s": "10m"}, "remediation.reset_timeout_s must be a number"),
         ({"reset_timeout_s": 0}, "reset_timeout_s must be a finite number greater than 0"),
         ({"max_reset_attempts": 0}, "max_reset_attempts must be a whole number at least 1"),
