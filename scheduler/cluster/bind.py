@@ -264,6 +264,14 @@ class Binder:
 
     def _body(self, bind: Bind, node: Node | None) -> JSON | BindResult:
         """The Binding to send, after the pre-bind step; the failed result if there is none to send."""
+        body = self._prepared(bind, node)
+        if isinstance(body, BindResult) and self._claims is not None:
+            # No bind goes out: what the claim writer kept for it goes (a plan held for a later attempt
+            # would be that attempt's, stale).
+            self._claims.settle(bind, bound=False)
+        return body
+
+    def _prepared(self, bind: Bind, node: Node | None) -> JSON | BindResult:
         if node is None:
             return self._failed(bind, f"node {bind.node!r} is not in the scheduler's view", 0)
         assignment = None

@@ -58,7 +58,7 @@ from scheduler.cluster.claims import (
     ExtendedClaim,
     RequestPlan,
 )
-from scheduler.engine.model import Bind
+from scheduler.engine.model import Bind, assign_devices
 
 log = get_logger(__name__)
 
@@ -110,9 +110,11 @@ class ClaimBinder:
         decided with is kept until :meth:`settle`.
         """
         plan = self._plans().get(bind.uid)
-        if plan is None or not plan.writes_on(bind.node):
-            return False
         with self._lock:
+            if plan is None or not plan.writes_on(bind.node):
+                # A plan kept from an earlier attempt must not be used for this one.
+                self._held.pop(bind.uid, None)
+                return False
             self._held[bind.uid] = plan
         return True
 
@@ -124,11 +126,7 @@ class ClaimBinder:
             return None
         written: list[_Written] = []
         try:
-            chosen = list(bind.gpu_indices)
-            for claim in plan.claims:
-                for index in claim.held:
-                    if index in chosen:
-                        chosen.remove(index)
+            chosen = self._in_request_order(plan, bind)
             for claim in plan.claims:
                 if claim.done:
                     continue
@@ -142,6 +140,8 @@ class ClaimBinder:
                 self._extended(plan.extended, bind, plan, chosen, written)
         except (_StopError, ApiError) as err:
             self._undo(bind, written)
+            with self._lock:
+                self._held.pop(bind.uid, None)
             return f"resource claims not allocated: {err}"
         with self._lock:
             self._written[bind.uid] = written
@@ -154,6 +154,24 @@ class ClaimBinder:
             self._held.pop(bind.uid, None)
         if not bound and written:
             self._undo(bind, written)
+
+    @staticmethod
+    def _in_request_order(plan: ClaimPlan, bind: Bind) -> list[int]:
+        """The GPUs the engine chose for the claims to allocate, in the order their requests take them.
+
+        Where the requests' GPUs must be told apart (``plan.choices``), an
+        assignment of the chosen GPUs to the requests (:func:`assign_devices`;
+        the engine found one) says which request gets which; otherwise any
+        order will do. Claims allocated already are not among them: their
+        devices stay theirs.
+        """
+        alternatives = plan.choices.get(bind.node)
+        if alternatives is None:
+            return list(bind.gpu_indices)
+        assigned = assign_devices(alternatives, sorted(bind.gpu_indices))
+        if assigned is None:
+            raise _StopError(f"GPUs {sorted(bind.gpu_indices)} of node {bind.node} do not satisfy the claims' requests")
+        return [index for group in assigned for index in group]
 
     # -- the writes -------------------------------------------------------------
 

@@ -27,12 +27,16 @@ assembled, turns the claims into what the engine reads:
   as it does for kube-scheduler. An unallocated claim's requests are
   read (``exactly``, ``allocationMode: ExactCount``), their DeviceClass and
   request selectors evaluated (:mod:`.drasel`) over the devices, and the
-  pod asks the engine for the requests' total count of GPUs among those
-  the selectors of every request allow (:class:`~scheduler.engine.model.DeviceFilter`).
-  A claim allocated already pins the pod to the allocation's node; one
-  reserved for this pod (a bind that did not go through) also to its
-  devices. ``matchAttribute`` constraints are kept by allowing, on each
-  node, only the largest group of devices that share the attribute's value.
+  pod asks the engine for the requests' total count of GPUs, each request
+  its own count among the GPUs its selectors allow
+  (:class:`~scheduler.engine.model.DeviceFilter`; where the requests'
+  sets differ, the engine matches GPUs to requests, as kube-scheduler's
+  allocator does). A claim allocated already pins the pod to the
+  allocation's node; one reserved for this pod already (a bind that
+  did not go through) too, its devices held by the placeholder there until
+  the pod runs. A ``matchAttribute`` constraint makes each
+  group of devices that share the attribute's value an alternative, largest
+  first; the engine takes the first that has room.
 - **Refused, with the reason on the PodGroup** (``UnsupportedPlacement``):
   ``firstAvailable`` alternatives, ``allocationMode: All``, admin access,
   ``distinctAttribute`` constraints, requests that select no whole GPU of
@@ -45,10 +49,10 @@ The devices taken are chosen by the engine, which knows quotas, gangs,
 bin-packing and health; :class:`ClaimPlan` keeps, per pending pod, what
 :mod:`.claimbind` needs to write the allocation for the GPUs chosen.
 
-The sets are intersected over a pod's requests: every GPU given satisfies
-every selector of every request of the pod, so requests with different
-selectors in one pod may wait where kube-scheduler's allocator, which
-matches each request separately, would find devices. Never the other way.
+A ``matchAttribute`` constraint binds the requests it names (all of its
+claim's when it names none), as upstream. The differential test
+(tests/scheduler/cluster/test_claims_oracle_k8s.py) holds gpuwarden to
+kube-scheduler's verdict, both ways.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import product
 from typing import Any
 
 from gpuwarden import contract
@@ -69,7 +74,9 @@ from scheduler.cluster.placement import UnreadableError, node_terms, with_volume
 from scheduler.cluster.quantity import mebibytes
 from scheduler.engine.model import (
     NON_PREEMPTIBLE_PRIORITY,
+    DeviceChoices,
     DeviceFilter,
+    DeviceRequests,
     Gpu,
     Job,
     Node,
@@ -270,6 +277,9 @@ class ClaimPlan:
     claims: tuple[ClaimToWrite, ...]
     devices: Mapping[str, Mapping[int, tuple[str, str]]]  # node -> GPU index -> (pool, device)
     extended: ExtendedClaim | None = None
+    # Where the requests' GPUs must be told apart (DeviceFilter.choices): per node, the
+    # alternatives, each request in the claims' order (the GPUs held already last).
+    choices: Mapping[str, DeviceChoices] = field(default_factory=dict)
 
     def writes_on(self, node: str) -> bool:
         """Whether a bind to ``node`` writes claims (an extended resource's claim only where DRA serves it)."""
@@ -438,16 +448,18 @@ def _allowed(device: DraGpu, request: _Request) -> bool:
     return True
 
 
-def _largest_group(devices: list[tuple[int, DraGpu]], attribute: str) -> set[int]:
-    """The indices of the largest group of ``devices`` that share ``attribute`` (devices without it left out)."""
+def _groups(devices: list[tuple[int, DraGpu]], attribute: str) -> list[frozenset[int]]:
+    """The groups of ``devices`` (indices) that share ``attribute``'s value, largest first.
+
+    A device without the attribute is in no group: a ``matchAttribute``
+    constraint cannot hold for it, as upstream.
+    """
     groups: dict[str, set[int]] = {}
     for index, device in devices:
         value = device.attribute(attribute)
         if value is not None:
             groups.setdefault(repr(value), set()).add(index)
-    if not groups:
-        return set()
-    return max(groups.values(), key=lambda g: (len(g), -min(g)))
+    return sorted((frozenset(g) for g in groups.values()), key=lambda g: (-len(g), min(g)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +473,9 @@ class DraObjects:
     rules: Mapping[str, JSON]
     # The Node objects by name: whether a device plugin serves nvidia.com/gpu there (KEP-5004).
     nodes: Mapping[str, JSON] = field(default_factory=dict)
+    # False when ResourceClaims cannot be listed (not served, or refused): then no claim is known to
+    # hold a device, so gpuwarden allocates none and serves nvidia.com/gpu only where a device plugin does.
+    claims_readable: bool = True
 
 
 @dataclass(slots=True)
@@ -479,6 +494,9 @@ class _Read:
     # Nodes whose device plugin advertises nvidia.com/gpu, and nodes with GPUs whose kubelet advertises none.
     plugged: frozenset[str] = frozenset()
     pluginless: frozenset[str] = frozenset()
+    # An unallocated claim that several pending pods name: the pod (``namespace/name``, UID) it is
+    # allocated for first; the others wait until it is allocated, then are only added to it.
+    first: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -513,6 +531,9 @@ class ClaimStage:
     _sets: dict[str, frozenset[str]] = field(default_factory=dict)
     # What the binds of the last snapshot need, by pod UID.
     plans: dict[str, ClaimPlan] = field(default_factory=dict)
+    # The last cycle's shared claims' first pods, and a token that changes with them (a memo input).
+    _first: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _first_token: object = field(default_factory=object)
 
     def apply(self, snapshot: Snapshot, objects: DraObjects) -> Snapshot:
         """``snapshot`` with DRA GPUs, the devices claims hold, and each pending claim pod's devices or reason."""
@@ -547,7 +568,9 @@ class ClaimStage:
         self._allocations = kept
         self._allocations_version = (inventory.version, self._index_version)
         read = _Read(objects, inventory, held, reserved)
-        read.gpu_class = extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes else None
+        read.gpu_class = (
+            extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes and objects.claims_readable else None
+        )
         read.plugged = plugged
         read.pluginless = pluginless
         if read.gpu_class is not None:
@@ -566,23 +589,29 @@ class ClaimStage:
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
         seen: set[str] = set()
-        for i, job in enumerate(jobs):
-            if not any(
+        candidates = [
+            (i, job)
+            for i, job in enumerate(jobs)
+            if any(
                 _has_claims(pods.get(t.uid))
                 or (extended_on and t.gpus and t.status is TaskStatus.PENDING and not t.devices)
                 for t in job.tasks
-            ):
-                continue
+            )
+        ]
+        sharing = self._shared_claims(candidates, pods, read)
+        for i, job in candidates:
             seen.add(job.key)
             inputs = (
                 job,
                 inventory.version,
                 self._index_version,
                 read.gpu_class,
+                classes.get(read.gpu_class) if read.gpu_class is not None else None,
                 read.dra_nodes,
                 read.plugged,
                 *self._claim_inputs(job, pods, claims, classes),
                 *(claims.get(k) for t in job.tasks for k in read.extended_by_pod.get(t.uid, ())),
+                self._first_token if job.key in sharing else None,
             )
             memo = self._jobs.get(job.key)
             if (
@@ -605,6 +634,36 @@ class ClaimStage:
         if missing:
             queues = with_external_queues(queues, missing)
         return replace(snapshot, nodes=nodes, jobs=(*jobs, *holders), queues=queues)
+
+    def _shared_claims(self, candidates: list[tuple[int, Job]], pods: Mapping[str, JSON], read: _Read) -> set[str]:
+        """Which pending pod each unallocated claim several pending pods name is allocated for (``read.first``).
+
+        kube-scheduler allocates such a claim for the first pod it schedules
+        and only reserves it for the others; placing each pod on its own
+        would give the claim two allocations. Returns the keys of the jobs
+        that name such a claim (their verdicts depend on who is first).
+        """
+        users: dict[str, list[tuple[str, str, str]]] = {}
+        for _, job in candidates:
+            for task in job.tasks:
+                pod = pods.get(task.uid)
+                if task.status is not TaskStatus.PENDING or pod is None:
+                    continue
+                for _, name, template in pod_claims(pod):
+                    key = f"{job.namespace}/{name}"
+                    if name and not template and key not in read.reserved:  # only a named claim is shared
+                        users.setdefault(key, []).append((f"{job.namespace}/{task.name}", task.uid, job.key))
+        first: dict[str, tuple[str, str]] = {}
+        sharing: set[str] = set()
+        for key, named in users.items():
+            if len(named) > 1:
+                name, uid, _ = min(named)
+                first[key] = (name, uid)
+                sharing.update(job for _, _, job in named)
+        if first != self._first:
+            self._first, self._first_token = first, object()
+        read.first = self._first
+        return sharing
 
     def _plugin_nodes(self, nodes: tuple[Node, ...], raw: Mapping[str, JSON]) -> tuple[frozenset[str], frozenset[str]]:
         """Nodes with GPUs whose kubelet advertises no ``nvidia.com/gpu`` (no device plugin), and those with one.
@@ -807,7 +866,6 @@ class ClaimStage:
             if plan is None:
                 continue
             plans[task.uid] = plan
-            attributed.update(f"{c.namespace}/{c.name}" for c in plan.claims if c.done)
         same = all(a is b for a, b in zip(tasks, job.tasks, strict=True))
         return _JobMemo(job, inputs, job if same else replace(job, tasks=tuple(tasks)), plans, frozenset(attributed))
 
@@ -843,15 +901,20 @@ class ClaimStage:
     ) -> tuple[Task, ClaimPlan]:
         claims, classes, inventory = read.objects.claims, read.objects.classes, read.inventory
         held, reserved = read.held, read.reserved
+        if not read.objects.claims_readable:
+            raise _RefusedError(
+                "ResourceClaims cannot be listed (not served, or the scheduler's RBAC refuses it): which devices "
+                "claims hold is unknown, so gpuwarden allocates none"
+            )
         if task.gpus and any(template != EXTENDED for _, _, template in entries):
             raise _RefusedError(
                 "the pod asks for nvidia.com/gpu and for DRA resource claims; gpuwarden places one or the other"
             )
         to_write: list[ClaimToWrite] = []
         requests: list[_Request] = []
-        constraints: list[str] = []
+        # matchAttribute: the attribute, and the positions in ``requests`` of the requests it binds.
+        constraints: list[tuple[str, frozenset[int]]] = []
         pinned: str | None = None
-        own: tuple[int, ...] = ()
         for entry, name, template in entries:
             if name is None:
                 raise _RefusedError(
@@ -884,14 +947,24 @@ class ClaimStage:
                 mine = task.uid in reserved.get(key, set())
                 if not mine and len(reserved.get(key, ())) >= MAX_RESERVED:
                     raise _RefusedError(f"{ident} is reserved for {MAX_RESERVED} consumers already")
+                # Its devices stay held as every allocated claim's are (by the placeholder on its
+                # node) until the pod runs: the pod asks the engine only for the GPUs of the
+                # claims still to allocate, on that node.
                 holds = held[key][1] if key in held else ()
-                if mine:
-                    own = tuple(sorted({*own, *holds}))
                 to_write.append(replace(base, reserve_only=not mine, done=mine, held=holds))
                 continue
+            first = read.first.get(key)
+            if first is not None and first[1] != task.uid:
+                raise _RefusedError(
+                    f"{ident} is shared with pending pod {first[0]}, for which it is allocated first; this pod "
+                    "is added to it once it is (a gang whose pods share one unallocated claim cannot be placed)"
+                )
             claim_requests = _read_requests(claim, ident, classes)
+            at = {r.name: len(requests) + k for k, r in enumerate(claim_requests)}
             requests.extend(claim_requests)
-            constraints.extend(attribute for attribute, _ in _constraints(claim))
+            for attribute, names in _constraints(claim):
+                bound = at.values() if names is None else (at[n] for n in names if n in at)
+                constraints.append((attribute, frozenset(bound)))
             to_write.append(
                 replace(
                     base,
@@ -905,16 +978,17 @@ class ClaimStage:
             term = (NodeTerm(fields=(Requirement("metadata.name", "In", (pinned,)),)),)
             placement = with_volume_terms(placement, (*(placement.volume_terms if placement else ()), term))
         devices: DeviceFilter | None = None
-        if count or own:
-            devices = self._filter(requests, constraints, inventory, pinned, own)
+        if count:
+            devices = self._filter(requests, constraints, inventory, pinned)
         plan = ClaimPlan(
             pod=task.name,
             namespace=namespace,
             uid=task.uid,
             claims=tuple(to_write),
             devices=self._device_names(inventory, devices.nodes if devices else ()),
+            choices=devices.choices if devices else {},
         )
-        return replace(task, gpus=count + len(own), devices=devices, placement=placement), plan
+        return replace(task, gpus=count, devices=devices, placement=placement), plan
 
     @staticmethod
     def _extended_done(task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read) -> bool:
@@ -947,8 +1021,10 @@ class ClaimStage:
             (),
             tuple(_d(c) for c in (class_spec.get("config") or ())),
         )
-        found = self._filter([request], [], read.inventory, None, (), only=read.dra_nodes)
-        devices = DeviceFilter(key=f"{found.key}|extended", nodes=found.nodes, plain=read.plugged)
+        found = self._filter([request], [], read.inventory, None, only=read.dra_nodes)
+        devices = DeviceFilter(
+            key=f"{found.key}|extended", nodes=found.nodes, plain=read.plugged, choices=found.choices
+        )
         stale = tuple(k.split("/", 1)[1] for k in read.extended_by_pod.get(task.uid, ()))
         plan = ClaimPlan(
             pod=task.name,
@@ -957,6 +1033,7 @@ class ClaimStage:
             claims=(),
             devices=self._device_names(read.inventory, devices.nodes),
             extended=ExtendedClaim(RESOURCE_NVIDIA_GPU, read.gpu_class, request.class_config, requests, stale),
+            choices=found.choices,
         )
         return replace(task, devices=devices), plan
 
@@ -989,10 +1066,9 @@ class ClaimStage:
     def _filter(
         self,
         requests: list[_Request],
-        constraints: list[str],
+        constraints: list[tuple[str, frozenset[int]]],
         inventory: Inventory,
         pinned: str | None,
-        own: tuple[int, ...],
         *,
         only: frozenset[str] | None = None,
     ) -> DeviceFilter:
@@ -1001,7 +1077,6 @@ class ClaimStage:
             self._index_version,
             only,
             pinned,
-            own,
             tuple(constraints),
             tuple((r.expressions, tuple(tuple(sorted(t.items())) for t in r.tolerations)) for r in requests),
         )
@@ -1011,7 +1086,7 @@ class ClaimStage:
         if cached is not None:
             return cached
         try:
-            found = self._compute(requests, constraints, inventory, pinned, own, only=only)
+            found = self._compute(requests, constraints, inventory, pinned, only=only)
         except _RefusedError as why:
             self._filters[key] = str(why)
             raise
@@ -1023,29 +1098,43 @@ class ClaimStage:
     def _compute(
         self,
         requests: list[_Request],
-        constraints: list[str],
+        constraints: list[tuple[str, frozenset[int]]],
         inventory: Inventory,
         pinned: str | None,
-        own: tuple[int, ...],
         *,
         only: frozenset[str] | None,
     ) -> DeviceFilter:
         nodes: dict[str, frozenset[int]] = {}
+        choices: dict[str, DeviceChoices] = {}
         for node, devices in inventory.by_node.items():
             if (pinned is not None and node != pinned) or (only is not None and node not in only):
                 continue
             names = self._index.get(node, {})
-            usable = [
-                (names[d.name], d)
-                for d in devices
-                if d.kind == "gpu" and d.name in names and all(_allowed(d, r) for r in requests)
-            ]
-            allowed = {i for i, _ in usable}
-            for attribute in constraints:
-                allowed &= _largest_group(usable, attribute)
-            allowed |= set(own)
-            if allowed:
-                nodes[node] = frozenset(allowed)
+            whole = [(names[d.name], d) for d in devices if d.kind == "gpu" and d.name in names]
+            # Each request's own devices: kube-scheduler's allocator matches requests one by one.
+            sets = [frozenset(i for i, d in whole if _allowed(d, r)) for r in requests]
+            usable = [(i, d) for i, d in whole if any(i in chosen for chosen in sets)]
+            alternatives: list[DeviceRequests] = []
+            # One group per constraint, each combination an alternative (a node's few devices keep it small).
+            for groups in product(*(_groups(usable, attribute) for attribute, _ in constraints)):
+                wanted = tuple(
+                    (
+                        r.count,
+                        allowed.intersection(
+                            *(g for g, (_, bound) in zip(groups, constraints, strict=True) if k in bound)
+                        ),
+                    )
+                    for k, (r, allowed) in enumerate(zip(requests, sets, strict=True))
+                )
+                if all(len(allowed) >= count for count, allowed in wanted):
+                    alternatives.append(wanted)
+            if not alternatives:
+                continue
+            nodes[node] = frozenset().union(*(allowed for wanted in alternatives for _, allowed in wanted))
+            distinct = {allowed for _, allowed in alternatives[0]}
+            if len(alternatives) > 1 or len(distinct) > 1:
+                # One set per node would be wrong here: which GPU goes to which request matters.
+                choices[node] = tuple(alternatives)
         if not nodes and requests and only is None:
             raise _RefusedError(
                 "no whole GPU of NVIDIA's DRA driver matches the claims' device classes and selectors"
@@ -1053,8 +1142,8 @@ class ClaimStage:
                 + " (gpuwarden allocates whole GPUs of gpu.nvidia.com; leave claims for MIG devices or other "
                 "drivers to kube-scheduler)"
             )
-        text = repr((pinned, own, constraints, [(r.expressions, r.tolerations) for r in requests]))
-        return DeviceFilter(key=text, nodes=nodes)
+        text = repr((pinned, constraints, [(r.count, r.expressions, r.tolerations) for r in requests]))
+        return DeviceFilter(key=text, nodes=nodes, choices=choices)
 
     # -- devices held by claims no pod of ours holds -------------------------------
 
@@ -1148,7 +1237,10 @@ def _extended_requests(pod: Mapping[str, Any], resource: str) -> tuple[tuple[str
 
 
 def _has_claims(pod: Mapping[str, Any] | None) -> bool:
+    """Whether the pod uses claims: its own (``spec.resourceClaims``) or the one made for its extended resources."""
     if pod is None:
         return False
-    spec = pod.get("spec")
-    return isinstance(spec, dict) and bool(spec.get("resourceClaims"))
+    spec, status = pod.get("spec"), pod.get("status")
+    return (isinstance(spec, dict) and bool(spec.get("resourceClaims"))) or (
+        isinstance(status, dict) and bool(status.get("extendedResourceClaimStatus"))
+    )

@@ -46,6 +46,7 @@ from gpuwarden.kube import ApiError, KubeApi
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assemble import SnapshotAssembler
 from scheduler.cluster.bind import Binder, BindResult
+from scheduler.cluster.cache import RESOURCECLAIMS
 from scheduler.cluster.claimbind import ClaimBinder
 from scheduler.cluster.claims import ClaimPlan, ClaimStage, DraObjects
 from scheduler.cluster.convert import is_external_queue, snapshot_from
@@ -816,6 +817,7 @@ class SchedulingCycle:
                 slices=view.resource_slices,
                 rules=view.device_taint_rules,
                 nodes=view.nodes,
+                claims_readable=RESOURCECLAIMS not in view.missing,
             ),
         )
         snapshot = self.backoff.apply(snapshot, now)

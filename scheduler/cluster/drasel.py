@@ -17,7 +17,12 @@ selectors use are here: quantities (``quantity("40Gi")``, ``isQuantity``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``add``, ``sub``,
 ``asInteger``, ``asApproximateFloat``, ``isInteger``, ``sign``) and
 semantic versions (``semver("1.2.3")``, ``isSemver``, ``major``, ``minor``,
-``patch``, ``compareTo``, ``isGreaterThan``, ``isLessThan``). A quantity
+``patch``, ``compareTo``, ``isGreaterThan``, ``isLessThan``), and the
+strings extension's ``lowerAscii``, ``upperAscii``, ``trim``, ``split``,
+``replace``, ``indexOf`` and ``lastIndexOf``. Not here: ``cel.bind`` and the
+``sets`` library (an expression using them fails with the error shown). As
+in Kubernetes, a domain the device has nothing of is an empty map, so
+``has(device.attributes["example.com"].x)`` is false. A quantity
 and a version are passed to CEL as tagged maps holding their canonical
 form, so ``==`` between two of them is Kubernetes' equality (``1Gi`` equals
 ``1024Mi``) and ordering operators, which Kubernetes does not define on
@@ -213,7 +218,30 @@ _FUNCTIONS: dict[str, Callable[..., object]] = {
     "major": lambda v: _v(v)[0],
     "minor": lambda v: _v(v)[1],
     "patch": lambda v: _v(v)[2],
+    # Kubernetes' CEL has the strings extension; these are the parts selectors use on attributes.
+    "lowerAscii": lambda s: _str(s).lower(),
+    "upperAscii": lambda s: _str(s).upper(),
+    "trim": lambda s: _str(s).strip(),
+    "split": lambda s, sep, *limit: _str(s).split(_str(sep), *(int(n) - 1 for n in limit)),
+    "replace": lambda s, old, new, *limit: _str(s).replace(_str(old), _str(new), *(int(n) for n in limit)),
+    "indexOf": lambda s, sub: _str(s).find(_str(sub)),
+    "lastIndexOf": lambda s, sub: _str(s).rfind(_str(sub)),
 }
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise SelectorError(f"a string function was given {type(value).__name__}")
+    return value
+
+
+# The domains an expression names in ``device.attributes[...]`` or ``device.capacity[...]``.
+_DOMAIN_RE = re.compile(r"""device\s*\.\s*(attributes|capacity)\s*\[\s*(['"])([^'"]+)\2\s*\]""")
+
+
+@functools.lru_cache(maxsize=4096)
+def _domains(expression: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({(m.group(1), m.group(3)) for m in _DOMAIN_RE.finditer(expression)}))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -251,6 +279,13 @@ def _evaluate(expression: str, device: CelDevice) -> bool | str:
     compiled = _compiled(expression)
     if isinstance(compiled, str):
         return f"CEL expression {expression!r} does not compile: {_short(compiled)}"
+    # A domain the device has nothing of reads as an empty map, as in Kubernetes (so that
+    # has(device.attributes["example.com"].x) is false, not an error).
+    for field_name, domain in _domains(expression):
+        maps = device.value[field_name]
+        if domain not in maps:
+            maps[domain] = {}
+            device.context = None
     if device.context is None:
         context = cel.Context()
         for name, function in _FUNCTIONS.items():

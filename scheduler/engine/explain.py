@@ -65,6 +65,11 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         # Room enough for the count, so the GPUs free there are not ones the pod may be given.
         if node.name not in devices.plain and node.name not in devices.nodes:
             return "no device plugin serves nvidia.com/gpu there and its DRA devices match none of the pod's"
+        if node.name in devices.choices:
+            return (
+                f"its {gpu.whole} GPUs cannot be found among the free ones there: each request of its resource "
+                "claims needs its own, of those its selectors (and matchAttribute constraints) allow"
+            )
         return f"fewer than {gpu.whole} free GPUs its resource claims' selectors allow"
     return "their room taken by other pods placed this cycle"
 

@@ -19,7 +19,7 @@ Times are seconds since the epoch (floats), so a snapshot file can say
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -348,12 +348,92 @@ class DeviceFilter:
     # ``nvidia.com/gpu`` there (a pod whose extended resource DRA serves on
     # the other nodes, KEP-5004).
     plain: frozenset[str] = frozenset()
+    # Where one set per node is not enough to say it (requests whose
+    # selectors differ, ``matchAttribute`` constraints): per node, the
+    # alternatives (one per group of devices sharing the constrained
+    # attributes), each the requests in order as (count, the GPUs it may
+    # take). The pod fits where one alternative can give every request its
+    # count of distinct free GPUs (:func:`assign_devices`). ``nodes`` is
+    # then the union, for the quick checks and the explanations.
+    choices: Mapping[str, DeviceChoices] = field(default_factory=dict)
 
     def allows(self, node: str, gpu_index: int) -> bool:
         if node in self.plain:
             return True
         allowed = self.nodes.get(node)
         return allowed is not None and gpu_index in allowed
+
+    def pick(self, node: str, free: Sequence[int], count: int) -> list[int] | None:
+        """``count`` GPUs of ``free`` (indices, in the order to prefer) the pod may take on ``node``; None if none do.
+
+        The chosen ones keep ``free``'s order. With :attr:`choices` for the
+        node, an assignment to the requests must exist (:func:`assign_devices`).
+        """
+        if count <= 0:
+            return []
+        alternatives = self.choices.get(node) if node not in self.plain else None
+        if alternatives is None:
+            allowed = None if node in self.plain else self.nodes.get(node)
+            if allowed is None and node not in self.plain:
+                return None
+            chosen = [i for i in free if allowed is None or i in allowed][:count]
+            return chosen if len(chosen) >= count else None
+        assigned = assign_devices(alternatives, free)
+        if assigned is None:
+            return None
+        taken = {i for group in assigned for i in group}
+        return [i for i in free if i in taken]
+
+
+# Per request, in order: how many GPUs, and which it may take.
+DeviceRequests = tuple[tuple[int, frozenset[int]], ...]
+# A node's alternatives: each a full set of requests (see DeviceFilter.choices).
+DeviceChoices = tuple[DeviceRequests, ...]
+
+
+def assign_devices(alternatives: DeviceChoices, free: Sequence[int]) -> list[list[int]] | None:
+    """Distinct GPUs of ``free`` for every request of the first alternative that can have them, per request.
+
+    A bipartite matching (each request expanded into its count of slots,
+    each slot to one GPU it may take), by augmenting paths: a GPU taken by
+    an earlier slot is handed over to a later one when the earlier can take
+    another. Deterministic: slots in request order, GPUs in ``free``'s
+    order, so the scheduler's placement and the binder that writes the
+    allocation find the same assignment. Sizes are a node's GPUs (eight or
+    so), so the cubic worst case is nothing.
+    """
+    for requests in alternatives:
+        found = _match(requests, free)
+        if found is not None:
+            return found
+    return None
+
+
+def _match(requests: DeviceRequests, free: Sequence[int]) -> list[list[int]] | None:
+    """One alternative of :func:`assign_devices`: its requests' GPUs, or None when they cannot all have theirs."""
+    slots = [r for r, (count, _) in enumerate(requests) for _ in range(count)]
+    if len(slots) > len(free):
+        return None
+    holder: dict[int, int] = {}  # GPU -> the slot that has it
+
+    def take(slot: int, seen: set[int]) -> bool:
+        allowed = requests[slots[slot]][1]
+        for gpu in free:
+            if gpu in allowed and gpu not in seen:
+                seen.add(gpu)
+                other = holder.get(gpu)
+                if other is None or take(other, seen):
+                    holder[gpu] = slot
+                    return True
+        return False
+
+    if not all(take(slot, set()) for slot in range(len(slots))):
+        return None
+    out: list[list[int]] = [[] for _ in requests]
+    for gpu in free:  # in free's order, so each request's GPUs are too
+        if gpu in holder:
+            out[slots[holder[gpu]]].append(gpu)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,14 +259,13 @@ def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tupl
     if not gpu.whole:
         return None  # a pod without GPUs takes none of the reserved ones; any node-level fit will do
     devices = task.spec.devices
-    free = [
-        p
-        for p in positions
-        if node.gpu_ok[p]
-        and not node.gpu_whole[p]
-        and not node.gpu_slices[p]
-        and (devices is None or devices.allows(node.name, node.gpu_index[p]))
-    ]
+    free = [p for p in positions if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]]
+    if devices is not None:
+        picked = devices.pick(node.name, [node.gpu_index[p] for p in free], gpu.whole)
+        if picked is None:
+            return None
+        taken = set(picked)
+        return tuple(p for p in free if node.gpu_index[p] in taken), ()
     if len(free) < gpu.whole:
         return None
     return tuple(free[: gpu.whole]), ()

@@ -98,6 +98,18 @@ def _whole_positions(node: NodeState, count: int, devices: DeviceFilter | None =
     """
     if count <= 0:
         return ()
+    if devices is not None and node.name in devices.choices:
+        # Requests that differ, or constraints: which GPUs, not only how many (DeviceFilter.pick).
+        idle = [
+            node.gpu_index[p]
+            for p in range(len(node.gpu_ok))
+            if node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]
+        ]
+        picked = devices.pick(node.name, idle, count)
+        if picked is None:
+            return None
+        taken = set(picked)
+        return tuple(p for p in range(len(node.gpu_ok)) if node.gpu_index[p] in taken)
     allowed = None if devices is None or node.name in devices.plain else devices.nodes.get(node.name)
     if allowed is None and devices is not None and node.name not in devices.plain:
         return None

@@ -274,3 +274,149 @@ def test_without_a_class_serving_nvidia_gpu_whole_gpu_pods_stay_off_nodes_withou
     waiting = run_session(full)
     assert waiting.binds == ()
     assert "no device plugin serves nvidia.com/gpu" in waiting.pending[0].reasons[0].message
+
+
+def _two_products() -> JSON:
+    body = _slice()
+    for i in (2, 3):
+        body["spec"]["devices"][i]["attributes"]["productName"] = {"string": "NVIDIA A100-SXM4-80GB"}
+    return body
+
+
+def _product(name: str) -> list[JSON]:
+    return [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].productName.startsWith('{name}')"}}]
+
+
+def test_requests_are_matched_one_by_one_as_kube_scheduler_does() -> None:
+    """One request for an H100, one for an A100: each gets its own, where one set for both would find none."""
+    requests = [
+        {"name": "h100", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": _product("NVIDIA H100")}},
+        {"name": "a100", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": _product("NVIDIA A100")}},
+    ]
+    snapshot, stage = _run([_pod("p", {"gpu": "c"})], [_claim("c", requests)], [_two_products()])
+    task = _task(snapshot, "p")
+    assert task.gpus == 2 and task.devices is not None
+    assert task.devices.nodes == {"n1": frozenset(range(4))}
+    assert task.devices.choices == {"n1": (((1, frozenset({0, 1})), (1, frozenset({2, 3}))),)}
+    (bind,) = run_session(snapshot).binds
+    assert bind.gpu_indices == (0, 2)
+    assert stage.plans["uid-p"].choices == task.devices.choices
+
+
+def test_match_attribute_offers_every_group_that_can_hold_the_request() -> None:
+    """Two products, two GPUs each: either pair will do; the engine takes the first free one (largest first)."""
+    claim = _claim("c", [_request(2)], constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [claim], [_two_products()])
+    devices = _task(snapshot, "p").devices
+    assert devices is not None
+    assert devices.choices == {"n1": (((2, frozenset({0, 1})),), ((2, frozenset({2, 3})),))}
+    # The H100s held by someone else's claim: the A100 pair.
+    held = _claim("other", [_request(2)], allocation=_allocated("n1", "gpu-0", "gpu-1"))
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [claim, held], [_two_products()])
+    (bind,) = [b for b in run_session(snapshot).binds if b.pod == "p"]
+    assert bind.gpu_indices == (2, 3)
+
+
+def test_a_constraint_binds_its_own_claim_s_requests_only() -> None:
+    """Two claims, each wanting two GPUs of one product: H100s for one and A100s for the other will do."""
+    constraint = [{"matchAttribute": "gpu.nvidia.com/productName"}]
+    claims = [_claim(c, [_request(2)], constraints=constraint) for c in ("c1", "c2")]
+    snapshot, _ = _run([_pod("p", {"a": "c1", "b": "c2"})], claims, [_two_products()])
+    (bind,) = run_session(snapshot).binds
+    assert bind.gpu_indices == (0, 1, 2, 3)
+    # One request named by the constraint, one not: only the named one is bound to a product.
+    requests = [_request(2), {**_request(1), "name": "free"}]
+    partial = _claim("c", requests, constraints=[{"matchAttribute": "gpu.nvidia.com/productName", "requests": ["gpu"]}])
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [partial], [_two_products()])
+    devices = _task(snapshot, "p").devices
+    assert devices is not None
+    assert devices.choices["n1"][0] == ((2, frozenset({0, 1})), (1, frozenset(range(4))))
+
+
+def test_a_claim_allocated_for_a_pending_pod_keeps_its_devices_from_everyone_else() -> None:
+    """A bind that wrote the claim but did not bind the pod (an undo that failed, a failover): the GPU stays taken.
+
+    The pod is pinned to the claim's node and asks only for what is still to
+    allocate; a bigger pod of higher priority is not given the claim's GPU.
+    """
+    mine = _claim("mine", [_request()], allocation=_allocated("n1", "gpu-0", reserved=("p",)))
+    want = _claim("want", [_request(4)])
+    snapshot, stage = _run([_pod("p", {"gpu": "mine"}), _pod("q", {"gpu": "want"})], [mine, want])
+    snapshot = replace(snapshot, jobs=tuple(replace(j, priority=50) if j.name == "q" else j for j in snapshot.jobs))
+    assert _task(snapshot, "p").gpus == 0
+    binds = {b.pod: b for b in run_session(snapshot).binds}
+    assert set(binds) == {"p"} and binds["p"].node == "n1" and binds["p"].gpu_indices == ()
+    assert stage.plans["uid-p"].claims[0].done
+
+
+def test_a_running_pod_s_extended_resource_claim_is_held_once_by_the_pod() -> None:
+    """KEP-5004: the claim named in the pod's status is the pod's, not another scheduler's placeholder's."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "nodeName": "n1",
+            "containers": [{"name": "a", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"extendedResourceClaimStatus": {"resourceClaimName": "p-ext"}},
+    }
+    claim = _claim("p-ext", [_request()], owner="p", allocation=_allocated("n1", "gpu-2", reserved=("p",)))
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    task = Task(name="p", namespace="ns", uid="uid-p", gpus=1, status=TaskStatus.RUNNING, node="n1", gpu_indices=(0,))
+    snapshot = Snapshot(
+        nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
+        queues=(Queue("q"),),
+        jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),),
+    )
+    objects = DraObjects(
+        pods={"uid-p": pod},
+        claims={"ns/p-ext": claim},
+        classes=CLASSES,
+        slices={"s": _slice()},
+        rules={},
+        nodes={"n1": {"status": {"allocatable": {}}}},
+    )
+    out = ClaimStage().apply(snapshot, objects)
+    assert [j.name for j in out.jobs] == ["p"], "no placeholder holds the pod's own claim"
+    assert _task(out, "p").gpu_indices == (2,), "the allocation, not the annotation, says which GPU"
+
+
+def test_an_unallocated_claim_two_pending_pods_share_is_allocated_for_one_and_the_other_waits() -> None:
+    """As kube-scheduler: the claim is allocated once, for the first pod; the second is added to it after."""
+    shared = _claim("shared", [_request(1)])
+    snapshot, stage = _run([_pod("a", {"gpu": "shared"}), _pod("b", {"gpu": "shared"})], [shared])
+    assert _task(snapshot, "a").gpus == 1 and not _task(snapshot, "a").unplaceable
+    waiting = _task(snapshot, "b").unplaceable
+    assert waiting is not None and "shared with pending pod ns/a" in waiting, waiting
+    assert [b.pod for b in run_session(snapshot).binds] == ["a"]
+    assert set(stage.plans) == {"uid-a"}
+    # Once allocated for a (and a running), b is only added to the claim, on a's node, and takes no GPU of its own.
+    allocated = _claim("shared", [_request(1)], allocation=_allocated("n1", "gpu-0", reserved=("a",)))
+    snapshot, stage = _run([_pod("a", {"gpu": "shared"}, node="n1"), _pod("b", {"gpu": "shared"})], [allocated])
+    b = _task(snapshot, "b")
+    assert b.gpus == 0 and not b.unplaceable
+    (claim,) = stage.plans["uid-b"].claims
+    assert claim.reserve_only
+
+
+def test_when_resource_claims_cannot_be_listed_nothing_is_allocated_and_the_pod_says_why() -> None:
+    """A 403 on ResourceClaims (RBAC from an older release) must not read as "no device is held"."""
+    pod = _pod("p", {"gpu": "c"})
+    task = Task(name="p", namespace="ns", uid="uid-p")
+    snapshot = Snapshot(
+        nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
+        queues=(Queue("q"),),
+        jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),),
+    )
+    objects = DraObjects(
+        pods={"uid-p": pod},
+        claims={},
+        classes=CLASSES,
+        slices={"s": _slice()},
+        rules={},
+        claims_readable=False,
+    )
+    out = ClaimStage().apply(snapshot, objects)
+    why = _task(out, "p").unplaceable
+    assert why is not None and "ResourceClaims cannot be listed" in why, why
+    assert run_session(out).binds == ()

@@ -348,6 +348,58 @@ def test_a_selector_that_fails_is_explained_on_the_podgroup_and_allocates_nothin
 
 
 @pytest.mark.usefixtures("claim_controller")
+def test_each_request_of_a_claim_gets_the_devices_its_own_selectors_allow(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    """One request for one named GPU, one for any two: the named one goes to its request, whatever the order."""
+    node = dra_nodes()
+    q = queue(16)
+    name = unique_name("two-requests")
+    exactly: JSON = {"deviceClassName": "gpu.nvidia.com"}
+    wanted = FOUR[0].uuid  # the GPU the engine would otherwise give the first request it meets
+    selector = {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{wanted}"'}}
+    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+        *DRA,
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "any", "exactly": {**exactly, "count": 2}},
+                            {
+                                "name": "named",
+                                "exactly": {
+                                    **exactly,
+                                    "selectors": [selector],
+                                },
+                            },
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    _alone(k8s, namespace, q, "p", name)
+    scheduler.run(dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "p")["spec"].get("nodeName") == node
+    results = _claim_of(k8s, namespace, "p")["status"]["allocation"]["devices"]["results"]
+    by_request: dict[str, list[str]] = {}
+    for result in results:
+        by_request.setdefault(result["request"], []).append(result["device"])
+    assert by_request["named"] == ["gpu-0"]
+    assert len(by_request["any"]) == 2 and "gpu-0" not in by_request["any"]
+
+
+@pytest.mark.usefixtures("claim_controller")
 def test_a_claim_written_for_a_bind_that_failed_is_taken_back(
     k8s: client.ApiClient,
     namespace: str,

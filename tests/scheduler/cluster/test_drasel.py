@@ -34,6 +34,15 @@ def _device() -> CelDevice:
         ("device.attributes['resource.kubernetes.io'].pciBusID == '0000:18:00.0'", True),
         ("'uuid' in device.attributes['gpu.nvidia.com']", True),
         ("isSemver('1.2') || isQuantity('ten')", False),
+        # A domain the device has nothing of is an empty map, as in Kubernetes: has() and `in` work on it.
+        ("has(device.attributes['example.com'].x)", False),
+        ("!('x' in device.attributes[\"example.com\"]) && device.capacity['example.com'].size() == 0", True),
+        # The strings extension Kubernetes' CEL carries.
+        ("device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('h100')", True),
+        ("device.attributes['gpu.nvidia.com'].productName.split(' ')[1] == 'H100'", True),
+        ("device.attributes['gpu.nvidia.com'].productName.split(' ', 2).size() == 2", True),
+        ("device.attributes['gpu.nvidia.com'].productName.replace('NVIDIA ', '').trim().size() == 14", True),
+        ("device.attributes['gpu.nvidia.com'].productName.indexOf('H100') == 7", True),
     ],
 )
 def test_selectors_read_the_driver_s_attributes_and_capacity(expression: str, expected: bool) -> None:

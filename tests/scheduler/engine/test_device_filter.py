@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from itertools import permutations
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine.model import DeviceFilter, Snapshot
+from scheduler.engine.model import DeviceChoices, DeviceFilter, Snapshot, assign_devices
 from scheduler.engine.session import run_session
 from tests.scheduler.builders import binds_by_job, job, node, pending, pending_codes, queue, running
 
@@ -77,3 +79,74 @@ def test_every_gpu_given_is_allowed_free_and_given_once(
             taken.add((bind.node, index))
     for e in decisions.evictions:
         raise AssertionError(f"nothing here may be moved: {e}")
+
+
+def _brute(alternatives: DeviceChoices, free: list[int]) -> bool:
+    """Whether some alternative can give every request its count of distinct GPUs of ``free`` (by trying all)."""
+    for requests in alternatives:
+        slots = [allowed for count, allowed in requests for _ in range(count)]
+        if len(slots) > len(free):
+            continue
+        if any(all(g in a for g, a in zip(pick, slots, strict=True)) for pick in permutations(free, len(slots))):
+            return True
+    return False
+
+
+_REQUEST = st.tuples(st.integers(1, 3), st.frozensets(st.integers(0, 5), max_size=6))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    alternatives=st.lists(st.lists(_REQUEST, min_size=1, max_size=3).map(tuple), min_size=1, max_size=3).map(tuple),
+    free=st.lists(st.integers(0, 5), unique=True, max_size=6),
+)
+def test_devices_are_assigned_exactly_when_some_assignment_exists(alternatives: DeviceChoices, free: list[int]) -> None:
+    """The matching finds an assignment whenever one exists (a brute force says), and every one it gives holds."""
+    assigned = assign_devices(alternatives, free)
+    assert (assigned is not None) == _brute(alternatives, free)
+    if assigned is None:
+        return
+    used = [g for group in assigned for g in group]
+    assert len(used) == len(set(used)) and set(used) <= set(free)
+    assert any(
+        len(requests) == len(assigned)
+        and all(len(g) == c and set(g) <= a for (c, a), g in zip(requests, assigned, strict=True))
+        for requests in alternatives
+    )
+
+
+def test_requests_with_different_selectors_share_a_node_when_each_gets_its_own_gpus() -> None:
+    """Request A may take GPUs 0-1, request B only GPU 0: A must leave GPU 0 to B (one set would find none)."""
+    devices = DeviceFilter(
+        "two-requests",
+        {"n1": frozenset({0, 1})},
+        choices={"n1": (((1, frozenset({0, 1})), (1, frozenset({0}))),)},
+    )
+    snap = Snapshot(
+        nodes=(node("n1", 4),), queues=(queue("q", 16),), jobs=(job("a", "q", pending("a-0", 2, devices=devices)),)
+    )
+    assert binds_by_job(run_session(snap)) == {"a": [("a-0", "n1", (0, 1))]}
+    # GPU 0 held: B cannot have its GPU, whatever A takes.
+    held = job("warm", "q", running("warm-0", "n1", (0,)), preemptible=False)
+    snap = Snapshot(nodes=(node("n1", 4),), queues=(queue("q", 16),), jobs=(held, snap.jobs[0]))
+    decisions = run_session(snap)
+    assert binds_by_job(decisions) == {}
+    message = decisions.pending[0].reasons[0].message
+    assert "each request of its resource claims needs its own" in message, message
+
+
+def test_a_match_attribute_group_that_is_full_leaves_the_pod_to_another_group() -> None:
+    """Two groups sharing an attribute; the larger one's GPUs are held, the smaller one is free: the pod fits there."""
+    big, small = frozenset({0, 1, 2}), frozenset({3, 4})
+    devices = DeviceFilter(
+        "constrained",
+        {"n1": big | small},
+        choices={"n1": (((2, big),), ((2, small),))},
+    )
+    held = job("warm", "q", running("warm-0", "n1", (0, 1)), preemptible=False)
+    snap = Snapshot(
+        nodes=(node("n1", 8),),
+        queues=(queue("q", 16),),
+        jobs=(held, job("a", "q", pending("a-0", 2, devices=devices))),
+    )
+    assert binds_by_job(run_session(snap)) == {"a": [("a-0", "n1", (3, 4))]}
