@@ -534,6 +534,8 @@ class ClaimStage:
     # The last cycle's shared claims' first pods, and a token that changes with them (a memo input).
     _first: dict[str, tuple[str, str]] = field(default_factory=dict)
     _first_token: object = field(default_factory=object)
+    # Per job key: (the job and its pods as last read, the claims its pending pods name).
+    _named: dict[str, tuple[tuple[object, ...], list[tuple[str, str, str, str]]]] = field(default_factory=dict)
 
     def apply(self, snapshot: Snapshot, objects: DraObjects) -> Snapshot:
         """``snapshot`` with DRA GPUs, the devices claims hold, and each pending claim pod's devices or reason."""
@@ -644,22 +646,37 @@ class ClaimStage:
         that name such a claim (their verdicts depend on who is first).
         """
         users: dict[str, list[tuple[str, str, str]]] = {}
+        kept: dict[str, tuple[tuple[object, ...], list[tuple[str, str, str, str]]]] = {}
         for _, job in candidates:
-            for task in job.tasks:
-                pod = pods.get(task.uid)
-                if task.status is not TaskStatus.PENDING or pod is None:
-                    continue
-                for _, name, template in pod_claims(pod):
-                    key = f"{job.namespace}/{name}"
-                    if name and not template and key not in read.reserved:  # only a named claim is shared
-                        users.setdefault(key, []).append((f"{job.namespace}/{task.name}", task.uid, job.key))
+            # Per job, its pending pods' named claims, read again only when the job or a pod changed.
+            inputs = (job, *(pods.get(t.uid) for t in job.tasks))
+            memo = self._named.get(job.key)
+            if (
+                memo is None
+                or len(memo[0]) != len(inputs)
+                or any(a is not b for a, b in zip(memo[0], inputs, strict=True))
+            ):
+                named: list[tuple[str, str, str, str]] = []
+                for task in job.tasks:
+                    pod = pods.get(task.uid)
+                    if task.status is not TaskStatus.PENDING or pod is None:
+                        continue
+                    for _, name, template in pod_claims(pod):
+                        if name and not template:  # only a claim named by the pod can be shared
+                            named.append((f"{job.namespace}/{name}", f"{job.namespace}/{task.name}", task.uid, job.key))
+                memo = (inputs, named)
+            kept[job.key] = memo
+            for key, pod_name, uid, job_key in memo[1]:
+                if key not in read.reserved:
+                    users.setdefault(key, []).append((pod_name, uid, job_key))
+        self._named = kept
         first: dict[str, tuple[str, str]] = {}
         sharing: set[str] = set()
-        for key, named in users.items():
-            if len(named) > 1:
-                name, uid, _ = min(named)
-                first[key] = (name, uid)
-                sharing.update(job for _, _, job in named)
+        for key, sharers in users.items():
+            if len(sharers) > 1:
+                pod_name, uid, _ = min(sharers)
+                first[key] = (pod_name, uid)
+                sharing.update(job_key for _, _, job_key in sharers)
         if first != self._first:
             self._first, self._first_token = first, object()
         read.first = self._first

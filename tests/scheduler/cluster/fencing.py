@@ -24,6 +24,38 @@ LEASE_NAME = contract.SCHEDULER_COMPONENT
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 
 
+class PausedAfterCheck:
+    """Stops replica ``runner`` where no check in the process can help: after its lease check for
+    ``operation``, before the request leaves; from the first such stop its lease is no longer renewed
+    (its whole process stands still, as SIGSTOP would). :meth:`wake` lets everything go on."""
+
+    def __init__(self, runner: SchedulerRunner, operation: str) -> None:
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self.passed = 0  # requests that passed the check and were stopped
+        self._runner = runner
+        self._renew = runner.elector._attempt
+        self._lock = threading.Lock()
+        check = runner.fence.check
+
+        def check_then_pause(name: str) -> None:
+            check(name)
+            if name != operation:
+                return
+            with self._lock:
+                self.passed += 1
+            if not self.paused.is_set():
+                runner.elector._attempt = lambda: False  # type: ignore[method-assign]
+                self.paused.set()
+            self.resume.wait(60)
+
+        runner.api._guard = check_then_pause
+
+    def wake(self) -> None:
+        self._runner.elector._attempt = self._renew  # type: ignore[method-assign]
+        self.resume.set()
+
+
 def forget_lease(k8s: client.ApiClient) -> None:
     """No Lease left by an earlier test: the first replica of this one takes it at once."""
     with contextlib.suppress(client.ApiException):

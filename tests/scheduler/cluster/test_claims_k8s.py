@@ -12,7 +12,6 @@ the API server's checks of ``resourceclaims/status`` and
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -23,82 +22,31 @@ from kubernetes import client
 
 from gpuwarden import contract
 from gpuwarden.kube import ApiError, KubeApi
-from gpuwarden.localcluster import create_gpu_node
 from scheduler.cluster.bind import Binder
 from scheduler.cluster.claims import FINALIZER
 from scheduler.cluster.cycle import ClusterView, SchedulingCycle
 from scheduler.runner import SchedulerRunner
 from tests.harness import ControlPlane, unique_name
-from tests.scheduler.cluster.fencing import wait_for_fence_policy
+from tests.scheduler.cluster.dra_fixtures import DRA, FOUR
+from tests.scheduler.cluster.fencing import PausedAfterCheck, wait_for_fence_policy
 from tests.scheduler.cluster.kube_objects import create_queue, delete_queue, podgroup
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status, view
-from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER, DriverGpu, driver_slice
+from tests.scheduler.remediation.dra_objects import DRIVER
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_rbac", "scheduler_crds", "gpunode_crd")]
 
-DRA = ("resource.k8s.io", "v1")
 SA, SA_NAMESPACE = "gpuwarden-scheduler", "gpuwarden"
 JSON = dict[str, Any]
-
-FOUR = [
-    DriverGpu(
-        index=i, minor=i, uuid=f"GPU-0000000{i}-1111-2222-3333-44444444444{i}", pci_bus=f"00000000:{0x18 + i:02X}:00.0"
-    )
-    for i in range(4)
-]
 
 
 def _raw(response: Any) -> Any:
     return json.loads(response.data)
 
 
-@pytest.fixture(scope="module")
-def device_classes(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(DEVICECLASSES))
-
-
-@pytest.fixture
-def claim_controller(control_plane: ControlPlane) -> Iterator[None]:
-    """kube-controller-manager's resourceclaim controller: makes the pods' claims from templates, frees them."""
-    with control_plane.extra_controllers("resourceclaim-controller"):
-        yield
-
-
-@pytest.fixture
-def dra_nodes(k8s: client.ApiClient, device_classes: None) -> Iterator[Callable[..., str]]:
-    """Makes DRA-only nodes (driver slice, no device plugin, no GPUNode); removed after the test."""
-    made: list[tuple[str, str]] = []
-    custom = client.CustomObjectsApi(k8s)
-
-    def make(gpus: list[DriverGpu] = FOUR, taints: dict[int, JSON] | None = None) -> str:
-        name = unique_name("dra-node")
-        node = create_gpu_node(k8s, name, gpus=0)
-        body = driver_slice(name, node.metadata.uid, gpus)
-        for i, taint in (taints or {}).items():
-            body["spec"]["devices"][i]["taints"] = [taint]
-        made.append((name, custom.create_cluster_custom_object(*DRA, "resourceslices", body)["metadata"]["name"]))
-        return name
-
-    yield make
-    for name, slice_name in made:
-        with contextlib.suppress(client.ApiException):
-            custom.delete_cluster_custom_object(*DRA, "resourceslices", slice_name)
-        with contextlib.suppress(client.ApiException):
-            client.CoreV1Api(k8s).delete_node(name)
-
-
 @pytest.fixture(autouse=True)
-def _claims_released(k8s: client.ApiClient, namespace: str) -> Iterator[None]:
-    """After each test, its claims' finalizers go, so the namespace can be deleted without the controller."""
-    yield
-    custom = client.CustomObjectsApi(k8s)
-    for claim in custom.list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"]:
-        if claim["metadata"].get("finalizers"):
-            with contextlib.suppress(client.ApiException):
-                custom.patch_namespaced_custom_object(
-                    *DRA, namespace, "resourceclaims", claim["metadata"]["name"], {"metadata": {"finalizers": None}}
-                )
+def _claims_released(claims_released: None) -> None:
+    """After each test, its claims' finalizers go (:func:`~tests.scheduler.cluster.dra_fixtures.claims_released`)."""
 
 
 @pytest.fixture
@@ -134,11 +82,19 @@ def dra_view(k8s: client.ApiClient, nodes: set[str]) -> ClusterView:
     )
 
 
-def _template(k8s: client.ApiClient, namespace: str, count: int = 1, selector: str | None = None) -> str:
+def _template(
+    k8s: client.ApiClient,
+    namespace: str,
+    count: int = 1,
+    selector: str | None = None,
+    requests: list[JSON] | None = None,
+) -> str:
+    """A claim template: one request ``gpu`` of ``count`` GPUs (with ``selector``), or ``requests`` as given."""
     name = unique_name("gpus")
     exactly: JSON = {"deviceClassName": "gpu.nvidia.com", "count": count}
     if selector is not None:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
+    requests = requests if requests is not None else [{"name": "gpu", "exactly": exactly}]
     client.CustomObjectsApi(k8s).create_namespaced_custom_object(
         *DRA,
         namespace,
@@ -147,7 +103,7 @@ def _template(k8s: client.ApiClient, namespace: str, count: int = 1, selector: s
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+            "spec": {"spec": {"devices": {"requests": requests}}},
         },
     )
     return name
@@ -358,35 +314,16 @@ def test_each_request_of_a_claim_gets_the_devices_its_own_selectors_allow(
     """One request for one named GPU, one for any two: the named one goes to its request, whatever the order."""
     node = dra_nodes()
     q = queue(16)
-    name = unique_name("two-requests")
     exactly: JSON = {"deviceClassName": "gpu.nvidia.com"}
     wanted = FOUR[0].uuid  # the GPU the engine would otherwise give the first request it meets
     selector = {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{wanted}"'}}
-    client.CustomObjectsApi(k8s).create_namespaced_custom_object(
-        *DRA,
+    name = _template(
+        k8s,
         namespace,
-        "resourceclaimtemplates",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "any", "exactly": {**exactly, "count": 2}},
-                            {
-                                "name": "named",
-                                "exactly": {
-                                    **exactly,
-                                    "selectors": [selector],
-                                },
-                            },
-                        ]
-                    }
-                }
-            },
-        },
+        requests=[
+            {"name": "any", "exactly": {**exactly, "count": 2}},
+            {"name": "named", "exactly": {**exactly, "selectors": [selector]}},
+        ],
     )
     _alone(k8s, namespace, q, "p", name)
     scheduler.run(dra_view(k8s, {node}))
@@ -563,24 +500,10 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
     wait_for(a.elector.is_leader, timeout=20, description="replica a leads")
     b, _ = fenced_replicas("replica-b")
 
-    paused = threading.Event()
-    resume = threading.Event()
-    passed: list[str] = []
+    pause = PausedAfterCheck(a, "replace_resource_claim_status")
     answers: list[int | None] = []
     lock = threading.Lock()
-    check = a.fence.check
-    renew = a.elector._attempt
     write_status = a.api.replace_resource_claim_status
-
-    def check_then_pause(operation: str) -> None:
-        check(operation)
-        if operation == "replace_resource_claim_status":
-            with lock:
-                passed.append(operation)
-            if not paused.is_set():
-                a.elector._attempt = lambda: False  # type: ignore[method-assign]  # the whole process stands still
-                paused.set()
-            resume.wait(60)
 
     def recorded(namespace: str, name: str, body: JSON) -> JSON:
         try:
@@ -594,7 +517,6 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
             answers.append(200)
         return answer
 
-    a.api._guard = check_then_pause
     a.api.replace_resource_claim_status = recorded  # type: ignore[method-assign]
     early_pods = [f"early-{i}" for i in range(4)]
     for name in early_pods:
@@ -602,7 +524,7 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
     _claims_made(k8s, namespace, early_pods)
     create_queue(k8s, early, {"gpu": {"quota": 0}})
     request.addfinalizer(lambda: delete_queue(k8s, early))
-    wait_for(paused.is_set, timeout=30, description="replica a about to write an allocation, paused")
+    wait_for(pause.paused.is_set, timeout=30, description="replica a about to write an allocation, paused")
     # B must not touch A's claims (that would fail A's writes by resourceVersion,
     # not by the fence): their queue goes. The urgent pods come once A no
     # longer believes it leads, so that A does not act on them in its last moments.
@@ -618,9 +540,8 @@ def test_a_replica_paused_before_its_allocations_writes_none_of_them_after_a_tak
         description="replica b gives every device to the urgent pods and binds them",
     )
 
-    a.elector._attempt = renew  # type: ignore[method-assign]
-    resume.set()
-    wait_for(lambda: len(answers) >= len(passed), timeout=30, description="replica a's paused writes answered")
+    pause.wake()
+    wait_for(lambda: len(answers) >= pause.passed, timeout=30, description="replica a's paused writes answered")
     assert answers and set(answers) == {403}, answers
     wait_for(lambda: a.resets >= 1, timeout=30, description="replica a drops its kept state")
     assert b.elector.is_leader()

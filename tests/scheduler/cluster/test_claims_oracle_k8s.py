@@ -49,7 +49,7 @@ from tests.harness import kube_scheduler as start_kube_scheduler
 from tests.scheduler.cluster.kube_objects import podgroup
 from tests.scheduler.cluster.test_claims_k8s import DRA, dra_view
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status
-from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DRIVER
+from tests.scheduler.remediation.dra_objects import DRIVER
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_crds", "gpunode_crd")]
@@ -72,11 +72,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def kube_scheduler(control_plane: ControlPlane) -> Iterator[ManagedProcess]:
     with start_kube_scheduler(control_plane, "kube-scheduler-dra-oracle", "--v=1") as proc:
         yield proc
-
-
-@pytest.fixture(scope="module")
-def device_classes(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(DEVICECLASSES))
 
 
 def _raw(response: Any) -> Any:

@@ -21,7 +21,13 @@ from kubernetes import client
 
 from scheduler.runner import SchedulerRunner
 from tests.harness import ControlPlane, unique_name
-from tests.scheduler.cluster.fencing import binders, gpu_pod, over_committed, wait_for_fence_policy
+from tests.scheduler.cluster.fencing import (
+    PausedAfterCheck,
+    binders,
+    gpu_pod,
+    over_committed,
+    wait_for_fence_policy,
+)
 from tests.scheduler.cluster.kube_objects import create_queue, delete_queue
 from tests.waiting import wait_for
 
@@ -51,20 +57,7 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
     b, _ = fenced_replicas("replica-b")
 
     # Replica A pauses right after its lease check, before each Binding leaves.
-    paused = threading.Event()
-    resume = threading.Event()
-    check = a.fence.check
-    renew = a.elector._attempt
-
-    def check_then_pause(operation: str) -> None:
-        check(operation)
-        if operation == "create_pod_binding":
-            if not paused.is_set():
-                a.elector._attempt = lambda: False  # type: ignore[method-assign]  # the whole process stands still
-                paused.set()
-            resume.wait(60)
-
-    a.api._guard = check_then_pause
+    pause = PausedAfterCheck(a, "create_pod_binding")
     core = client.CoreV1Api(k8s)
     # The early pods wait for their queue, so that one cycle of A places
     # them all: its first binds pause after the check, the rest stay queued
@@ -73,7 +66,7 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
         core.create_namespaced_pod(namespace, gpu_pod(f"early-{i}", early))
     create_queue(k8s, early, {"gpu": {"quota": 0}})
     request.addfinalizer(lambda: delete_queue(k8s, early))
-    wait_for(paused.is_set, timeout=30, description="replica a about to bind, paused")
+    wait_for(pause.paused.is_set, timeout=30, description="replica a about to bind, paused")
 
     # While A stands still, work that B must place first arrives; B takes the lease over and fills every GPU.
     for i in range(gpus):
@@ -86,8 +79,7 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
     )
 
     # A wakes: its binds in flight go out, the ones still queued meet the fence in the process.
-    a.elector._attempt = renew  # type: ignore[method-assign]
-    resume.set()
+    pause.wake()
     wait_for(lambda: a.resets >= 1, timeout=30, description="replica a drops its kept state")
     # The cycle's bookkeeping goes out behind it on its own thread, so its
     # refusal may come just after the runner has started over.

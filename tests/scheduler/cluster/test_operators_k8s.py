@@ -29,6 +29,7 @@ from scheduler.cluster.leader import LeaderElectionConfig
 from scheduler.engine.model import SchedulerConfig
 from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.harness import ControlPlane
+from tests.scheduler.cluster.dra_fixtures import DRA
 from tests.scheduler.cluster.fencing import LEASE_NAME, LEASE_NAMESPACE, forget_lease
 from tests.scheduler.cluster.owner_crds import (
     JOBSET,
@@ -59,6 +60,7 @@ from tests.scheduler.cluster.standins import (
     phase,
     pod_template,
 )
+from tests.scheduler.remediation.dra_objects import DRIVER
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("owner_crds", "scheduler_rbac")]
@@ -591,4 +593,71 @@ def test_a_pytorchjobs_workers_finishing_one_by_one_never_get_the_rest_evicted_a
         "bert-worker-1": "Succeeded",
         "bert-worker-2": "Succeeded",
     }
+    assert_nothing_evicted(found, kube, kubelet)
+
+
+@pytest.fixture
+def job_and_claim_controllers(control_plane: ControlPlane) -> Iterator[None]:
+    """The Job controller and the resourceclaim controller (claims from templates), for one test."""
+    with control_plane.extra_controllers("job", "resourceclaim-controller"):
+        yield
+
+
+@pytest.mark.usefixtures("job_and_claim_controllers", "claims_released")
+def test_a_jobset_whose_pods_use_a_claim_template_is_allocated_whole_and_every_device_once(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    scheduler: Callable[..., Scheduler],
+    dra_nodes: Callable[..., str],
+) -> None:
+    """A JobSet on DRA nodes: the Job controller makes pods naming the template, the claim controller their claims.
+
+    Its two replicated Jobs of four pods are one gang of eight GPUs on two
+    nodes of four: every claim is allocated on its pod's node and reserved
+    for it, and no device goes to two claims.
+    """
+    nodes = {dra_nodes(), dra_nodes()}
+    q = queue(64)
+    found = scheduler()
+    kube = Kube(k8s, namespace)
+    claims = client.CustomObjectsApi(k8s)
+    claims.create_namespaced_custom_object(
+        *DRA,
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}},
+        },
+    )
+    template = pod_template(gpus=0)
+    template["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    template["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    workers = {"parallelism": 4, "completions": 4, "template": template}
+    js = create(
+        kube,
+        JOBSET,
+        "dra",
+        {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": workers}}]},
+        labels={contract.LABEL_QUEUE: q},
+    )
+    operator, kubelet = JobSetStandIn(k8s, namespace, "dra"), Kubelet(k8s, namespace)
+    drive([operator, kubelet], all_bound(kube, f"{JS_NAME}=dra", 8), description="the JobSet's pods bound")
+    wait_for_groups(k8s, namespace, {f"pg-dra-{js['metadata']['uid']}": 8})
+
+    given: dict[tuple[str, str], str] = {}
+    for pod in kube.pods(f"{JS_NAME}=dra"):
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = claims.get_namespaced_custom_object(*DRA, namespace, "resourceclaims", status["resourceClaimName"])
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        ]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["pool"] == pod["spec"]["nodeName"] in nodes
+        assert (result["pool"], result["device"]) not in given, "a device given to two claims"
+        given[(result["pool"], result["device"])] = pod["metadata"]["name"]
+    assert len(given) == 8
     assert_nothing_evicted(found, kube, kubelet)
