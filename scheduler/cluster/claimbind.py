@@ -312,10 +312,20 @@ class ClaimBinder:
             {"containerName": container, "resourceName": extended.resource, "requestName": request}
             for container, request, _ in extended.requests
         ]
+        # The patch names the pod's resourceVersion as just read: a replica paused here while
+        # another took the lease over (and wrote its own claim's name there) gets a 409 instead
+        # of pointing the pod at a claim of its own, which the new leader deletes as stale.
+        pod = self._api.get_pod(bind.namespace, bind.pod)
+        meta = _d(_d(pod).get("metadata"))
+        if pod is None or (bind.uid and meta.get("uid") != bind.uid):
+            raise _StopError(f"pod {bind.namespace}/{bind.pod} is gone or was replaced")
         self._api.patch_pod_status(
             bind.namespace,
             bind.pod,
-            {"status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}}},
+            {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}},
+            },
         )
 
     def _delete_created(self, namespace: str, name: str, uid: str) -> None:

@@ -449,6 +449,41 @@ def test_nvidia_gpu_on_a_dra_node_gets_the_claim_kube_scheduler_would_make(
     assert devices == {f"gpu-{i}" for i in range(4)}
 
 
+def test_the_claim_s_name_is_written_onto_the_pod_only_if_the_pod_did_not_change_meanwhile(  # noqa: PLR0917
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KEP-5004: the pod status patch names the resourceVersion read, so a write of another replica is not undone.
+
+    Another writer changes the pod between the binder's read and its patch
+    (as a new leader writing its own claim's name would): the patch fails
+    with 409, and everything this bind wrote is taken back.
+    """
+    node = dra_nodes()
+    q = queue(16)
+    podgroup(k8s, namespace, "ext", q, 1)
+    _gpu_pod(k8s, namespace, "ext", 1)
+    api = scheduler.binder._api
+    read = api.get_pod
+
+    def read_then_someone_writes(ns: str, name: str) -> JSON | None:
+        pod = read(ns, name)
+        client.CoreV1Api(k8s).patch_namespaced_pod(name, ns, {"metadata": {"labels": {"touched": "yes"}}})
+        return pod
+
+    monkeypatch.setattr(api, "get_pod", read_then_someone_writes)
+    (failed,) = scheduler.run(dra_view(k8s, {node})).binds
+    assert not failed.ok and failed.error is not None and "409" in failed.error, failed.error
+    pod = _pod(k8s, namespace, "ext")
+    assert pod["spec"].get("nodeName") is None
+    assert "extendedResourceClaimStatus" not in pod["status"]
+    assert client.CustomObjectsApi(k8s).list_namespaced_custom_object(*DRA, namespace, "resourceclaims")["items"] == []
+
+
 def test_nvidia_gpu_goes_to_a_device_plugin_node_without_a_claim_where_dra_has_no_room(  # noqa: PLR0917
     k8s: client.ApiClient,
     namespace: str,
