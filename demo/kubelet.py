@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,7 @@ from kubernetes import client, watch
 
 from demo.kube import meta, sub, to_json
 from gpuwarden import contract
+from gpuwarden.dra import device_minor
 from gpuwarden.localcluster import complete_pod_deletion, mark_pod_finished, mark_pod_running
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.assignment import decode_assignment
@@ -58,7 +58,6 @@ LABEL_JOB = "demo.gpuwarden.io/job"
 OnGpus = Callable[[str, tuple[int, ...], int], None]
 
 _DRA_GROUP, _DRA_VERSION = contract.DRA_API_GROUP, contract.DRA_API_VERSION
-_MINOR = re.compile(r"^gpu-(\d+)$")
 CLAIM_RECHECK_S = 1.0
 
 
@@ -95,9 +94,9 @@ def claims_ready(api: client.ApiClient, pod: dict[str, Any]) -> tuple[int, ...] 
         if not any(r.get("uid") == uid for r in claim_status.get("reservedFor") or ()):
             return f"resourceclaim {name} is not reserved for the pod"
         for result in (allocation.get("devices") or {}).get("results") or ():
-            minor = _MINOR.match(str(result.get("device")))
-            if result.get("driver") == contract.NVIDIA_DRA_DRIVER and result.get("pool") == node and minor:
-                gpus.add(int(minor.group(1)))
+            minor = device_minor(str(result.get("device")))
+            if result.get("driver") == contract.NVIDIA_DRA_DRIVER and result.get("pool") == node and minor is not None:
+                gpus.add(minor)
     return tuple(sorted(gpus))
 
 

@@ -80,6 +80,16 @@ def _taints(raw: object) -> tuple[Taint, ...]:
     return tuple(out)
 
 
+def device_minor(name: str) -> int | None:
+    """The minor number a whole-GPU device's name gives (``gpu-3`` is 3); None for a MIG device or any other name.
+
+    NVIDIA's driver names a GPU's device after its ``/dev/nvidia<minor>``;
+    on a node with no GPUNode to match UUIDs against, that minor is the GPU's index.
+    """
+    prefix, _, number = name.rpartition("-")
+    return int(number) if prefix == "gpu" and number.isdigit() else None
+
+
 def pci_bus(address: str) -> str:
     """A PCI address in one form: NVML's 8-digit domain and the kernel's 4-digit one compare equal."""
     domain, sep, rest = address.strip().lower().rpartition(":")

@@ -57,7 +57,6 @@ kube-scheduler's verdict, both ways.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import product
@@ -65,6 +64,7 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import RESOURCE_NVIDIA_GPU
+from gpuwarden.dra import device_minor
 from gpuwarden.kube import JSON
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.convert import EXTERNAL_JOB_PREFIX, external_queue_name, with_external_queues
@@ -96,7 +96,6 @@ DRIVER = contract.NVIDIA_DRA_DRIVER
 FINALIZER = "resource.kubernetes.io/delete-protection"
 # At most this many consumers in ``status.reservedFor`` (resource.k8s.io/v1).
 MAX_RESERVED = 256
-_MINOR = re.compile(r"^gpu-(\d+)$")
 _FATAL_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 DRA_JOB_PREFIX = f"{EXTERNAL_JOB_PREFIX}claims:"
 # KEP-5004: the claim kube-scheduler makes for a pod's extended resources carries this annotation.
@@ -247,8 +246,6 @@ class ClaimToWrite:
     reserve_only: bool = False
     # Allocated and reserved for this pod already: nothing to write.
     done: bool = False
-    # The GPUs (indices on the allocation's node) the claim holds, when allocated.
-    held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -798,8 +795,8 @@ class ClaimStage:
         taken: set[int] = set()
         made: list[Gpu] = []
         for device in sorted(gpus, key=lambda d: d.name):
-            minor = _MINOR.match(device.name)
-            index = int(minor.group(1)) if minor else -1
+            minor = device_minor(device.name)
+            index = minor if minor is not None else -1
             if index < 0 or index in taken:
                 index = max(taken, default=-1) + 1
             taken.add(index)
@@ -917,7 +914,7 @@ class ClaimStage:
         self, task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read
     ) -> tuple[Task, ClaimPlan]:
         claims, classes, inventory = read.objects.claims, read.objects.classes, read.inventory
-        held, reserved = read.held, read.reserved
+        reserved = read.reserved
         if not read.objects.claims_readable:
             raise _RefusedError(
                 "ResourceClaims cannot be listed (not served, or the scheduler's RBAC refuses it): which devices "
@@ -967,8 +964,7 @@ class ClaimStage:
                 # Its devices stay held as every allocated claim's are (by the placeholder on its
                 # node) until the pod runs: the pod asks the engine only for the GPUs of the
                 # claims still to allocate, on that node.
-                holds = held[key][1] if key in held else ()
-                to_write.append(replace(base, reserve_only=not mine, done=mine, held=holds))
+                to_write.append(replace(base, reserve_only=not mine, done=mine))
                 continue
             first = read.first.get(key)
             if first is not None and first[1] != task.uid:

@@ -357,12 +357,6 @@ class DeviceFilter:
     # then the union, for the quick checks and the explanations.
     choices: Mapping[str, DeviceChoices] = field(default_factory=dict)
 
-    def allows(self, node: str, gpu_index: int) -> bool:
-        if node in self.plain:
-            return True
-        allowed = self.nodes.get(node)
-        return allowed is not None and gpu_index in allowed
-
     def pick(self, node: str, free: Sequence[int], count: int) -> list[int] | None:
         """``count`` GPUs of ``free`` (indices, in the order to prefer) the pod may take on ``node``; None if none do.
 

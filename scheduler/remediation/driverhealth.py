@@ -42,7 +42,7 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import Action, ConditionType, Reason
-from gpuwarden.dra import Device, Taint, devices_by_node
+from gpuwarden.dra import Device, Taint, device_minor, devices_by_node
 from gpuwarden.timefmt import parse_epoch
 from gpuwarden.xid_catalogue import XidKind, lookup
 from scheduler.remediation.model import DRA_DRIVER_REPORT, Fault
@@ -106,8 +106,7 @@ class DriverTaints:
 
 
 def _minor(device: Device) -> int | None:
-    prefix, _, number = device.name.rpartition("-")
-    return int(number) if prefix == "gpu" and number.isdigit() and not device.parent_uuid else None
+    return device_minor(device.name) if not device.parent_uuid else None
 
 
 def driver_faults(devices: Iterable[Device], gpus: Sequence[GpuIdentity]) -> tuple[Fault, ...]:
