@@ -59,8 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         manager = api.field_manager
 
         def through_client(pod: str) -> None:
-            api._post_through_client(
-                f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/binding", _binding(pod), 10.0, {"fieldManager": manager}
+            api._send_through_client(
+                "POST",
+                f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/binding",
+                _binding(pod),
+                content_type=None,
+                timeout=10.0,
+                query={"fieldManager": manager},
             ).release_conn()
 
         paths: dict[str, Callable[[str], object]] = {
