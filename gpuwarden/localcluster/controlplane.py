@@ -280,6 +280,11 @@ class ControlPlane:
     def apiserver_running(self) -> bool:
         return self._apiserver is not None and self._apiserver.running()
 
+    def server_pids(self) -> dict[str, int]:
+        """The running servers' process ids by name (etcd, kube-apiserver, ...): what a benchmark charges CPU to."""
+        procs = (self._etcd, self._apiserver, self._controller_manager)
+        return {p.name: p.popen.pid for p in procs if p is not None and p.popen is not None and p.running()}
+
     @contextlib.contextmanager
     def extra_controllers(self, *names: str, flags: Sequence[str] = ()) -> Iterator[None]:
         """Run more kube-controller-manager controllers (``job``, ...) while the block runs.
