@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -85,6 +86,13 @@ log = get_logger(__name__)
 # pods allocates millions of long-lived dicts; Python's default (700) would
 # spend most of the sync scanning them young (benchmarks/scheduler_cache.py).
 GC_THRESHOLDS = (50_000, 10, 10)
+# How long a thread may hold the GIL while another waits for it. The loop
+# spends a cycle's few milliseconds on the CPU but keeps giving the GIL up
+# (each bind it writes, each wait for the cache), and every time it wants it
+# back it queued behind whichever writer or watch thread was decoding, for up
+# to the interpreter's default of 5 ms: a bind's whole latency, twice over.
+# A shorter slice costs the background threads a few more switches.
+SWITCH_INTERVAL_S = 0.0005
 
 JSON = dict[str, Any]
 
@@ -473,6 +481,7 @@ class SchedulerRunner:
 
     def run(self, stop: threading.Event) -> None:
         gc.set_threshold(*GC_THRESHOLDS)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         if self.server is not None:
             self.server.start()
         self.cache.start()

@@ -420,3 +420,40 @@ def test_when_resource_claims_cannot_be_listed_nothing_is_allocated_and_the_pod_
     why = _task(out, "p").unplaceable
     assert why is not None and "ResourceClaims cannot be listed" in why, why
     assert run_session(out).binds == ()
+
+
+def test_unchanged_nodes_are_not_read_again_for_their_device_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which nodes have a device plugin is read once per Node version: a cycle with the same Nodes reads none."""
+    import scheduler.cluster.claims as claims_module
+
+    reads: list[str] = []
+    original = claims_module._plugin_gpus
+
+    def counting(node: Any) -> int:
+        reads.append(node["metadata"]["name"])
+        return original(node)
+
+    monkeypatch.setattr(claims_module, "_plugin_gpus", counting)
+
+    def node(name: str, gpus: int) -> JSON:
+        allocatable = {contract.RESOURCE_NVIDIA_GPU: str(gpus)} if gpus else {}
+        return {"metadata": {"name": name}, "status": {"allocatable": allocatable}}
+
+    engine_nodes = tuple(Node(n, gpus=tuple(Gpu(i) for i in range(2))) for n in ("a", "b", "c"))
+    raw = {"a": node("a", 2), "b": node("b", 0), "c": node("c", 0)}
+    stage = ClaimStage()
+    first = stage._plugin_nodes(engine_nodes, dict(raw))
+    assert first == (frozenset({"b", "c"}), frozenset({"a"}))
+    assert sorted(reads) == ["a", "b", "c"]
+    reads.clear()
+    again = stage._plugin_nodes(engine_nodes, dict(raw))  # a new view of the same objects
+    assert again == first and again[0] is first[0] and reads == []
+    # One Node changes (its device plugin starts): only it is read again.
+    raw["b"] = node("b", 2)
+    changed = stage._plugin_nodes(engine_nodes, dict(raw))
+    assert changed == (frozenset({"c"}), frozenset({"a", "b"})) and reads == ["b"]
+    # A Node goes: the answer follows, nothing is read.
+    reads.clear()
+    del raw["c"]
+    assert stage._plugin_nodes(engine_nodes[:2], dict(raw)) == (frozenset(), frozenset({"a", "b"}))
+    assert reads == []
