@@ -19,8 +19,11 @@ selectors use are here: quantities (``quantity("40Gi")``, ``isQuantity``,
 semantic versions (``semver("1.2.3")``, ``isSemver``, ``major``, ``minor``,
 ``patch``, ``compareTo``, ``isGreaterThan``, ``isLessThan``), and the
 strings extension's ``lowerAscii``, ``upperAscii``, ``trim``, ``split``,
-``replace``, ``indexOf`` and ``lastIndexOf``. Not here: ``cel.bind`` and the
-``sets`` library (an expression using them fails with the error shown). As
+``replace``, ``indexOf`` and ``lastIndexOf``, and the ``sets`` extension
+(``sets.contains``, ``sets.equivalent``, ``sets.intersects``, with CEL's
+equality: ``1`` equals ``1.0``, ``true`` is no number). Not here:
+``cel.bind``, a macro the CEL library does not expand (an expression using
+it fails with the error shown). As
 in Kubernetes, a domain the device has nothing of is an empty map, so
 ``has(device.attributes["example.com"].x)`` is false. A quantity
 and a version are passed to CEL as tagged maps holding their canonical
@@ -226,7 +229,35 @@ _FUNCTIONS: dict[str, Callable[..., object]] = {
     "replace": lambda s, old, new, *limit: _str(s).replace(_str(old), _str(new), *(int(n) for n in limit)),
     "indexOf": lambda s, sub: _str(s).find(_str(sub)),
     "lastIndexOf": lambda s, sub: _str(s).rfind(_str(sub)),
+    # Kubernetes' CEL has the sets extension (a selector such as
+    # ``sets.contains(["H100", "H200"], [device.attributes[...].family])``).
+    "sets.contains": lambda a, b: all(_in(x, _list(a)) for x in _list(b)),
+    "sets.equivalent": lambda a, b: all(_in(x, _list(a)) for x in _list(b)) and all(_in(x, _list(b)) for x in a),
+    "sets.intersects": lambda a, b: any(_in(x, _list(a)) for x in _list(b)),
 }
+
+
+def _list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise SelectorError(f"a sets function was given {type(value).__name__}, not a list")
+    return value
+
+
+def _in(value: object, items: list[object]) -> bool:
+    return any(_cel_equal(value, item) for item in items)
+
+
+def _cel_equal(a: object, b: object) -> bool:
+    """CEL's equality, which the sets extension uses: numbers compare across int and double, a bool is no number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_cel_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_cel_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
 
 
 def _str(value: object) -> str:

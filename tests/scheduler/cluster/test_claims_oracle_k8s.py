@@ -16,8 +16,8 @@ seed (``--dra-seeds N``, default 20):
   shape, ``dra_objects``, with random products, memory, driver versions, a
   NUMA attribute on some devices and the driver's XID taint on some);
 - one random claim spec: one or two requests of the driver's class, counts
-  1-3, CEL selectors over attributes, capacity (quantities) and versions
-  (semver), sometimes one that fails on a device, sometimes a toleration,
+  1-3, CEL selectors over attributes, capacity (quantities), versions
+  (semver) and the sets extension, sometimes one that fails on a device, sometimes a toleration,
   sometimes a ``matchAttribute`` constraint;
 - kube-scheduler allocates it for a pod pinned to node K; gpuwarden's cycle
   for a pod of its own with only node G in view;
@@ -115,6 +115,8 @@ def _selector(rng: random.Random) -> str:
             f'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("{rng.choice(("48Gi", "80Gi"))}")) >= 0',
             f'{a}.driverVersion.isGreaterThan(semver("{rng.choice(DRIVER_VERSIONS)}"))',
             f"{a}.driverVersion.major() >= 550",
+            f"sets.contains({sorted(rng.sample(PRODUCTS, rng.randint(1, 2)))}, [{a}.productName])",
+            f"sets.intersects([{a}.driverVersion.major(), 0], [{rng.choice((550, 570, 580))}, 1])",
             f'"numa" in {a} && {a}.numa == {rng.randint(0, 1)}',
             # Fails on a device without the attribute: an error for both, never "does not match".
             f"{a}.numa == {rng.randint(0, 1)}",

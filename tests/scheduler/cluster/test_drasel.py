@@ -43,6 +43,19 @@ def _device() -> CelDevice:
         ("device.attributes['gpu.nvidia.com'].productName.split(' ', 2).size() == 2", True),
         ("device.attributes['gpu.nvidia.com'].productName.replace('NVIDIA ', '').trim().size() == 14", True),
         ("device.attributes['gpu.nvidia.com'].productName.indexOf('H100') == 7", True),
+        # The sets extension, with CEL's equality (1 equals 1.0; true is no number).
+        (
+            "sets.contains(['NVIDIA H100 80GB HBM3', 'H200'], [device.attributes['gpu.nvidia.com'].productName])",
+            True,
+        ),
+        ("sets.contains(['NVIDIA H200'], [device.attributes['gpu.nvidia.com'].productName])", False),
+        ("sets.contains([1, 2, 3], [])", True),
+        ("sets.contains([1, 2.0], [2, 1.0])", True),
+        ("sets.contains([1], [true])", False),
+        ("sets.equivalent([1, 2, 2], [2, 1])", True),
+        ("sets.equivalent([1, 2], [1])", False),
+        ("sets.intersects([device.attributes['gpu.nvidia.com'].driverVersion.major()], [570, 580])", True),
+        ("sets.intersects([[1, 2]], [[1, 2.0]]) && !sets.intersects([], [1])", True),
     ],
 )
 def test_selectors_read_the_driver_s_attributes_and_capacity(expression: str, expected: bool) -> None:
@@ -58,6 +71,9 @@ def test_selectors_read_the_driver_s_attributes_and_capacity(expression: str, ex
         ("semver('1.0') == semver('1.0')", "not a semantic version"),
         ("device.driver", "not a bool"),
         ("device.driver ==", "does not compile"),
+        ("sets.contains(device.driver, ['x'])", "not a list"),
+        # A macro the CEL library does not expand: an error, not a no.
+        ("cel.bind(x, 2, x == 2)", "failed"),
     ],
 )
 def test_an_expression_that_cannot_be_evaluated_is_an_error_never_a_no(expression: str, said: str) -> None:
