@@ -27,8 +27,10 @@ half changed) and reaches the caller; the next session builds afresh.
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuwarden.logconfig import get_logger
@@ -157,12 +159,18 @@ class Engine:
         if len(snapshot.jobs) != len(old.jobs) or not all(map(operator.is_, snapshot.jobs, old.jobs)):
             # Which specs came and went, by identity: the job lists are a
             # cluster's history and every cycle changes a handful of them.
-            specs = dict(zip(map(id, snapshot.jobs), snapshot.jobs, strict=True))
-            if len(specs) != len(snapshot.jobs):
-                raise _RebuildError("a job is listed twice")
             by_spec = kept.by_spec
-            gone = sorted((by_spec[i] for i in by_spec.keys() - specs.keys()), key=_job_key)
-            added = sorted((specs[i] for i in specs.keys() - by_spec.keys()), key=_spec_key)
+            delta = job_delta(old.jobs, snapshot.jobs, by_spec)
+            if delta is None:
+                specs = dict(zip(map(id, snapshot.jobs), snapshot.jobs, strict=True))
+                if len(specs) != len(snapshot.jobs):
+                    raise _RebuildError("a job is listed twice")
+                delta = (
+                    [by_spec[i].spec for i in by_spec.keys() - specs.keys()],
+                    [specs[i] for i in specs.keys() - by_spec.keys()],
+                )
+            gone = sorted((by_spec[id(spec)] for spec in delta[0]), key=_job_key)
+            added = sorted(delta[1], key=_spec_key)
         for job in gone:
             self._remove(kept, job)
         for node, node_spec in changed:
@@ -345,6 +353,64 @@ class Engine:
         cluster.release_version = 0
         cluster.commit_version = 0
         return True
+
+
+# How many jobs may come, go or be replaced between two snapshots before
+# job_delta leaves the diff to sets: each costs it a few object creations.
+_DELTA_LIMIT = 64
+
+
+def job_delta(
+    old: tuple[Job, ...], new: tuple[Job, ...], known: Mapping[int, object]
+) -> tuple[list[Job], list[Job]] | None:
+    """The jobs of ``old`` not in ``new``, and of ``new`` not in ``old``, by identity; None if not cheaply told.
+
+    ``known`` holds ``id`` of every job of ``old``. The snapshot lists jobs
+    in the order the assembler keeps them (a replaced job where it was, a
+    new one after the others), so between two cycles both tuples are the
+    same objects in the same order but for a few. Runs of the same objects
+    are skipped at C speed; at each difference, a job of ``new`` that was
+    not in ``old`` is added, and otherwise the job of ``old`` there is gone.
+    With 2,200 jobs, building a dict of the new tuple and two set
+    differences took a fifth of the incremental engine's cycle; this costs
+    what changed plus a scan. None (the caller diffs by sets) when more
+    than ``_DELTA_LIMIT`` changed, or when a job of ``old`` shows up out of
+    its order, which this walk would misread as gone.
+    """
+    gone: list[Job] = []
+    added: list[Job] = []
+    i = j = 0
+    n_old, n_new = len(old), len(new)
+    olds, news = iter(old), iter(new)
+    # Whether old[i] (new[j]) was taken from its iterator by the last scan and must be given back.
+    old_taken = new_taken = False
+    while i < n_old and j < n_new:
+        if len(gone) + len(added) > _DELTA_LIMIT:
+            return None
+        left = itertools.chain((old[i],), olds) if old_taken else olds
+        right = itertools.chain((new[j],), news) if new_taken else news
+        first = next(itertools.compress(itertools.count(), map(operator.is_not, left, right)), None)
+        if first is None:  # the same objects to the end of the shorter tuple
+            run = min(n_old - i, n_new - j)
+            i += run
+            j += run
+            break
+        i += first
+        j += first
+        if id(new[j]) in known:  # a job of old's, out of step: the one of old's here is gone
+            gone.append(old[i])
+            i += 1
+            old_taken, new_taken = False, True
+        else:
+            added.append(new[j])
+            j += 1
+            old_taken, new_taken = True, False
+    gone.extend(old[i:])
+    for spec in new[j:]:
+        if id(spec) in known:
+            return None
+        added.append(spec)
+    return gone, added
 
 
 def _job_key(job: JobState) -> str:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.contract import Action, ConditionType
 from scheduler.engine.build import build_cluster
-from scheduler.engine.incremental import Engine
+from scheduler.engine.incremental import Engine, job_delta
 from scheduler.engine.model import Decisions, Gpu, Job, Node, NodeCondition, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
 from scheduler.engine.state import JobState
@@ -228,3 +228,37 @@ def _assert_lists_as_built(engine: Engine, snapshot: Snapshot) -> None:
     for name, queue in built.queues.items():
         assert keys(state.queues[name].jobs) == keys(queue.jobs), f"queue {name}"
     assert state.reserving == []  # taken back with the session
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 40), st.data())
+def test_the_job_delta_is_the_set_difference_or_admits_it_cannot_tell(size: int, data: st.DataObject) -> None:
+    """Random edits of a job tuple (removals, replacements, insertions, moves): exact, or None, never wrong."""
+    old = tuple(Job(name=f"j{i}", queue="q", tasks=()) for i in range(size))
+    new = list(old)
+    for _ in range(data.draw(st.integers(0, 8))):
+        edit = data.draw(st.sampled_from(("remove", "replace", "insert", "append", "move")))
+        at = data.draw(st.integers(0, max(0, len(new) - 1)))
+        if edit == "remove" and new:
+            del new[at]
+        elif edit == "replace" and new:
+            new[at] = replace(new[at])  # an equal job, another object: a change to the engine
+        elif edit == "insert":
+            new.insert(at, Job(name=f"x{len(new)}", queue="q", tasks=()))
+        elif edit == "append":
+            new.append(Job(name=f"y{len(new)}", queue="q", tasks=()))
+        elif edit == "move" and new:
+            new.insert(data.draw(st.integers(0, len(new) - 1)), new.pop(at))
+    known = {id(job): job for job in old}
+    delta = job_delta(old, tuple(new), known)
+    new_ids = {id(job) for job in new}
+    expected_gone = {id(job) for job in old if id(job) not in new_ids}
+    expected_added = {id(job) for job in new if id(job) not in known}
+    moved = [job for job in new if id(job) in known]
+    if delta is None:
+        # Only when a kept job moved out of its order (or too much changed).
+        assert moved != [job for job in old if id(job) in new_ids] or len(expected_gone) + len(expected_added) > 64
+        return
+    gone, added = delta
+    assert sorted(map(id, gone)) == sorted(expected_gone) and len(gone) == len(expected_gone)
+    assert sorted(map(id, added)) == sorted(expected_added) and len(added) == len(expected_added)

@@ -1,0 +1,248 @@
+"""The incremental cycle under single-pod churn, beside another scheduler's pods: milliseconds per cycle.
+
+What a cycle of ``gpuwarden scheduler`` costs when one pod arrives and
+binds, one of its own ends and one of another scheduler's ends (the
+contender soak's load, ``scheduler_soak.py --mode contender``), measured
+without an API server: a real :class:`ClusterCache` fed the watch events,
+the runner's :class:`ClusterViews`, and ``SchedulingCycle.prepare`` and
+``decide`` (grouping, assembly, the claim and volume stages, the kept
+engine state brought up to date, the session), with the process's
+collector thresholds and its ``gc.freeze`` after the first cycles. The
+executors are left out: no API call is made.
+
+The cluster: ``--nodes`` nodes of 8 GPUs with their GPUNodes; ``--foreign``
+running single-GPU pods of kube-scheduler's (``schedulerName:
+default-scheduler``, no GPU assignment), ``--ours`` running pods of
+gpuwarden's (with the assignment a bind writes) and ``--finished`` of its
+pods Succeeded and left in place, all bare pods in one queue.
+
+Baseline, in the same process and interleaved (``--runs``, alternating
+which side goes first): the engine's diff of the snapshot's jobs by sets
+(a dict of every job and two set differences, what it did before
+``job_delta``), against the walk that costs what changed. Both sides must
+bind the same pods to the same nodes and GPUs. Prints min and median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kubernetes import client
+
+from gpuwarden import contract
+from gpuwarden.contract import LABEL_QUEUE
+from gpuwarden.kube import KubeApi
+from scheduler.cluster.assignment import encode_assignment
+from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, ClusterCache, WatchedResource
+from scheduler.cluster.cycle import SchedulingCycle
+from scheduler.cluster.grouping import derive_group
+from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.watch import EventType, WatchEvent, object_key
+from scheduler.engine import incremental
+from scheduler.engine.model import Bind, Gpu, Node
+from scheduler.runner import GC_THRESHOLDS, ClusterViews
+from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report
+
+JSON = dict[str, Any]
+QUEUE = "team-a"
+GPUS = 8
+NOW = 1_800_000_000.0
+WARM_CYCLES = 30
+
+
+class Churn:
+    """One cache, views and cycle over the benchmark's cluster; ``cycle`` plays one step of churn."""
+
+    def __init__(self, nodes: int, foreign: int, ours: int, finished: int) -> None:
+        if foreign + ours > nodes * GPUS:
+            raise SystemExit("--foreign plus --ours is more than the nodes' GPUs")
+        slims = {NODES: slim_node, PODS: slim_pod}
+        self.cache = ClusterCache(
+            resources=[
+                WatchedResource(name, lambda api: None, slims.get(name, without_managed_fields))
+                for name in (NODES, GPUNODES, PODS, QUEUES, PODGROUPS)
+            ],
+            change_log=1_000_000,
+        )
+        self.names = [f"n{i}" for i in range(nodes)]
+        self.engine_nodes = {n: Node(n, gpus=tuple(Gpu(i) for i in range(GPUS))) for n in self.names}
+        self.next_gpu: dict[str, int] = {}
+        self.seen: set[str] = set()
+        self._add(QUEUES, _queue(QUEUE))
+        for name in self.names:
+            self._add(NODES, node_json(name, gpus=GPUS))
+            self._add(GPUNODES, gpunode_json(report(name)))
+        for i in range(foreign):
+            node = self._free_node()
+            self._add(PODS, pod_json(f"f{i}", gpus=1, node=node, scheduler="default-scheduler", phase="Running"))
+        self.foreign = [(f"f{i}", "") for i in range(foreign)]
+        self.ours: list[tuple[str, str, tuple[int, ...]]] = []
+        for i in range(ours):
+            node = self._free_node()
+            self._ours(f"o{i}", node, (self.next_gpu[node] - 1,), "Running")
+            self.ours.append((f"o{i}", node, (self.next_gpu[node] - 1,)))
+        for i in range(finished):
+            self._ours(f"d{i}", self.names[i % nodes], (0,), "Succeeded")
+        api = KubeApi(client.ApiClient(), field_manager=contract.SCHEDULER_COMPONENT)  # no call is made
+        self.scheduling = SchedulingCycle(api)
+        self.views = ClusterViews()
+        self.step = 0
+        self.bound: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def _add(self, store: str, obj: JSON, kind: EventType = EventType.ADDED) -> None:
+        self.cache.apply(store, WatchEvent(kind, object_key(obj), obj))
+
+    def _free_node(self) -> str:
+        for name in self.names:
+            if self.next_gpu.get(name, 0) < GPUS:
+                self.next_gpu[name] = self.next_gpu.get(name, 0) + 1
+                return name
+        raise AssertionError("no free GPU")
+
+    def _ours(self, name: str, node: str | None, gpus: tuple[int, ...], phase: str | None) -> JSON:
+        assignment = None
+        if node is not None:
+            bind = Bind("j", "team-a", name, f"uid-team-a-{name}", node, gpu_indices=gpus)
+            assignment = encode_assignment(bind, self.engine_nodes[node])
+        pod = pod_json(name, gpus=1, node=node, phase=phase, assignment=assignment, labels={LABEL_QUEUE: QUEUE})
+        if name in self.seen:
+            self._add(PODS, pod, EventType.MODIFIED)
+        else:
+            # Its derived PodGroup exists from the start: the cycle has none to create.
+            self.seen.add(name)
+            self._add(PODGROUPS, _podgroup(derive_group(pod, []).name))
+            self._add(PODS, pod)
+        return pod
+
+    def cycle(self) -> None:
+        """One of ours and one foreign pod end, one pod arrives; prepare and decide; the bind lands."""
+        step = self.step
+        self.step += 1
+        if self.ours:
+            name, node, gpus = self.ours.pop(0)
+            self._ours(name, node, gpus, "Succeeded")
+        if self.foreign:
+            name, _ = self.foreign.pop(0)
+            done = pod_json(name, gpus=1, node=self.names[0], scheduler="default-scheduler", phase="Succeeded")
+            self._add(PODS, done, EventType.MODIFIED)
+        self._ours(f"p{step}", None, (), None)
+        view = self.views.next(self.views.take(self.cache))
+        snapshot = self.scheduling.prepare(view, NOW + step)
+        decisions = self.scheduling.decide(snapshot, {})
+        for bind in decisions.binds:
+            self._ours(bind.pod, bind.node, bind.gpu_indices, "Running")
+            self.bound.append((bind.pod, bind.node, bind.gpu_indices))
+            self.ours.append((bind.pod, bind.node, bind.gpu_indices))
+
+
+def _queue(name: str) -> JSON:
+    return {
+        "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+        "kind": contract.QUEUE_KIND,
+        "metadata": {"name": name, "uid": f"queue-{name}"},
+        "spec": {"resources": {"gpu": {"quota": 100_000}}},
+    }
+
+
+def _podgroup(name: str) -> JSON:
+    return {
+        "apiVersion": f"{contract.SCHEDULING_API_GROUP}/{contract.SCHEDULING_API_VERSION}",
+        "kind": contract.PODGROUP_KIND,
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"pg-{name}"},
+        "spec": {"minMember": 1, "queue": QUEUE},
+    }
+
+
+@contextmanager
+def diff_by_sets() -> Iterator[None]:
+    """The baseline: the engine diffs the jobs by sets, as before ``job_delta``."""
+    walk = incremental.job_delta
+    incremental.job_delta = lambda *_: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        incremental.job_delta = walk
+
+
+def one_run(args: argparse.Namespace, baseline: bool) -> tuple[float, list[tuple[str, str, tuple[int, ...]]]]:
+    """Milliseconds per cycle over ``--cycles`` cycles after the warm-up, and what was bound."""
+    gc.unfreeze()
+    gc.collect()
+    churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
+    side: Callable[[], Any] = diff_by_sets if baseline else _nothing
+    with side():
+        for _ in range(WARM_CYCLES):
+            churn.cycle()
+        gc.freeze()  # as the process does after its first sync
+        began = time.perf_counter()
+        for _ in range(args.cycles):
+            churn.cycle()
+        took = time.perf_counter() - began
+    engine = churn.scheduling._engine
+    assert engine is not None and engine.rebuilds == 1, "the kept state was rebuilt: these cycles were not incremental"
+    return 1000 * took / args.cycles, churn.bound
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--foreign", type=int, default=1100, help="kube-scheduler's running pods")
+    parser.add_argument("--ours", type=int, default=1100, help="gpuwarden's running pods")
+    parser.add_argument("--finished", type=int, default=5000, help="gpuwarden's Succeeded pods left in place")
+    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    logging.disable(logging.WARNING)  # the foreign pods' guessed GPUs are warned about once each
+    try:
+        return _compare(args)
+    finally:  # restored: the test runs this inside its own process
+        logging.disable(logging.NOTSET)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    print(
+        f"{args.nodes} nodes x {GPUS} GPUs; running {args.foreign} foreign and {args.ours} of ours, "
+        f"{args.finished} finished; per cycle one arrival, one of ours and one foreign pod ending",
+        flush=True,
+    )
+    times: dict[bool, list[float]] = {False: [], True: []}
+    bound: dict[bool, list[tuple[str, str, tuple[int, ...]]]] = {}
+    for run in range(args.runs):
+        for baseline in (False, True) if run % 2 == 0 else (True, False):
+            ms, placed = one_run(args, baseline)
+            times[baseline].append(ms)
+            if bound.setdefault(baseline, placed) != placed:
+                raise SystemExit("one side bound differently from run to run")
+    if bound[False] != bound[True]:
+        raise SystemExit("the two sides bound different pods, nodes or GPUs")
+    for baseline, label in ((True, "jobs diffed by sets (before)"), (False, "job_delta (now)")):
+        values = times[baseline]
+        print(
+            f"{label}: prepare and decide per cycle min {min(values):.3f} ms median {statistics.median(values):.3f} ms"
+        )
+    print(f"binds: {len(bound[False])} per run, the same on both sides")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
