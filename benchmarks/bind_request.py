@@ -61,11 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         def through_client(pod: str) -> None:
             api._send_through_client(
                 "POST",
-                f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/binding",
+                f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/binding?fieldManager={manager}",
                 _binding(pod),
-                content_type=None,
-                timeout=10.0,
-                query={"fieldManager": manager},
+                None,
+                10.0,
             ).release_conn()
 
         paths: dict[str, Callable[[str], object]] = {

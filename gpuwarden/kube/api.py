@@ -79,7 +79,7 @@ class KubeApi:
         self._progress = progress
         self._guard = write_guard
         # The POST path's pool, URL prefix and fixed headers, and its headers
-        # with the token as last read (see _post_json); each replaced whole,
+        # with the token as last read (see _send_json); each replaced whole,
         # so the threads that bind need no lock.
         self._post: tuple[Any, str, dict[str, str]] | None = None
         self._post_auth: tuple[float, dict[str, str]] | None = None
@@ -102,8 +102,10 @@ class KubeApi:
         self.check_write(operation)
         return self._call(operation, fn, *args, **kwargs)
 
-    def _post_json(
+    def _send_json(
         self,
+        method: str,
+        content_type: str | None,
         path: str,
         body: JSON,
         *,
@@ -111,40 +113,28 @@ class KubeApi:
         _request_timeout: float | None = None,
         **query: str,
     ) -> Any:
-        """POST ``body`` to ``path`` through the client's own connection pool and credentials, not its generated method.
+        """Send ``body`` to ``path`` through the client's own connection pool and credentials, not its generated method.
 
         The generated method validates its arguments (pydantic) and walks
         the body to serialise it; the rest client then parses the URL and
         picks the pool again for every request. A bind's request cost about
-        half a millisecond of CPU that way, on the scheduling loop's thread.
+        half a millisecond of CPU that way, on the scheduling loop's thread,
+        and a PodGroup created and its status patched for every pod that
+        runs made it a quarter of the process's CPU under steady arrivals.
         Here the pool the rest client uses for this host is taken once (its
         TLS settings, retries and proxy are the client's), the fixed headers
         are built once, and the bearer token is read as the client reads it
         (its refresh hook runs), at most once a second. A reply of 400 or
         more raises the client's own :class:`ApiException`, so
-        :meth:`_request` reads both paths alike.
-        """
-        del _preload_content  # the reply is always read raw here
-        return self._send_now("POST", path, body, content_type=None, timeout=_request_timeout, query=query)
-
-    def _merge_patch_json(
-        self,
-        path: str,
-        body: JSON,
-        *,
-        _preload_content: bool = False,
-        _request_timeout: float | None = None,
-        **query: str,
-    ) -> Any:
-        """:meth:`_post_json` for a JSON merge patch (PATCH): the bookkeeping writes behind the cycles.
-
-        A PodGroup created and its status patched for every pod that runs
-        made the generated client's per-request cost (argument validation,
-        the body walked to serialise it) a quarter of the process's CPU
-        under steady arrivals, taken from the scheduling loop by the GIL.
+        :meth:`_request` reads both paths alike. Called as the generated
+        methods are (``_preload_content``: the reply is always read raw).
         """
         del _preload_content
-        return self._send_now("PATCH", path, body, content_type=MERGE_PATCH, timeout=_request_timeout, query=query)
+        return self._send_now(method, path, body, content_type=content_type, timeout=_request_timeout, query=query)
+
+    # A POST of JSON (binds, evictions, creates) and a JSON merge patch (status and spec patches).
+    _post_json = functools.partialmethod(_send_json, "POST", None)
+    _merge_patch_json = functools.partialmethod(_send_json, "PATCH", MERGE_PATCH)
 
     def _send_now(
         self,
@@ -156,18 +146,17 @@ class KubeApi:
         timeout: float | None,
         query: dict[str, str],
     ) -> Any:
-        """The round trip of :meth:`_post_json` and :meth:`_merge_patch_json` (``content_type`` None: JSON)."""
+        """The round trip of :meth:`_send_json` (``content_type`` None: JSON)."""
+        target = path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         if type(self._client.rest_client) is not RESTClientObject:
-            return self._send_through_client(
-                method, path, body, content_type=content_type, timeout=timeout, query=query
-            )
+            return self._send_through_client(method, target, body, content_type, timeout)
         limit = urllib3.Timeout(total=timeout) if timeout else None
         payload = orjson.dumps(body)
         for attempt in (1, 2):
             pool, prefix, headers = self._poster()
             if content_type is not None:
                 headers = {**headers, "Content-Type": content_type}
-            url = prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+            url = prefix + target
             try:
                 reply = pool.urlopen(method, url, body=payload, headers=headers, timeout=limit, preload_content=False)
             except urllib3.exceptions.ClosedPoolError:
@@ -189,9 +178,9 @@ class KubeApi:
         """Write a POST to the API server now, on this thread; the call returned reads the reply, on any thread.
 
         The request goes out on a connection taken from the rest client's pool
-        (the same pool, TLS settings and headers as :meth:`_post_json`), which
+        (the same pool, TLS settings and headers as :meth:`_send_json`), which
         stays out of the pool until the reply is read: no other request can
-        write to it meanwhile. The reply reads as :meth:`_post_json`'s does
+        write to it meanwhile. The reply reads as :meth:`_send_json`'s does
         (400 or more raises the client's :class:`ApiException`); an error
         while writing is raised by the call, not here, so the caller has one
         place that sees every failure. A client that changes requests in its
@@ -213,7 +202,7 @@ class KubeApi:
                     # pooled connection (a dropped one reconnected) or a new one.
                     conn = pool._get_conn()
                 except urllib3.exceptions.ClosedPoolError:
-                    self._post = None  # see _post_json
+                    self._post = None  # see _send_now
                     if attempt == 2:
                         raise
                     continue
@@ -253,22 +242,15 @@ class KubeApi:
         return reply
 
     def _send_through_client(
-        self,
-        method: str,
-        path: str,
-        body: JSON,
-        *,
-        content_type: str | None,
-        timeout: float | None,
-        query: dict[str, str],
+        self, method: str, target: str, body: JSON, content_type: str | None, timeout: float | None
     ) -> Any:
-        """The same request through the rest client's ``request``: a client that changes requests there is obeyed."""
+        """The same request (``target``: path and query) through the rest client's ``request``, which may change it."""
         api = self._client
         config = api.configuration
         _, _, headers = self._poster()
         if content_type is not None:
             headers = {**headers, "Content-Type": content_type}
-        url = f"{config.host}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        url = f"{config.host}{target}"
         request: Callable[..., Any] = api.rest_client.request
         reply = request(method, url, headers=dict(headers), body=body, _request_timeout=timeout)
         if not 200 <= reply.status < 300:
