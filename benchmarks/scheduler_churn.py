@@ -26,6 +26,7 @@ bind the same pods to the same nodes and GPUs. Prints min and median.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import statistics
@@ -180,7 +181,7 @@ def one_run(args: argparse.Namespace, baseline: bool) -> tuple[float, list[tuple
     gc.unfreeze()
     gc.collect()
     churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
-    side: Callable[[], Any] = diff_by_sets if baseline else _nothing
+    side: Callable[[], Any] = diff_by_sets if baseline else contextlib.nullcontext
     with side():
         for _ in range(WARM_CYCLES):
             churn.cycle()
@@ -192,11 +193,6 @@ def one_run(args: argparse.Namespace, baseline: bool) -> tuple[float, list[tuple
     engine = churn.scheduling._engine
     assert engine is not None and engine.rebuilds == 1, "the kept state was rebuilt: these cycles were not incremental"
     return 1000 * took / args.cycles, churn.bound
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,6 @@ because one family carries all three resources.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -209,18 +208,12 @@ class SchedulerMetrics:
     def observe(self, result: CycleResult, *, view_seconds: float | None = None) -> None:
         """Count one finished cycle (``view_seconds``: how long the runner took to make its view)."""
         self._cycle.observe(result.seconds)
-        phases, stages = self._phases, self._stages
         for phase, seconds in result.session_seconds.items():
-            child = phases.get(phase)
-            if child is None:
-                child = phases[phase] = self._phase.labels(phase=phase)
-            child.observe(seconds)
-        timed = result.stage_seconds.items()
-        for stage, seconds in itertools.chain((("view", view_seconds),) if view_seconds is not None else (), timed):
-            child = stages.get(stage)
-            if child is None:
-                child = stages[stage] = self._stage.labels(stage=stage)
-            child.observe(seconds)
+            _child(self._phase, self._phases, phase).observe(seconds)
+        if view_seconds is not None:
+            _child(self._stage, self._stages, "view").observe(view_seconds)
+        for stage, seconds in result.stage_seconds.items():
+            _child(self._stage, self._stages, stage).observe(seconds)
         with self._lock:
             self._cycles["ok"] += 1
             for b in result.binds:
@@ -329,3 +322,11 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return self._metrics._collect()
+
+
+def _child(family: Histogram, kept: dict[str, Histogram], value: str) -> Histogram:
+    """``family``'s histogram for its one label's ``value``, looked up once (see ``SchedulerMetrics._phases``)."""
+    child = kept.get(value)
+    if child is None:
+        child = kept[value] = family.labels(value)
+    return child
