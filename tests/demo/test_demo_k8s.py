@@ -241,6 +241,16 @@ class SeenDra:
     reads: int = 0
 
 
+def _still_running(core: client.CoreV1Api, pod: client.V1Pod) -> bool:
+    try:
+        now = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+    except client.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return now.metadata.uid == pod.metadata.uid and now.status.phase == "Running"
+
+
 def _watch_dra(api: client.ApiClient, seen: SeenDra, stop: threading.Event) -> None:
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
@@ -256,12 +266,15 @@ def _watch_dra(api: client.ApiClient, seen: SeenDra, stop: threading.Event) -> N
                     for taint in device.get("taints") or []:
                         text = f"{taint['key']}={taint.get('value', '')}"
                         seen.driver_taints.add((spec["nodeName"], device["name"], text))
+            # Pods first, then claims: a pod Running when the pods were read
+            # had its claim reserved before its bind, so the claims read after
+            # show it (read the other way, a pod bound in between looked unclaimed).
+            pods = core.list_pod_for_all_namespaces(label_selector="app.kubernetes.io/part-of=gpuwarden-demo").items
             claims = {
                 f"{c['metadata']['namespace']}/{c['metadata']['name']}": c
                 for c in custom.list_cluster_custom_object(*dra, "resourceclaims")["items"]
             }
             held: dict[tuple[str, str], str] = {}
-            pods = core.list_pod_for_all_namespaces(label_selector="app.kubernetes.io/part-of=gpuwarden-demo").items
             for pod in pods:
                 limits = (pod.spec.containers[0].resources or client.V1ResourceRequirements()).limits or {}
                 if pod.status.phase != "Running" or not limits.get("nvidia.com/gpu"):
@@ -270,7 +283,9 @@ def _watch_dra(api: client.ApiClient, seen: SeenDra, stop: threading.Event) -> N
                 claim = claims.get(f"{pod.metadata.namespace}/{status.get('resourceClaimName')}")
                 reserved = ((claim or {}).get("status") or {}).get("reservedFor") or []
                 if claim is None or not any(r.get("uid") == pod.metadata.uid for r in reserved):
-                    seen.unclaimed_pods.add(pod.metadata.uid)
+                    # Unless it ended between the two reads (its claim is released then), it runs unclaimed.
+                    if _still_running(core, pod):
+                        seen.unclaimed_pods.add(pod.metadata.uid)
                     continue
                 seen.claimed_pods.add(pod.metadata.uid)
                 for result in claim["status"]["allocation"]["devices"]["results"]:
