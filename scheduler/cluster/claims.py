@@ -433,16 +433,21 @@ def _constraints(claim: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | N
 
 
 def _allowed(device: DraGpu, request: _Request) -> bool:
-    """Whether ``request`` may take ``device``; raises _Refused with the selector's error."""
-    for taint in device.taints:
-        if taint.effect in _FATAL_EFFECTS and not _tolerates(request.tolerations, taint):
-            return False
+    """Whether ``request`` may take ``device``; raises _Refused with the selector's error.
+
+    The selectors come before the taints, as in kube-scheduler's allocator
+    (it selects a device, then checks its taints): a selector that fails on
+    a tainted device is an error there too, not a device passed over.
+    """
     for expression in request.expressions:
         try:
             if not matches(expression, device.cel):
                 return False
         except SelectorError as err:
             raise _RefusedError(f"request {request.name!r}, device {device.pool}/{device.name}: {err}") from None
+    for taint in device.taints:
+        if taint.effect in _FATAL_EFFECTS and not _tolerates(request.tolerations, taint):
+            return False
     return True
 
 

@@ -118,6 +118,8 @@ def _selector(rng: random.Random) -> str:
             f"sets.contains({sorted(rng.sample(PRODUCTS, rng.randint(1, 2)))}, [{a}.productName])",
             f"sets.intersects([{a}.driverVersion.major(), 0], [{rng.choice((550, 570, 580))}, 1])",
             f'"numa" in {a} && {a}.numa == {rng.randint(0, 1)}',
+            # CEL's bindings extension, nested and shadowing.
+            f'cel.bind(d, {a}, cel.bind(d, d.productName, d.startsWith("NVIDIA H")) && d.driverVersion.major() >= 550)',
             # Fails on a device without the attribute: an error for both, never "does not match".
             f"{a}.numa == {rng.randint(0, 1)}",
         )

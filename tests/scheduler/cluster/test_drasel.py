@@ -43,6 +43,18 @@ def _device() -> CelDevice:
         ("device.attributes['gpu.nvidia.com'].productName.split(' ', 2).size() == 2", True),
         ("device.attributes['gpu.nvidia.com'].productName.replace('NVIDIA ', '').trim().size() == 14", True),
         ("device.attributes['gpu.nvidia.com'].productName.indexOf('H100') == 7", True),
+        # CEL's bindings extension: the value bound once, the name seen in the body alone.
+        ("cel.bind(x, 2, x == 2)", True),
+        (
+            "cel.bind(a, device.attributes['gpu.nvidia.com'], a.type == 'gpu' && a.productName.startsWith('NVIDIA'))",
+            True,
+        ),
+        ("cel.bind(x, 1, cel.bind(x, x + 1, x) == 2 && x == 1)", True),
+        ("cel.bind(x, 1, cel.bind(y, [x, 2], y.size()) == 2) && [3].map(x, x)[0] == 3", True),
+        ("cel . bind ( m , {'k': [1, 2]} , m.k[1] ) == 2", True),
+        # A call's text inside a string is no call.
+        ("'cel.bind(x, 1, x)' == \"cel.bind(x, 1, x)\" && r'cel.bind(\\' != ''", True),
+        ("cel.bind(s, 'a,b)\\'c', s.size()) == 6", True),
         # The sets extension, with CEL's equality (1 equals 1.0; true is no number).
         (
             "sets.contains(['NVIDIA H100 80GB HBM3', 'H200'], [device.attributes['gpu.nvidia.com'].productName])",
@@ -72,8 +84,11 @@ def test_selectors_read_the_driver_s_attributes_and_capacity(expression: str, ex
         ("device.driver", "not a bool"),
         ("device.driver ==", "does not compile"),
         ("sets.contains(device.driver, ['x'])", "not a list"),
-        # A macro the CEL library does not expand: an error, not a no.
-        ("cel.bind(x, 2, x == 2)", "failed"),
+        ("cel.bind(x.y, 2, true)", "simple identifiers"),
+        ("cel.bind(x, 2)", "3 arguments"),
+        ("cel.bind(x, 2, x == 2", "not closed"),
+        ("cel.bind(x, device.attributes['gpu.nvidia.com'].nope, x == 1)", "no such key"),
+        ("cel.bind(x, 2, y == 2)", "failed"),
     ],
 )
 def test_an_expression_that_cannot_be_evaluated_is_an_error_never_a_no(expression: str, said: str) -> None:
