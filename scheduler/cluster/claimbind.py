@@ -292,7 +292,7 @@ class ClaimBinder:
                                 "count": count,
                             },
                         }
-                        for _, request, count in extended.requests
+                        for request, count in extended.requests
                     ]
                 }
             },
@@ -305,12 +305,12 @@ class ClaimBinder:
             bind.namespace,
             name,
             uid,
-            requests=tuple(RequestPlan(r, n, (), extended.class_config) for _, r, n in extended.requests),
+            requests=tuple(RequestPlan(r, n, (), extended.class_config) for r, n in extended.requests),
         )
-        self._allocate(claim, bind, plan, chosen[: sum(n for _, _, n in extended.requests)], fresh=made)
+        self._allocate(claim, bind, plan, chosen[: sum(n for _, n in extended.requests)], fresh=made)
         mappings = [
             {"containerName": container, "resourceName": extended.resource, "requestName": request}
-            for container, request, _ in extended.requests
+            for container, request in extended.mappings
         ]
         # The patch names the pod's resourceVersion as just read: a replica paused here while
         # another took the lease over (and wrote its own claim's name there) gets a 409 instead

@@ -253,7 +253,9 @@ class ClaimToWrite:
 class ExtendedClaim:
     """The claim to create for a pod's ``nvidia.com/gpu`` on a node DRA serves it on (KEP-5004).
 
-    ``requests`` are (container, request name, count) in the claim's order;
+    ``requests`` are (request name, count) in the claim's order, ``mappings``
+    (container, request name) as the pod's status lists them (a one-shot
+    init container may have several, several containers one);
     ``stale`` names claims made for the pod before (an attempt that did not
     bind), deleted before the new one is made, as kube-scheduler does.
     """
@@ -261,7 +263,8 @@ class ExtendedClaim:
     resource: str
     device_class: str
     class_config: tuple[Mapping[str, Any], ...]
-    requests: tuple[tuple[str, str, int], ...]
+    requests: tuple[tuple[str, int], ...]
+    mappings: tuple[tuple[str, str], ...]
     stale: tuple[str, ...] = ()
 
 
@@ -1047,7 +1050,14 @@ class ClaimStage:
         if read.gpu_class is None or not read.dra_nodes:
             devices = DeviceFilter(key="device-plugin", nodes={}, plain=read.plugged)
             return replace(task, devices=devices), None
-        requests = _extended_requests(pod, RESOURCE_NVIDIA_GPU)
+        requests, mappings = extended_requests(pod, RESOURCE_NVIDIA_GPU)
+        if sum(n for _, n in requests) != task.gpus:
+            # The claim's total is the pod's effective request by construction; a pod read
+            # otherwise here than in its conversion is not one to write a claim for.
+            raise _RefusedError(
+                f"the claim for {RESOURCE_NVIDIA_GPU} would hold {sum(n for _, n in requests)} devices, "
+                f"the pod asks for {task.gpus}"
+            )
         device_class = read.objects.classes[read.gpu_class]
         class_spec = _d(device_class.get("spec"))
         request = _Request(
@@ -1068,7 +1078,9 @@ class ClaimStage:
             uid=task.uid,
             claims=(),
             devices=self._device_names(read.inventory, devices.nodes),
-            extended=ExtendedClaim(RESOURCE_NVIDIA_GPU, read.gpu_class, request.class_config, requests, stale),
+            extended=ExtendedClaim(
+                RESOURCE_NVIDIA_GPU, read.gpu_class, request.class_config, requests, mappings, stale
+            ),
             choices=found.choices,
         )
         return replace(task, devices=devices), plan
@@ -1239,37 +1251,92 @@ def _plugin_gpus(node: Mapping[str, Any] | None) -> int:
         return 0
 
 
-def _extended_requests(pod: Mapping[str, Any], resource: str) -> tuple[tuple[str, str, int], ...]:
-    """(container, request name, count) of the claim kube-scheduler would make for ``resource`` (KEP-5004).
+def extended_requests(
+    pod: Mapping[str, Any], resource: str
+) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]:
+    """The requests of the claim kube-scheduler would make for ``resource`` (KEP-5004), and the pod's mappings.
 
-    A request is named ``container-<i>-request-<r>``: ``i`` counts init
-    containers first, then containers; ``r`` is the resource's place among
-    the container's requests, in name order. Init containers that ask for the
-    resource are refused (upstream shares their devices with the containers
-    that follow, which gpuwarden does not model).
+    Returns (request name, count) in the claim's order (by name) and
+    (container, request name) in ``status.extendedResourceClaimStatus``'s
+    order, both as kube-scheduler's DynamicResources plugin builds them:
+
+    - A request is named ``container-<i>-request-<r>``: ``i`` counts init
+      containers first, then containers; ``r`` is the resource's place among
+      all the container's requests, in name order.
+    - Containers that run to the pod's end (the containers and the sidecars,
+      init containers with ``restartPolicy: Always``) each get a request of
+      their own count, mapped to them.
+    - A one-shot init container runs before the containers that follow it
+      start, so it first reuses their devices: it is mapped to the requests
+      of the long-lived containers from its own index on, in order, until
+      their counts cover its own; for what they leave short it asks a
+      request of its own.
+    - Of the one-shot init containers' own requests only the largest is
+      made (they run one after another), and each init container mapped to
+      another is mapped to it instead.
+
+    The total is the pod's effective request (the largest init container's
+    need beside the sidecars started before it, or the long-lived sum),
+    which is what the engine places. Requests are read as upstream reads
+    them, after the API server's defaulting.
     """
     spec = _d(pod.get("spec"))
     inits = [_d(c) for c in spec.get("initContainers") or ()]
-    for container in inits:
-        if resource in _d(_d(container.get("resources")).get("requests")):
-            raise _RefusedError(
-                f"init container {_s(container.get('name'))!r} asks for {resource}, which DRA serves on some nodes: "
-                "gpuwarden does not place such pods there"
-            )
-    out: list[tuple[str, str, int]] = []
-    for i, container in enumerate((_d(c) for c in spec.get("containers") or ()), start=len(inits)):
-        requests = _d(_d(container.get("resources")).get("requests")) or _d(
-            _d(container.get("resources")).get("limits")
-        )
+    containers = [*inits, *(_d(c) for c in spec.get("containers") or ())]
+
+    def own(index: int, container: Mapping[str, Any]) -> tuple[str, int] | None:
+        resources = _d(container.get("resources"))
+        # The API server copies each limit into a missing request; an object read before
+        # defaulting is read as it would be after.
+        requests = {**_d(resources.get("limits")), **_d(resources.get("requests"))}
         if resource not in requests:
-            continue
+            return None
         try:
             count = int(str(requests[resource]))
         except ValueError:
             raise _RefusedError(f"container {_s(container.get('name'))!r}: {resource} {requests[resource]!r}") from None
-        if count > 0:
-            out.append((_s(container.get("name")), f"container-{i}-request-{sorted(requests).index(resource)}", count))
-    return tuple(sorted(out, key=lambda r: r[1]))
+        if count <= 0:
+            return None
+        return f"container-{index}-request-{sorted(requests).index(resource)}", count
+
+    long_lived: dict[int, tuple[str, int]] = {}
+    mappings: list[tuple[str, str]] = []
+    one_shot: list[int] = []
+    for i, container in enumerate(containers):
+        if i < len(inits) and container.get("restartPolicy") != "Always":
+            one_shot.append(i)
+            continue
+        made = own(i, container)
+        if made is not None:
+            long_lived[i] = made
+            mappings.append((_s(container.get("name")), made[0]))
+    init_mappings: list[tuple[str, str]] = []
+    largest: tuple[str, int] | None = None
+    init_names: set[str] = set()
+    for i in one_shot:
+        container = containers[i]
+        asked = own(i, container)
+        if asked is None:
+            continue
+        name = _s(container.get("name"))
+        reused = 0
+        for j in sorted(k for k in long_lived if k >= i):
+            reused += long_lived[j][1]
+            init_mappings.append((name, long_lived[j][0]))
+            if reused >= asked[1]:
+                break
+        if reused >= asked[1]:
+            continue
+        extra = (asked[0], asked[1] - reused)
+        init_mappings.append((name, extra[0]))
+        init_names.add(extra[0])
+        if largest is None or largest[1] < extra[1]:
+            largest = extra
+    requests = list(long_lived.values())
+    if largest is not None:
+        requests.append(largest)
+        init_mappings = [(c, largest[0] if r in init_names else r) for c, r in init_mappings]
+    return tuple(sorted(requests)), (*mappings, *init_mappings)
 
 
 def _has_claims(pod: Mapping[str, Any] | None) -> bool:

@@ -582,7 +582,7 @@ def _container_amounts(container: Any, ident: str) -> tuple[int, int, int, bool]
     return cpu, mem, gpu, sidecar
 
 
-def _pod_amounts(spec: Mapping[str, Any], ident: str) -> tuple[int, int, int]:
+def pod_amounts(spec: Mapping[str, Any], ident: str) -> tuple[int, int, int]:
     """A pod's effective request, as the kube-scheduler computes it.
 
     The sum over its containers and restartable init containers (sidecars,
@@ -694,7 +694,7 @@ def _task(pod: Mapping[str, Any], external: bool, admission: SliceAdmission | No
     namespace = _str(meta.get("namespace")) or "default"
     ident = f"pod/{namespace}/{name}"
     spec = _dict(pod.get("spec"), "spec", ident)
-    cpu, mem, gpus = _pod_amounts(spec, ident)
+    cpu, mem, gpus = pod_amounts(spec, ident)
     node = spec.get("nodeName")
     node = node if isinstance(node, str) and node else None
     labels = _str_map(meta.get("labels"), "metadata.labels", ident)

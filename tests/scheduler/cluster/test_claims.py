@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwarden import contract
-from scheduler.cluster.claims import ClaimStage, DraObjects, extended_classes, pod_claims
+from scheduler.cluster.claims import ClaimStage, DraObjects, extended_classes, extended_requests, pod_claims
+from scheduler.cluster.convert import pod_amounts
 from scheduler.engine.model import Gpu, Job, Node, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice
@@ -238,10 +241,92 @@ def test_nvidia_gpu_pods_take_any_gpu_on_plugin_nodes_and_the_class_s_devices_on
     extended = stage.plans["uid-p"].extended
     assert extended is not None
     # Init container first (index 0); a's requests in name order: cpu, nvidia.com/gpu; b's only one.
-    assert extended.requests == (("a", "container-1-request-1", 1), ("b", "container-2-request-0", 2))
+    assert extended.requests == (("container-1-request-1", 1), ("container-2-request-0", 2))
+    assert extended.mappings == (("a", "container-1-request-1"), ("b", "container-2-request-0"))
     assert extended.device_class == "gpu.nvidia.com"
     plan = stage.plans["uid-p"]
     assert plan.writes_on("n1") and not plan.writes_on("plugin")
+
+
+def _container(name: str, gpus: int, *, sidecar: bool = False, cpu: bool = False) -> dict[str, Any]:
+    requests = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    if cpu:
+        requests["cpu"] = "1"
+    out: dict[str, Any] = {"name": name, "resources": {"requests": requests}}
+    if sidecar:
+        out["restartPolicy"] = "Always"
+    return out
+
+
+def test_a_one_shot_init_container_reuses_the_devices_of_the_containers_after_it() -> None:
+    """KEP-5004 as kube-scheduler builds the claim: the init container asks only what those after it leave short."""
+    pod = {"spec": {"initContainers": [_container("ic0", 2)], "containers": [_container("c0", 1)]}}
+    requests, mappings = extended_requests(pod, "nvidia.com/gpu")
+    assert requests == (("container-0-request-0", 1), ("container-1-request-0", 1))
+    assert mappings == (
+        ("c0", "container-1-request-0"),
+        ("ic0", "container-1-request-0"),
+        ("ic0", "container-0-request-0"),
+    )
+    # Covered by the containers after it: no request of its own, mapped to theirs.
+    pod = {"spec": {"initContainers": [_container("ic0", 2)], "containers": [_container("c0", 1), _container("c1", 4)]}}
+    requests, mappings = extended_requests(pod, "nvidia.com/gpu")
+    assert requests == (("container-1-request-0", 1), ("container-2-request-0", 4))
+    assert mappings[2:] == (("ic0", "container-1-request-0"), ("ic0", "container-2-request-0"))
+
+
+def test_one_shot_init_containers_share_the_largest_request_and_sidecars_run_beside_them() -> None:
+    pod = {
+        "spec": {
+            "initContainers": [
+                _container("a", 1),
+                _container("side", 1, sidecar=True, cpu=True),
+                _container("b", 3),
+            ],
+            "containers": [_container("main", 1)],
+        }
+    }
+    requests, mappings = extended_requests(pod, "nvidia.com/gpu")
+    # side: container 1, GPU its second request; b asks 3, main (after it) covers 1: b's own is 2.
+    # a (index 0) reuses side and main (2 >= 1).
+    assert requests == (("container-1-request-1", 1), ("container-2-request-0", 2), ("container-3-request-0", 1))
+    assert mappings == (
+        ("side", "container-1-request-1"),
+        ("main", "container-3-request-0"),
+        ("a", "container-1-request-1"),
+        ("b", "container-3-request-0"),
+        ("b", "container-2-request-0"),
+    )
+
+
+def test_init_containers_short_of_devices_are_all_mapped_to_the_largest_request() -> None:
+    pod = {"spec": {"initContainers": [_container("a", 2), _container("b", 3)], "containers": [_container("c", 0)]}}
+    requests, mappings = extended_requests(pod, "nvidia.com/gpu")
+    assert requests == (("container-1-request-0", 3),)
+    assert mappings == (("a", "container-1-request-0"), ("b", "container-1-request-0"))
+
+
+_LAYOUT = st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=4)
+
+
+@given(inits=_LAYOUT, containers=st.lists(st.integers(0, 4), max_size=3))
+def test_the_claim_holds_the_pod_s_effective_request(inits: list[tuple[bool, int]], containers: list[int]) -> None:
+    """What the engine places (the effective request) is what the claim asks for; every mapping is a request."""
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [_container(f"i{n}", g, sidecar=s) for n, (s, g) in enumerate(inits)],
+            "containers": [_container(f"c{n}", g) for n, g in enumerate(containers)],
+        },
+    }
+    requests, mappings = extended_requests(pod, "nvidia.com/gpu")
+    assert sum(n for _, n in requests) == pod_amounts(pod["spec"], "ns/p")[2]
+    names = {r for r, _ in requests}
+    assert len(names) == len(requests) and {r for _, r in mappings} == names
+    asking = {
+        c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if c["resources"]["requests"]
+    }
+    assert {c for c, _ in mappings} == asking
 
 
 def test_without_a_class_serving_nvidia_gpu_whole_gpu_pods_stay_off_nodes_without_a_device_plugin() -> None:

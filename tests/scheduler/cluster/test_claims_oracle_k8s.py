@@ -307,3 +307,111 @@ def test_dra_allocation_agrees_with_kube_scheduler(
     assert not isinstance(pinned_verdict, str), (
         f"gpuwarden's allocation {given} does not satisfy the claim by kube-scheduler: {pinned_verdict}\n{report}"
     )
+
+
+# --------------------------------------------------------------------------
+# KEP-5004: the claim made for nvidia.com/gpu, with init containers and sidecars
+# --------------------------------------------------------------------------
+
+
+def _extended_pod_spec(rng: random.Random) -> JSON:
+    """Random init containers (one-shot and sidecars) and containers, some asking for nvidia.com/gpu."""
+
+    def container(name: str, *, sidecar: bool = False) -> JSON:
+        requests: JSON = {}
+        if rng.random() < 0.7:
+            requests[contract.RESOURCE_NVIDIA_GPU] = str(rng.randint(1, 3))
+        if rng.random() < 0.5:
+            requests["cpu"] = "100m"
+        if rng.random() < 0.3:
+            requests["memory"] = "64Mi"
+        out: JSON = {"name": name, "image": "registry.invalid/x:1", "resources": {"requests": requests}}
+        if contract.RESOURCE_NVIDIA_GPU in requests:
+            # An extended resource needs its limit; users often write only that, which the API
+            # server copies into the request.
+            out["resources"]["limits"] = {contract.RESOURCE_NVIDIA_GPU: requests[contract.RESOURCE_NVIDIA_GPU]}
+            if rng.random() < 0.5:
+                del requests[contract.RESOURCE_NVIDIA_GPU]
+        if sidecar:
+            out["restartPolicy"] = "Always"
+        return out
+
+    inits = [container(f"init-{i}", sidecar=rng.random() < 0.4) for i in range(rng.randint(0, 3))]
+    containers = [container(f"main-{i}") for i in range(rng.randint(1, 2))]
+    return {"initContainers": inits, "containers": containers}
+
+
+def _gpu_pod(
+    k8s: client.ApiClient, namespace: str, spec: JSON, *, scheduler: str, node: str = "", group: str = ""
+) -> str:
+    name = unique_name("p")
+    body: JSON = {"schedulerName": scheduler, **json.loads(json.dumps(spec))}
+    if node:
+        body["nodeSelector"] = {LABEL_HOSTNAME: node}
+    meta: JSON = {"name": name}
+    if group:
+        meta["annotations"] = {contract.ANNOTATION_POD_GROUP: group}
+    client.CoreV1Api(k8s).create_namespaced_pod(namespace, {"metadata": meta, "spec": body})
+    return name
+
+
+def _extended_claim(k8s: client.ApiClient, namespace: str, pod: str) -> tuple[list[JSON], list[JSON]] | None:
+    """The requests of the claim made for ``pod``'s extended resources and its mappings; None until written."""
+    status = _raw(client.CoreV1Api(k8s).read_namespaced_pod(pod, namespace, _preload_content=False)).get("status")
+    extended = (status or {}).get("extendedResourceClaimStatus")
+    if not extended:
+        return None
+    claim = client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+        *DRA, namespace, "resourceclaims", extended["resourceClaimName"]
+    )
+    return claim["spec"]["devices"]["requests"], extended["requestMappings"]
+
+
+@pytest.mark.usefixtures("kube_scheduler", "device_classes")
+def test_the_claim_for_nvidia_gpu_is_the_one_kube_scheduler_makes(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    world: list[tuple[str, str]],
+    dra_seed: int,
+) -> None:
+    """Init containers, sidecars and containers asking for nvidia.com/gpu on a DRA node: the same claim."""
+    rng = random.Random(f"dra-extended-{dra_seed}")
+    spec = _extended_pod_spec(rng)
+    devices = [
+        {
+            "name": f"gpu-{minor}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": f"GPU-{rng.getrandbits(32):08x}-0000-0000-0000-{minor:012d}"},
+                "productName": {"string": PRODUCTS[0]},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        for minor in range(8)
+    ]
+    kube_node, ours = (_node(k8s, devices, world) for _ in range(2))
+    report = f"seed {dra_seed}\npod {json.dumps(spec, sort_keys=True)}"
+    asks = any("limits" in c["resources"] for c in [*spec["initContainers"], *spec["containers"]])
+
+    kube_pod = _gpu_pod(k8s, namespace, spec, scheduler="default-scheduler", node=kube_node)
+    q = queue(64)
+    group = unique_name("g")
+    podgroup(k8s, namespace, group, q, 1)
+    our_pod = _gpu_pod(k8s, namespace, spec, scheduler=contract.SCHEDULER_NAME, group=group)
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    SchedulingCycle(api, binder=Binder(api, retry=NO_WAIT)).run(dra_view(k8s, {ours}))
+
+    def bound(pod: str) -> str | None:
+        got = _raw(client.CoreV1Api(k8s).read_namespaced_pod(pod, namespace, _preload_content=False))
+        return got["spec"].get("nodeName") or _unschedulable(k8s, namespace, pod) or None
+
+    assert wait_for(lambda: bound(kube_pod), timeout=VERDICT_TIMEOUT_S, interval=0.2) == kube_node, report
+    assert bound(our_pod) == ours, report
+    kube = _extended_claim(k8s, namespace, kube_pod)
+    given = _extended_claim(k8s, namespace, our_pod)
+    if not asks:
+        assert kube is None and given is None, report
+        return
+    assert kube is not None and given is not None, report
+    assert given == kube, f"kube-scheduler made {kube}; gpuwarden {given}\n{report}"
