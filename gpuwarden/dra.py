@@ -16,6 +16,7 @@ being replaced.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,36 @@ def device_minor(name: str) -> int | None:
     """
     prefix, _, number = name.rpartition("-")
     return int(number) if prefix == "gpu" and number.isdigit() else None
+
+
+# ``gpu-<minor>-mig-<profile without dots>-<GPU instance profile ID>-<placement start>``, as the driver names
+# a MIG device (MigSpecTuple.ToCanonicalName).
+_MIG_NAME = re.compile(r"gpu-(\d+)-mig-.+-(\d+)-(\d+)")
+_PROFILE_SLICES = re.compile(r"(\d+)g\.")
+# Compute slices of a GPU that MIG divides (A100, H100, H200, B200); a device's profile
+# (``3g.40gb``) says how many it has.
+MIG_COMPUTE_SLICES = 7
+
+
+def mig_placement(name: str) -> tuple[int, int] | None:
+    """(parent's minor, placement start) that a MIG device's name gives (``gpu-0-mig-1g10gb-19-3``); None otherwise."""
+    match = _MIG_NAME.fullmatch(name)
+    return None if match is None else (int(match.group(1)), int(match.group(3)))
+
+
+def mig_share(profile: str, memory_mib: int, parent_memory_mib: int | None) -> float:
+    """The share of its GPU a MIG device is, between 0 and 1, for counting it in quotas and capacity.
+
+    Its memory over its parent's where the parent's memory is known (the
+    agent's GPUNode says it); else its compute slices over
+    :data:`MIG_COMPUTE_SLICES` (``3g.40gb`` is 3/7 of an H100); else a whole GPU.
+    """
+    if parent_memory_mib and memory_mib > 0:
+        return min(1.0, memory_mib / parent_memory_mib)
+    match = _PROFILE_SLICES.match(profile)
+    if match is not None and int(match.group(1)) > 0:
+        return min(1.0, int(match.group(1)) / MIG_COMPUTE_SLICES)
+    return 1.0
 
 
 def pci_bus(address: str) -> str:

@@ -9,6 +9,9 @@ JSON::
 
 ``memoryMiB`` is the slice for a fractional pod and the whole GPU's memory
 otherwise, so a reader never needs the node's inventory to know the amount.
+A MIG device given through a DRA claim is a GPU of the scheduler's own
+numbering (``index`` 1000 and up, its MIG UUID) and names the GPU it is
+carved from as ``parentIndex``: what a drain of that GPU must see leave.
 ``node`` lets a reader tell a current assignment from one left by a bind that
 failed: only an assignment naming the pod's own ``spec.nodeName`` counts.
 """
@@ -39,15 +42,20 @@ def encode_assignment(bind: Bind, node: Node) -> str:
         if gpu is None:
             raise ValueError(f"node {node.name!r} has no GPU {index}")
         memory = gpu.memory_mib if slices is None else slices[position]
-        gpus.append({"index": index, "uuid": gpu.uuid, "memoryMiB": memory})
+        entry: dict[str, object] = {"index": index, "uuid": gpu.uuid, "memoryMiB": memory}
+        if gpu.parent is not None:
+            entry["parentIndex"] = gpu.parent
+        gpus.append(entry)
     return json.dumps({"node": node.name, "gpus": gpus}, separators=(",", ":"))
 
 
-def decode_assignment(text: str, *, node: str | None = None) -> tuple[int, ...] | None:
+def decode_assignment(text: str, *, node: str | None = None, parents: bool = False) -> tuple[int, ...] | None:
     """The GPU indices in an annotation value; None when it is malformed.
 
     With ``node`` given, an assignment written for another node is None too:
-    it was left by a bind that did not happen and holds nothing.
+    it was left by a bind that did not happen and holds nothing. With
+    ``parents``, a MIG device reads as the physical GPU it is carved from
+    (each GPU once).
     """
     try:
         data = json.loads(text)
@@ -68,4 +76,12 @@ def decode_assignment(text: str, *, node: str | None = None) -> tuple[int, ...] 
         if not isinstance(index, int) or isinstance(index, bool) or index < 0 or index in indices:
             return None
         indices.append(index)
+    if parents:
+        physical: list[int] = []
+        for gpu, index in zip(gpus, indices, strict=True):
+            parent = gpu.get("parentIndex")
+            held = parent if isinstance(parent, int) and not isinstance(parent, bool) and parent >= 0 else index
+            if held not in physical:
+                physical.append(held)
+        return tuple(physical)
     return tuple(indices)

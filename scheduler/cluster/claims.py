@@ -14,13 +14,23 @@ assembled, turns the claims into what the engine reads:
   has DRA GPUs but no GPUs otherwise (no GPUNode, no ``nvidia.com/gpu``
   from a device plugin: the GPU Operator's DRA mode) gets its GPUs from
   the devices, indexed by the minor number the driver names them by.
+- **MIG devices.** On a node whose kubelet has no device plugin, each MIG
+  device of the driver's (``type`` ``mig``; static MIG, where the GPU in
+  MIG mode is not published itself) is a GPU of the engine's carved from
+  its parent (:attr:`~scheduler.engine.model.Gpu.parent`, index
+  :data:`MIG_INDEX` and up), which only claims that select it take, out
+  when its parent is, and counting for its share of the parent in quotas
+  and capacity. A partitionable device (``consumesCounters``: the
+  driver's dynamic MIG, alpha) is never offered: gpuwarden does not model
+  the counters.
 - **Held devices.** Every allocated claim holds its devices, whoever
   allocated it: a running pod of ours holds exactly its claims' devices
   (the allocation is the truth of which GPU it has); devices of claims no
   pod of ours holds (kube-scheduler's pods, a shared claim allocated
   ahead, a claim whose pod is gone and which the resourceclaim controller
   has not deallocated yet) are held by another scheduler's placeholder on
-  that node, so nothing is placed on them. A MIG device holds its parent GPU.
+  that node, so nothing is placed on them. A MIG device holds itself where
+  it is a GPU of the engine's, else its parent GPU.
 - **Pending pods.** For each claim a pending pod of ours uses: the claim
   of a template is the one the resourceclaim controller created for the
   pod (``status.resourceClaimStatuses``); until it exists the pod waits,
@@ -39,9 +49,10 @@ assembled, turns the claims into what the engine reads:
   first; the engine takes the first that has room.
 - **Refused, with the reason on the PodGroup** (``UnsupportedPlacement``):
   ``firstAvailable`` alternatives, ``allocationMode: All``, admin access,
-  ``distinctAttribute`` constraints, requests that select no whole GPU of
-  NVIDIA's driver (MIG devices, other drivers' devices: leave such pods to
-  kube-scheduler), a selector that fails on a device (the error is shown:
+  ``distinctAttribute`` constraints, requests that select no device
+  offered (MIG devices on a node with a device plugin, partitionable
+  devices, other drivers' devices: leave such pods to kube-scheduler), a
+  pod that asks for both ``nvidia.com/gpu`` and claims, a selector that fails on a device (the error is shown:
   an error never reads as "does not match"), a claim being deleted or
   reserved for 256 consumers already.
 
@@ -65,7 +76,7 @@ from typing import Any
 
 from gpuwarden import contract
 from gpuwarden.contract import RESOURCE_NVIDIA_GPU
-from gpuwarden.dra import device_minor
+from gpuwarden.dra import device_minor, mig_placement, mig_share
 from gpuwarden.kube import JSON
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.convert import EXTERNAL_JOB_PREFIX, external_queue_name, with_external_queues
@@ -87,6 +98,7 @@ from scheduler.engine.model import (
     Task,
     TaskStatus,
 )
+from scheduler.engine.resources import MILLI
 
 log = get_logger(__name__)
 warn = WarnOnce(__name__)
@@ -104,6 +116,11 @@ EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 # pod_claims' mark for the claim ``status.extendedResourceClaimStatus`` names.
 EXTENDED = "<extended-resources>"
+# The engine's index of a MIG device: MIG_INDEX + 16 x its parent's minor + its placement start
+# (stable while the device exists, so a bound pod's recorded assignment keeps naming it), or
+# from MIG_INDEX_OTHER on for a name that does not say those.
+MIG_INDEX = 1000
+MIG_INDEX_OTHER = 100_000
 
 
 # --------------------------------------------------------------------------
@@ -131,6 +148,10 @@ class DraGpu:
     memory_mib: int
     cel: CelDevice
     taints: tuple[DeviceTaint, ...] = ()
+    profile: str = ""
+    # It consumes shared counters (a partitionable device, KEP-4815: the driver's dynamic MIG), which
+    # gpuwarden does not model: never offered, though what a claim holds of it is still held.
+    counters: bool = False
 
     def attribute(self, qualified: str) -> object:
         """An attribute by its qualified name (``gpu.nvidia.com/productName``), as CEL would read it."""
@@ -187,6 +208,8 @@ def _slice_devices(obj: Mapping[str, Any]) -> list[DraGpu]:
                 memory_mib=_memory_mib(entry),
                 cel=CelDevice(value),
                 taints=taints,
+                profile=_s(attrs.get("profile")),
+                counters=bool(entry.get("consumesCounters")),
             )
         )
     return out
@@ -523,9 +546,12 @@ class ClaimStage:
     _slices: dict[str, _SliceMemo] = field(default_factory=dict)
     _rules: tuple[object, ...] = ()
     _inventory: Inventory = field(default_factory=Inventory)
-    _nodes: dict[str, tuple[Node, object, Node]] = field(default_factory=dict)
+    # Per node: the engine's node and its devices as last read, whether MIG devices were offered, the result.
+    _nodes: dict[str, tuple[Node, object, bool, Node]] = field(default_factory=dict)
     _index: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> device name -> GPU index
     _index_version: int = 0
+    # node -> the engine index of each MIG device offered there -> its milli-GPUs (Gpu.milli_gpus).
+    _shares: dict[str, dict[int, int]] = field(default_factory=dict)
     _filters: dict[tuple[object, ...], DeviceFilter | str] = field(default_factory=dict)
     _jobs: dict[str, _JobMemo] = field(default_factory=dict)
     _holders: dict[str, tuple[tuple[object, ...], Job]] = field(default_factory=dict)
@@ -554,7 +580,7 @@ class ClaimStage:
             self.plans = {}
             return snapshot
         inventory = self._read_inventory(objects.slices, objects.rules)
-        nodes = self._with_dra_gpus(snapshot.nodes, inventory)
+        nodes = self._with_dra_gpus(snapshot.nodes, inventory, plugged)
         by_name = {n.name: n for n in nodes}
         index = self._index
         # Which claim holds which GPUs (node, indices), and for whom.
@@ -594,8 +620,9 @@ class ClaimStage:
                     for owner in meta.get("ownerReferences") or ():
                         if _d(owner).get("controller") is True and _d(owner).get("kind") == "Pod":
                             read.extended_by_pod.setdefault(_s(_d(owner).get("uid")), []).append(key)
-        # Whole-GPU pods must be told where a device plugin serves nvidia.com/gpu once a node with GPUs has none.
-        extended_on = bool(pluginless) or (read.gpu_class is not None and bool(read.dra_nodes))
+        # Whole-GPU pods must be told where a device plugin serves nvidia.com/gpu once a node with GPUs has
+        # none, or once MIG devices are GPUs of the engine's (which only claims that select them take).
+        extended_on = bool(pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)) or bool(self._shares)
         attributed: set[str] = set()
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
@@ -778,25 +805,39 @@ class ClaimStage:
         self._inventory = inventory
         return inventory
 
-    def _with_dra_gpus(self, nodes: tuple[Node, ...], inventory: Inventory) -> tuple[Node, ...]:
-        """The nodes, those with DRA GPUs and no other GPUs given theirs; and each device's GPU index kept."""
+    def _with_dra_gpus(
+        self, nodes: tuple[Node, ...], inventory: Inventory, plugged: frozenset[str]
+    ) -> tuple[Node, ...]:
+        """The nodes, those with DRA GPUs and no other GPUs given theirs, MIG devices added; each device's index kept.
+
+        MIG devices become GPUs of the engine's only on a node whose kubelet
+        has no device plugin serving ``nvidia.com/gpu``: there every pod that
+        takes a GPU does so through a claim, so none takes a MIG device it
+        did not select.
+        """
         out: list[Node] | None = None
         index: dict[str, dict[str, int]] = {}
-        kept: dict[str, tuple[Node, object, Node]] = {}
+        shares: dict[str, dict[int, int]] = {}
+        kept: dict[str, tuple[Node, object, bool, Node]] = {}
         for i, node in enumerate(nodes):
             devices = inventory.by_node.get(node.name)
             if not devices:
                 continue
             gpus = [d for d in devices if d.kind == "gpu"]
+            migs = [d for d in devices if d.kind == "mig" and not d.counters] if node.name not in plugged else []
             memo = self._nodes.get(node.name)
-            if memo is not None and memo[0] is node and memo[1] is devices:
-                converted = memo[2]
+            if memo is not None and memo[0] is node and memo[1] is devices and memo[2] == bool(migs):
+                converted = memo[3]
             else:
-                converted = self._convert(node, gpus)
-            kept[node.name] = (node, devices, converted)
+                converted = self._convert(node, gpus, migs)
+            kept[node.name] = (node, devices, bool(migs), converted)
             by_uuid = {g.uuid: g.index for g in converted.gpus if g.uuid}
-            index[node.name] = {d.name: by_uuid[d.uuid] for d in gpus if d.uuid in by_uuid}
-            unmatched = [d.name for d in gpus if d.uuid not in by_uuid]
+            named = [d for d in (*gpus, *migs) if d.uuid in by_uuid]
+            index[node.name] = {d.name: by_uuid[d.uuid] for d in named}
+            offered = {g.index: g.milli_gpus for g in converted.gpus if g.parent is not None}
+            if offered:
+                shares[node.name] = offered
+            unmatched = [d.name for d in (*gpus, *migs) if d.uuid not in by_uuid]
             if unmatched:
                 warn.warning(
                     "dra devices match no gpu of the node; not allocated",
@@ -809,28 +850,84 @@ class ClaimStage:
                     out = list(nodes)
                 out[i] = converted
         self._nodes = kept
-        if index != self._index:
+        if index != self._index or shares != self._shares:
             self._index_version += 1
         self._index = index
+        self._shares = shares
         return nodes if out is None else tuple(out)
 
     @staticmethod
-    def _convert(node: Node, gpus: list[DraGpu]) -> Node:
-        if node.gpus:
+    def _convert(node: Node, gpus: list[DraGpu], migs: list[DraGpu]) -> Node:
+        """``node`` with the driver's GPUs where it has none otherwise, and a GPU per MIG device (``Gpu.parent``).
+
+        A MIG device's parent is the node's GPU with its ``parentUUID``; in
+        static MIG the driver does not publish a GPU in MIG mode, so on a node
+        with no GPUNode the parent is made from its devices (index from
+        their names, memory their sum). The parent is in MIG mode: it takes
+        nothing itself. Each MIG device counts for its share of the parent
+        (:func:`gpuwarden.dra.mig_share`).
+        """
+        known = bool(node.gpus)
+        made: list[Gpu] = list(node.gpus)
+        if not known:
+            taken: set[int] = set()
+            for device in sorted(gpus, key=lambda d: d.name):
+                minor = device_minor(device.name)
+                index = minor if minor is not None else -1
+                if index < 0 or index in taken:
+                    index = max(taken, default=-1) + 1
+                taken.add(index)
+                made.append(Gpu(index=index, uuid=device.uuid, memory_mib=device.memory_mib or 1))
+        if migs:
+            made = ClaimStage._with_migs(made, migs, parent_memory_known=known)
+        if not migs and known:
             return node
-        taken: set[int] = set()
-        made: list[Gpu] = []
-        for device in sorted(gpus, key=lambda d: d.name):
-            minor = device_minor(device.name)
-            index = minor if minor is not None else -1
-            if index < 0 or index in taken:
-                index = max(taken, default=-1) + 1
-            taken.add(index)
-            made.append(Gpu(index=index, uuid=device.uuid, memory_mib=device.memory_mib or 1))
         return replace(node, gpus=tuple(sorted(made, key=lambda g: g.index)))
 
+    @staticmethod
+    def _with_migs(gpus: list[Gpu], migs: list[DraGpu], *, parent_memory_known: bool) -> list[Gpu]:
+        by_uuid = {g.uuid: g for g in gpus if g.uuid}
+        taken = {g.index for g in gpus}
+        children: dict[str, list[DraGpu]] = {}
+        for device in sorted(migs, key=lambda d: d.name):
+            if device.uuid and device.parent_uuid:
+                children.setdefault(device.parent_uuid, []).append(device)
+        out = [g for g in gpus if g.uuid not in children]
+        other = MIG_INDEX_OTHER
+        for parent_uuid, devices in children.items():
+            parent = by_uuid.get(parent_uuid)
+            if parent is None:
+                placed = mig_placement(devices[0].name)
+                index = placed[0] if placed is not None and placed[0] not in taken else max(taken, default=-1) + 1
+                taken.add(index)
+                parent = Gpu(index=index, uuid=parent_uuid, memory_mib=sum(d.memory_mib for d in devices) or 1)
+            out.append(replace(parent, mig_enabled=True))
+            for device in devices:
+                placed = mig_placement(device.name)
+                index = MIG_INDEX + 16 * parent.index + placed[1] if placed is not None and placed[1] < 16 else -1
+                if index < 0 or index in taken:
+                    index, other = other, other + 1
+                taken.add(index)
+                # Rounded down, so that the devices of one GPU never count for more than it.
+                share = mig_share(device.profile, device.memory_mib, parent.memory_mib if parent_memory_known else None)
+                out.append(
+                    Gpu(
+                        index=index,
+                        uuid=device.uuid,
+                        memory_mib=device.memory_mib or 1,
+                        healthy=parent.healthy,
+                        parent=parent.index,
+                        milli_gpus=max(1, int(share * MILLI)),
+                        faulted_since=parent.faulted_since,
+                    )
+                )
+        return out
+
     def _claim_gpus(self, allocation: Mapping[str, Any], inventory: Inventory) -> tuple[str, tuple[int, ...]] | None:
-        """The node and GPU indices an allocation holds (a MIG device holds its parent); None if none is known."""
+        """The node and GPU indices an allocation holds; None if none is known.
+
+        A MIG device holds itself where it is a GPU of the engine's, else its parent.
+        """
         node = ""
         found: set[int] = set()
         for item in _d(allocation.get("devices")).get("results") or ():
@@ -842,10 +939,9 @@ class ClaimStage:
                 continue
             node = device.node
             names = self._index.get(node, {})
-            if device.kind == "gpu":
-                if device.name in names:
-                    found.add(names[device.name])
-            else:
+            if device.name in names:  # a whole GPU, or a MIG device offered as a GPU of its own
+                found.add(names[device.name])
+            elif device.kind != "gpu":
                 parent = next(
                     (d for d in inventory.by_node.get(node, ()) if d.kind == "gpu" and d.uuid == device.parent_uuid),
                     None,
@@ -890,7 +986,8 @@ class ClaimStage:
                 tasks.append(task)
                 continue
             if task.status is not TaskStatus.PENDING:
-                tasks.append(self._running(task, job.namespace, entries, read.held, attributed))
+                shares = self._shares.get(task.node or "", {})
+                tasks.append(self._running(task, job.namespace, entries, read.held, attributed, shares=shares))
                 continue
             if extended and not self._extended_done(task, job.namespace, entries, read):
                 entries = [e for e in entries if e[2] != EXTENDED]
@@ -916,6 +1013,8 @@ class ClaimStage:
         entries: list[tuple[str, str | None, str]],
         held: Mapping[str, tuple[str, tuple[int, ...]]],
         attributed: set[str],
+        *,
+        shares: Mapping[int, int],
     ) -> Task:
         """A bound pod of ours holds its claims' devices on its node (the allocation says which GPUs).
 
@@ -934,7 +1033,12 @@ class ClaimStage:
             indices.update(task.gpu_indices)
         if not indices:
             return task
-        return replace(task, gpus=max(task.gpus, len(indices)), gpu_indices=tuple(sorted(indices)))
+        return replace(
+            task,
+            gpus=max(task.gpus, len(indices)),
+            gpu_indices=tuple(sorted(indices)),
+            gpu_milli=_held_milli(indices, shares),
+        )
 
     def _pending(
         self, task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read
@@ -1027,7 +1131,25 @@ class ClaimStage:
             devices=self._device_names(inventory, devices.nodes if devices else ()),
             choices=devices.choices if devices else {},
         )
-        return replace(task, gpus=count, devices=devices, placement=placement), plan
+        return replace(
+            task, gpus=count, devices=devices, placement=placement, gpu_milli=self._charge(devices, count)
+        ), plan
+
+    def _charge(self, devices: DeviceFilter | None, count: int) -> int | None:
+        """What a pending claim pod is charged when its claims may be given MIG devices: the largest share, per device.
+
+        None (1000 per GPU) when they may be given only whole GPUs. A pod
+        given a smaller device than the largest it could have is charged its
+        own once it runs (:meth:`_running`).
+        """
+        if devices is None or not self._shares:
+            return None
+        largest = 0
+        for node, allowed in devices.nodes.items():
+            shares = self._shares.get(node, {})
+            for i in allowed:
+                largest = max(largest, shares.get(i, MILLI))
+        return count * largest if 0 < largest < MILLI else None
 
     @staticmethod
     def _extended_done(task: Task, namespace: str, entries: list[tuple[str, str | None, str]], read: _Read) -> bool:
@@ -1158,7 +1280,7 @@ class ClaimStage:
             if (pinned is not None and node != pinned) or (only is not None and node not in only):
                 continue
             names = self._index.get(node, {})
-            whole = [(names[d.name], d) for d in devices if d.kind == "gpu" and d.name in names]
+            whole = [(names[d.name], d) for d in devices if d.name in names and not d.counters]
             # Each request's own devices: kube-scheduler's allocator matches requests one by one.
             sets = [frozenset(i for i, d in whole if _allowed(d, r)) for r in requests]
             usable = [(i, d) for i, d in whole if any(i in chosen for chosen in sets)]
@@ -1185,10 +1307,11 @@ class ClaimStage:
                 choices[node] = tuple(alternatives)
         if not nodes and requests and only is None:
             raise _RefusedError(
-                "no whole GPU of NVIDIA's DRA driver matches the claims' device classes and selectors"
+                "no GPU or MIG device of NVIDIA's DRA driver matches the claims' device classes and selectors"
                 + (f" on node {pinned}" if pinned else "")
-                + " (gpuwarden allocates whole GPUs of gpu.nvidia.com; leave claims for MIG devices or other "
-                "drivers to kube-scheduler)"
+                + " (gpuwarden allocates the devices of gpu.nvidia.com, MIG devices only on nodes without a "
+                "device plugin, and no partitionable device (dynamic MIG); leave claims for those and for other "
+                "drivers' devices to kube-scheduler)"
             )
         text = repr((pinned, constraints, [(r.count, r.expressions, r.tolerations) for r in requests]))
         return DeviceFilter(key=text, nodes=nodes, choices=choices)
@@ -1222,6 +1345,7 @@ class ClaimStage:
                         gpus=len(indices),
                         node=node,
                         gpu_indices=indices,
+                        gpu_milli=_held_milli(indices, self._shares.get(node, {})),
                     )
                     for key, indices in entries
                 )
@@ -1240,6 +1364,14 @@ class ClaimStage:
             out.append(memo[1])
         self._holders = kept
         return out
+
+
+def _held_milli(indices: Iterable[int], shares: Mapping[int, int]) -> int | None:
+    """What a pod holding these GPUs is charged when some are MIG devices (their shares); None for whole GPUs only."""
+    if not shares:
+        return None
+    found = [shares.get(i, MILLI) for i in indices]
+    return sum(found) if any(i in shares for i in indices) else None
 
 
 def _plugin_gpus(node: Mapping[str, Any] | None) -> int:

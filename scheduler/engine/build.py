@@ -57,10 +57,17 @@ def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
         excluded = None
     gpu_index = [g.index for g in spec.gpus]
     gpu_mem = [g.memory_mib for g in spec.gpus]
-    bad_reason = [verdict.node_fatal or verdict.bad_gpus.get(g.index) for g in spec.gpus]
-    # A GPU in MIG mode is handed out as MIG devices, which are not ours
-    # to place: it takes neither whole-GPU pods nor slices, and is no
-    # part of the capacity fair share divides.
+    # A MIG device is out with the GPU it is carved from.
+    bad_reason = [
+        verdict.node_fatal
+        or verdict.bad_gpus.get(g.index)
+        or (verdict.bad_gpus.get(g.parent) if g.parent is not None else None)
+        for g in spec.gpus
+    ]
+    # A GPU in MIG mode is handed out as MIG devices: it takes neither
+    # whole-GPU pods nor slices itself, and is no part of the capacity fair
+    # share divides. The MIG devices DRA publishes are GPUs of their own
+    # (``parent`` set), which only claim pods that select them take.
     gpu_ok = [r is None and not g.mig_enabled for r, g in zip(bad_reason, spec.gpus, strict=True)]
     return NodeState(
         spec=spec,
@@ -77,7 +84,7 @@ def make_node(spec: Node, pool: PoolState, pidx: int) -> NodeState:
         gpu_bad_reason=bad_reason,
         dense=gpu_index == list(range(len(gpu_index))),
         free_whole=sum(gpu_ok),
-        mig=any(g.mig_enabled for g in spec.gpus),
+        mig=any(g.mig_enabled or g.parent is not None for g in spec.gpus),
         accepts=excluded is None,
         excluded=excluded,
         node_fatal=verdict.node_fatal,
@@ -91,7 +98,12 @@ def add_capacity(node: NodeState, sign: int = 1) -> None:
     """Count an empty node's offer in its pool's capacity (``sign`` -1 takes it out)."""
     if node.accepts:
         cap = node.pool.capacity
-        cap[GPU] += sign * MILLI * sum(node.gpu_ok)
+        gpus = node.spec.gpus
+        cap[GPU] += sign * (
+            sum(g.milli_gpus for g, ok in zip(gpus, node.gpu_ok, strict=True) if ok)
+            if node.mig
+            else MILLI * sum(node.gpu_ok)
+        )
         cap[CPU] += sign * node.spec.cpu_milli
         cap[MEMORY] += sign * node.spec.memory_mib
 
@@ -295,6 +307,8 @@ class JobBuilder:
                         log.warning("GPU request fits no node of its pool", job=spec.key, pod=tspec.name, problem=never)
             else:
                 request, milli, never = hit
+            if tspec.gpu_milli is not None and request.whole:
+                milli = tspec.gpu_milli  # MIG devices through DRA: shares of GPUs, not whole ones
             status = tspec.status
             cpu = tspec.cpu_milli
             mem = tspec.memory_mib

@@ -117,7 +117,7 @@ def _intact_capacity(pool: PoolState) -> list[int]:
         return pool.intact[1]
     total = [0, 0, 0]
     for spec in specs:
-        total[GPU] += MILLI * sum(1 for g in spec.gpus if not g.mig_enabled)
+        total[GPU] += sum(MILLI if g.parent is None else g.milli_gpus for g in spec.gpus if not g.mig_enabled)
         total[CPU] += spec.cpu_milli
         total[MEMORY] += spec.memory_mib
     pool.intact = (specs, total)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuwarden.contract import DEFAULT_NODE_POOL, Action, EvictionAction, UnschedulableReason
-from scheduler.engine.resources import CPU, GPU, MEMORY
+from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI
 
 # Jobs at or above this priority are non-preemptible unless they say
 # otherwise; KAI's "build" priority class (100) sits here too.
@@ -235,6 +235,14 @@ class Gpu:
     epoch, on the node's clock); None when it lists none or did not say.
     It tells a pod the device manager started on a GPU already faulted
     from one whose GPU failed under it (:mod:`scheduler.engine.holders`).
+
+    A MIG device that NVIDIA's DRA driver publishes is a GPU of its own
+    here, carved from the GPU ``parent`` (whose index it names; the parent
+    is in MIG mode, so takes nothing itself). Only a pod whose DRA claims
+    select the device takes it (its :class:`DeviceFilter` names the index):
+    never a device-plugin or slice pod. ``milli_gpus`` is what it counts
+    for, in capacity and in the charge of the pod holding it: a MIG device
+    is a share of its parent, a whole GPU 1000.
     """
 
     index: int
@@ -244,6 +252,8 @@ class Gpu:
     mig_enabled: bool = False
     offered: bool | None = None
     faulted_since: float | None = None
+    parent: int | None = None
+    milli_gpus: int = MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +493,11 @@ class Task:
     # which node its claims may take (``gpus`` is how many). None: any free
     # GPU, as for the device plugin's ``nvidia.com/gpu``.
     devices: DeviceFilter | None = None
+    # Milli-GPUs the pod is charged where its GPUs are not whole ones (MIG
+    # devices through DRA claims: the shares of the devices it holds, or
+    # for a pending pod the largest its claims may be given); None: 1000
+    # per GPU, or its slice.
+    gpu_milli: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

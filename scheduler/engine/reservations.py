@@ -266,6 +266,7 @@ def _exact_fit(node: NodeState, res: Reservation, task: TaskState) -> tuple[tupl
             return None
         taken = set(picked)
         return tuple(p for p in free if node.gpu_index[p] in taken), ()
+    free = [p for p in free if node.spec.gpus[p].parent is None]  # a MIG device only through a claim
     if len(free) < gpu.whole:
         return None
     return tuple(free[: gpu.whole]), ()

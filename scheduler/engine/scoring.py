@@ -113,12 +113,19 @@ def _whole_positions(node: NodeState, count: int, devices: DeviceFilter | None =
     allowed = None if devices is None or node.name in devices.plain else devices.nodes.get(node.name)
     if allowed is None and devices is not None and node.name not in devices.plain:
         return None
+    # Any free GPU will do (the device plugin's nvidia.com/gpu): never a MIG device, which only
+    # a claim that selects it takes.
+    claim_only = node.spec.gpus if allowed is None and node.mig else None
     found: list[int] = []
     for p in range(len(node.gpu_ok)):
         if len(found) >= count:
             break
         free = node.gpu_ok[p] and not node.gpu_whole[p] and not node.gpu_slices[p]
-        if free and (allowed is None or node.gpu_index[p] in allowed):
+        if (
+            free
+            and (allowed is None or node.gpu_index[p] in allowed)
+            and (claim_only is None or claim_only[p].parent is None)
+        ):
             found.append(p)
     return tuple(found) if len(found) >= count else None
 

@@ -238,7 +238,8 @@ def _gpus_of_pod(
             return real
     annotations = _map(meta, "annotations")
     text = annotations.get(contract.ANNOTATION_GPU_ASSIGNMENT)
-    decoded = decode_assignment(text, node=node) if isinstance(text, str) else None
+    # A MIG device is drained with the GPU it is carved from.
+    decoded = decode_assignment(text, node=node, parents=True) if isinstance(text, str) else None
     return tuple(decoded or ())
 
 

@@ -16,7 +16,7 @@ from kubernetes import client
 
 from gpuwarden.localcluster import create_gpu_node
 from tests.harness import ControlPlane, unique_name
-from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice
+from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice, mig_devices
 
 DRA = ("resource.k8s.io", "v1")
 JSON = dict[str, Any]
@@ -48,12 +48,22 @@ def dra_nodes(k8s: client.ApiClient, device_classes: None) -> Iterator[Callable[
     made: list[tuple[str, str]] = []
     custom = client.CustomObjectsApi(k8s)
 
-    def make(gpus: list[DriverGpu] = FOUR, taints: dict[int, JSON] | None = None) -> str:
+    def make(
+        gpus: list[DriverGpu] = FOUR,
+        taints: dict[int, JSON] | None = None,
+        mig: dict[int, list[tuple[str, int]]] | None = None,
+    ) -> str:
+        """A node; the GPUs at the positions ``mig`` names are in MIG mode, published as those instances."""
         name = unique_name("dra-node")
         node = create_gpu_node(k8s, name, gpus=0)
         body = driver_slice(name, node.metadata.uid, gpus)
         for i, taint in (taints or {}).items():
             body["spec"]["devices"][i]["taints"] = [taint]
+        if mig:
+            devices: list[JSON] = []
+            for i, device in enumerate(body["spec"]["devices"]):
+                devices.extend(mig_devices(gpus[i], mig[i]) if i in mig else [device])
+            body["spec"]["devices"] = devices
         made.append((name, custom.create_cluster_custom_object(*DRA, "resourceslices", body)["metadata"]["name"]))
         return name
 

@@ -39,6 +39,23 @@ def test_a_fractional_pod_carries_its_slice() -> None:
     assert decode_assignment(text) == (3,)
 
 
+def test_a_mig_device_names_the_gpu_it_is_carved_from() -> None:
+    """Read back as itself by the scheduler; as its parent by a drain of that GPU."""
+    node = Node(
+        name="gpu-1",
+        gpus=(
+            Gpu(index=0, uuid="GPU-0000", mig_enabled=True),
+            Gpu(index=1000, uuid="MIG-a", memory_mib=4864, parent=0, milli_gpus=142),
+            Gpu(index=1001, uuid="MIG-b", memory_mib=4864, parent=0, milli_gpus=142),
+            Gpu(index=1, uuid="GPU-0001"),
+        ),
+    )
+    text = encode_assignment(_bind((1001, 1000, 1)), node)
+    assert json.loads(text)["gpus"][0] == {"index": 1001, "uuid": "MIG-b", "memoryMiB": 4864, "parentIndex": 0}
+    assert decode_assignment(text) == (1001, 1000, 1)
+    assert decode_assignment(text, parents=True) == (0, 1)
+
+
 @pytest.mark.parametrize(
     ("bind", "problem"),
     [

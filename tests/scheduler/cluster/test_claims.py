@@ -16,7 +16,7 @@ from scheduler.cluster.claims import ClaimStage, DraObjects, extended_classes, e
 from scheduler.cluster.convert import pod_amounts
 from scheduler.engine.model import Gpu, Job, Node, Queue, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
-from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice
+from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice, mig_devices
 
 JSON = dict[str, Any]
 GPUS = [DriverGpu(i, i, f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd", f"00000000:{0x18 + i:02X}:00.0") for i in range(4)]
@@ -142,7 +142,7 @@ def test_a_shared_claim_allocated_already_pins_its_next_pod_to_the_node_and_take
             {"name": "gpu", "exactly": {"deviceClassName": "nosuch.example.com"}},
             "deviceclass 'nosuch.example.com' not found",
         ),
-        ({"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}, "no whole GPU"),
+        ({"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}, "no GPU or MIG device"),
         (_request(0), "not a positive integer"),
     ],
 )
@@ -542,3 +542,174 @@ def test_unchanged_nodes_are_not_read_again_for_their_device_plugin(monkeypatch:
     del raw["c"]
     assert stage._plugin_nodes(engine_nodes[:2], dict(raw)) == (frozenset(), frozenset({"a", "b"}))
     assert reads == []
+
+
+# --------------------------------------------------------------------------
+# MIG devices (static MIG, as the driver publishes it)
+# --------------------------------------------------------------------------
+
+MIG_LAYOUT = [("1g.5gb", 0), ("1g.5gb", 1), ("1g.5gb", 2), ("3g.20gb", 4)]
+
+
+def _mig_slice(node: str = "n1") -> JSON:
+    """GPU 0 in MIG mode (three 1g.5gb and one 3g.20gb instance, not published whole), GPUs 1-3 whole."""
+    body = driver_slice(node, "uid", GPUS[1:])
+    body["metadata"]["name"] = f"slice-{node}"
+    body["spec"]["devices"] = mig_devices(GPUS[0], MIG_LAYOUT) + body["spec"]["devices"]
+    return body
+
+
+def _mig_request(profile: str = "", count: int = 1) -> JSON:
+    exactly: JSON = {"deviceClassName": "mig.nvidia.com", "count": count}
+    if profile:
+        exactly["selectors"] = [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"}}]
+    return {"name": "gpu", "exactly": exactly}
+
+
+def test_mig_devices_are_gpus_of_their_own_carved_from_a_parent_in_mig_mode() -> None:
+    """The driver does not publish a GPU in MIG mode: its parent is made from its instances, which take nothing."""
+    snapshot, _ = _run([], [], [_mig_slice()])
+    (node,) = snapshot.nodes
+    by_index = {g.index: g for g in node.gpus}
+    assert sorted(by_index) == [0, 1, 2, 3, 1000, 1001, 1002, 1004]
+    parent = by_index[0]
+    assert parent.mig_enabled and parent.uuid == GPUS[0].uuid and parent.parent is None
+    assert [(g.parent, g.memory_mib, g.milli_gpus) for g in (by_index[1000], by_index[1004])] == [
+        (0, 4864, 142),  # 1g of the 7 compute slices, rounded down
+        (0, 19968, 428),
+    ]
+    assert not any(by_index[i].mig_enabled for i in (1, 2, 3, 1000))
+    # What the engine offers: three whole GPUs and the instances' shares, never the parent.
+    decisions = run_session(snapshot)
+    assert decisions.binds == ()
+
+
+def test_a_mig_claim_takes_an_instance_its_selectors_allow_and_is_charged_its_share() -> None:
+    snapshot, stage = _run([_pod("p", {"gpu": "c"})], [_claim("c", [_mig_request("1g.5gb")])], [_mig_slice()])
+    task = _task(snapshot, "p")
+    assert task.devices is not None and task.devices.nodes == {"n1": frozenset({1000, 1001, 1002})}
+    assert (task.gpus, task.gpu_milli) == (1, 142)
+    (bind,) = run_session(snapshot).binds
+    assert bind.gpu_indices == (1000,)
+    assert stage.plans["uid-p"].devices["n1"][1000] == ("n1", "gpu-0-mig-1g5gb-19-0")
+    # The larger instance, by its profile; a request either may satisfy is charged the larger share.
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [_claim("c", [_mig_request("3g.20gb")])], [_mig_slice()])
+    assert _task(snapshot, "p").devices.nodes == {"n1": frozenset({1004})}  # type: ignore[union-attr]
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [_claim("c", [_mig_request(count=2)])], [_mig_slice()])
+    assert _task(snapshot, "p").gpu_milli == 2 * 428
+
+
+def test_a_running_pod_and_a_foreign_claim_hold_their_mig_devices_and_are_charged_their_shares() -> None:
+    mine = _claim("mine", [_mig_request()], allocation=_allocated("n1", "gpu-0-mig-3g20gb-9-4", reserved=("run",)))
+    foreign = _claim(
+        "foreign", [_mig_request()], allocation=_allocated("n1", "gpu-0-mig-1g5gb-19-1", reserved=("other",))
+    )
+    want = _claim("want", [_mig_request(count=2)])
+    snapshot, _ = _run(
+        [_pod("run", {"gpu": "mine"}, node="n1"), _pod("new", {"gpu": "want"})], [mine, foreign, want], [_mig_slice()]
+    )
+    running = _task(snapshot, "run")
+    assert (running.gpu_indices, running.gpu_milli) == ((1004,), 428)
+    (holder,) = [t for j in snapshot.jobs if j.name.startswith("external:claims:") for t in j.tasks]
+    assert (holder.gpu_indices, holder.gpu_milli) == ((1001,), 142)
+    (bind,) = run_session(snapshot).binds
+    assert sorted(bind.gpu_indices) == [1000, 1002]
+
+
+def test_whole_gpu_pods_never_take_a_mig_device() -> None:
+    """nvidia.com/gpu through DRA (KEP-5004) and whole-GPU claims: the class selects whole GPUs only; when they are
+    taken the pod waits, though MIG instances are free."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "nodeName": "",
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+    node = Node("n1", cpu_milli=64000, memory_mib=10**6)
+    whole = [Task(name=f"w{i}", namespace="ns", uid=f"uid-w{i}", gpus=1) for i in range(4)]
+    snapshot = Snapshot(
+        nodes=(node,),
+        queues=(Queue("q"),),
+        jobs=tuple(Job(name=t.name, queue="q", namespace="ns", tasks=(t,)) for t in whole),
+    )
+    pods = {t.uid: {**pod, "metadata": {**pod["metadata"], "name": t.name, "uid": t.uid}} for t in whole}
+    objects = DraObjects(
+        pods=pods,
+        claims={},
+        classes=CLASSES,
+        slices={"s": _mig_slice()},
+        rules={},
+        nodes={"n1": {"status": {"allocatable": {}}}},
+    )
+    judged = ClaimStage().apply(snapshot, objects)
+    binds = run_session(judged).binds
+    assert sorted(i for b in binds for i in b.gpu_indices) == [1, 2, 3]
+    assert all(_task(judged, t.name).devices is not None for t in whole)
+
+
+def test_on_a_node_with_a_device_plugin_mig_devices_are_not_offered() -> None:
+    """There a device-plugin pod may take any free GPU of the engine's: MIG devices are left to kube-scheduler."""
+    tasks = [Task(name="p", namespace="ns", uid="uid-p")]
+    snapshot = Snapshot(
+        nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
+        queues=(Queue("q"),),
+        jobs=tuple(Job(name=t.name, queue="q", namespace="ns", tasks=(t,)) for t in tasks),
+    )
+    objects = DraObjects(
+        pods={"uid-p": _pod("p", {"gpu": "c"})},
+        claims={"ns/c": _claim("c", [_mig_request()])},
+        classes=CLASSES,
+        slices={"s": _mig_slice()},
+        rules={},
+        nodes={"n1": {"status": {"allocatable": {"nvidia.com/gpu": "3"}}}},
+    )
+    judged = ClaimStage().apply(snapshot, objects)
+    assert not any(g.parent is not None for g in judged.nodes[0].gpus)
+    assert "MIG devices only on nodes without a device plugin" in _task(judged, "p").unplaceable
+
+
+def test_a_mig_device_is_out_with_its_parent() -> None:
+    """A fault of the GPU (the agent's GPUNode says it is unhealthy) takes its instances out of the engine's offer."""
+    snapshot, _ = _run([_pod("p", {"gpu": "c"})], [_claim("c", [_mig_request("1g.5gb")])], [_mig_slice()])
+    (node,) = snapshot.nodes
+    sick = replace(node, gpus=tuple(replace(g, healthy=False) if g.index == 0 else g for g in node.gpus))
+    assert run_session(replace(snapshot, nodes=(sick,))).binds == ()
+    assert run_session(snapshot).binds != ()
+
+
+@given(shares=st.lists(st.sampled_from([("1g.5gb", 1), ("3g.20gb", 4)]), min_size=1, max_size=5))
+def test_the_instances_of_one_gpu_never_count_for_more_than_it(shares: list[tuple[str, int]]) -> None:
+    layout, start = [], 0
+    for profile, size in shares:
+        if start + size > 8:
+            break
+        layout.append((profile, start))
+        start += size
+    body = _mig_slice()
+    body["spec"]["devices"] = mig_devices(GPUS[0], layout)
+    snapshot, _ = _run([], [], [body])
+    assert sum(g.milli_gpus for g in snapshot.nodes[0].gpus if g.parent == 0) <= 1000
+
+
+def test_partitionable_devices_are_never_offered_but_what_claims_hold_of_them_is_held() -> None:
+    """The driver's dynamic MIG (KEP-4815 counters): the GPU and every placement consume one counter set."""
+    body = driver_slice("n1", "uid", GPUS)
+    body["metadata"]["name"] = "slice-n1"
+    counters = [{"counterSet": "gpu-0-counter-set", "counters": {"memory-slice-0": {"value": "1"}}}]
+    body["spec"]["devices"][0]["consumesCounters"] = counters
+    (placement,) = mig_devices(GPUS[0], [("1g.5gb", 0)])
+    del placement["attributes"]["uuid"]  # dynamic MIG devices have none
+    placement["consumesCounters"] = counters
+    body["spec"]["devices"].append(placement)
+    held = _claim("held", [_mig_request()], allocation=_allocated("n1", placement["name"], reserved=("other",)))
+    snapshot, _ = _run(
+        [_pod("mig", {"gpu": "m"}), _pod("whole", {"gpu": "w"})],
+        [_claim("m", [_mig_request()]), _claim("w", [_request(4)]), held],
+        [body],
+    )
+    assert "no partitionable device" in _task(snapshot, "mig").unplaceable
+    assert "no partitionable device" in _task(snapshot, "whole").unplaceable  # GPU 0 is not offered: 3 of 4
+    (holder,) = [t for j in snapshot.jobs if j.name.startswith("external:claims:") for t in j.tasks]
+    assert holder.gpu_indices == (0,)  # the placement holds its GPU

@@ -211,6 +211,68 @@ def test_claims_from_templates_are_allocated_reserved_and_bound(
     assert not (_claim_of(k8s, namespace, "c").get("status") or {}).get("allocation")
 
 
+@pytest.mark.usefixtures("claim_controller")
+def test_mig_claims_get_instances_and_count_for_their_share_of_the_queue_s_gpus(
+    k8s: client.ApiClient,
+    namespace: str,
+    queue: Callable[..., str],
+    dra_nodes: Callable[..., str],
+    scheduler: SchedulingCycle,
+) -> None:
+    """Static MIG as the driver publishes it: a 1-GPU queue runs four instances' pods, then no whole GPU more."""
+    node = dra_nodes(mig={0: [("1g.5gb", 0), ("1g.5gb", 1), ("1g.5gb", 2), ("3g.20gb", 4)]})
+    q = queue(1, limit=1)
+    profile = "device.attributes['gpu.nvidia.com'].profile == '{}'"
+    small = _template(
+        k8s,
+        namespace,
+        requests=[
+            {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": "mig.nvidia.com",
+                    "selectors": [{"cel": {"expression": profile.format("1g.5gb")}}],
+                },
+            }
+        ],
+    )
+    large = _template(
+        k8s,
+        namespace,
+        selector=None,
+        requests=[
+            {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": "mig.nvidia.com",
+                    "selectors": [{"cel": {"expression": profile.format("3g.20gb")}}],
+                },
+            }
+        ],
+    )
+    pods = {"s0": small, "s1": small, "s2": small, "l0": large}
+    for name, template in pods.items():
+        _alone(k8s, namespace, q, name, template, made=False)
+    _claims_made(k8s, namespace, list(pods))
+
+    scheduler.run(dra_view(k8s, {node}))
+
+    given: dict[str, str] = {}
+    for name in pods:
+        assert _pod(k8s, namespace, name)["spec"].get("nodeName") == node, name
+        (result,) = _claim_of(k8s, namespace, name)["status"]["allocation"]["devices"]["results"]
+        given[name] = result["device"]
+    assert sorted(given[n] for n in ("s0", "s1", "s2")) == [f"gpu-0-mig-1g5gb-19-{i}" for i in range(3)]
+    assert given["l0"] == "gpu-0-mig-3g20gb-9-4"
+
+    # 3 x 1/7 + 3/7 of a GPU are held: a whole GPU more is past the queue's limit, though three are free.
+    _alone(k8s, namespace, q, "whole", _template(k8s, namespace))
+    scheduler.run(dra_view(k8s, {node}))
+    assert _pod(k8s, namespace, "whole")["spec"].get("nodeName") is None
+    reason, message = _condition(k8s, namespace, "whole")
+    assert "limit" in message.lower(), (reason, message)
+
+
 def test_a_pod_waits_for_its_claim_to_be_made_and_says_so(
     k8s: client.ApiClient,
     namespace: str,

@@ -14,8 +14,9 @@ seed (``--dra-seeds N``, default 20):
 
 - three DRA-only nodes with the same ResourceSlice (NVIDIA's driver's
   shape, ``dra_objects``, with random products, memory, driver versions, a
-  NUMA attribute on some devices and the driver's XID taint on some);
-- one random claim spec: one or two requests of the driver's class, counts
+  NUMA attribute on some devices and the driver's XID taint on some; some
+  GPUs in MIG mode, published as their instances);
+- one random claim spec: one or two requests of the driver's classes (whole GPUs or MIG devices), counts
   1-3, CEL selectors over attributes, capacity (quantities), versions
   (semver) and the sets extension, sometimes one that fails on a device, sometimes a toleration,
   sometimes a ``matchAttribute`` constraint;
@@ -49,7 +50,7 @@ from tests.harness import kube_scheduler as start_kube_scheduler
 from tests.scheduler.cluster.kube_objects import podgroup
 from tests.scheduler.cluster.test_claims_k8s import DRA, dra_view
 from tests.scheduler.cluster.test_cycle_k8s import NO_WAIT, podgroup_status
-from tests.scheduler.remediation.dra_objects import DRIVER
+from tests.scheduler.remediation.dra_objects import DRIVER, DriverGpu, mig_devices
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("scheduler_crds", "gpunode_crd")]
@@ -100,10 +101,26 @@ def _devices(rng: random.Random) -> list[JSON]:
             "attributes": attributes,
             "capacity": {"memory": {"value": rng.choice(MEMORY)}},
         }
+        if rng.random() < 0.4:
+            # In MIG mode: the driver publishes the GPU's instances, not the GPU.
+            parent = DriverGpu(minor, minor, attributes["uuid"]["string"], f"00000000:{0x18 + minor:02X}:00.0")
+            for instance in mig_devices(parent, _mig_layout(rng), serial=rng.getrandbits(16)):
+                instance["attributes"].update({k: v for k, v in attributes.items() if k not in ("type", "uuid")})
+                if rng.random() < 0.2:
+                    instance["taints"] = [dict(XID)]
+                out.append(instance)
+            continue
         if rng.random() < 0.2:
             device["taints"] = [dict(XID)]
         out.append(device)
     return out
+
+
+def _mig_layout(rng: random.Random) -> list[tuple[str, int]]:
+    """Instances an A100 can hold at once: 1g.5gb at any of starts 0-6, or 3g.20gb at 4 and 1g.5gb below it."""
+    big = rng.random() < 0.5
+    starts = rng.sample(range(4 if big else 7), rng.randint(1, 3))
+    return [("1g.5gb", s) for s in sorted(starts)] + ([("3g.20gb", 4)] if big else [])
 
 
 def _selector(rng: random.Random) -> str:
@@ -118,6 +135,7 @@ def _selector(rng: random.Random) -> str:
             f"sets.contains({sorted(rng.sample(PRODUCTS, rng.randint(1, 2)))}, [{a}.productName])",
             f"sets.intersects([{a}.driverVersion.major(), 0], [{rng.choice((550, 570, 580))}, 1])",
             f'"numa" in {a} && {a}.numa == {rng.randint(0, 1)}',
+            f'{a}.type == "mig" && {a}.profile == "{rng.choice(("1g.5gb", "3g.20gb"))}"',
             # CEL's bindings extension, nested and shadowing.
             f'cel.bind(d, {a}, cel.bind(d, d.productName, d.startsWith("NVIDIA H")) && d.driverVersion.major() >= 550)',
             # Fails on a device without the attribute: an error for both, never "does not match".
@@ -129,7 +147,10 @@ def _selector(rng: random.Random) -> str:
 def _claim_spec(rng: random.Random) -> JSON:
     requests = []
     for i in range(rng.choice((1, 1, 2))):
-        exactly: JSON = {"deviceClassName": "gpu.nvidia.com", "count": rng.choice((1, 1, 2, 3))}
+        exactly: JSON = {
+            "deviceClassName": rng.choice(("gpu.nvidia.com", "mig.nvidia.com")),
+            "count": rng.choice((1, 1, 2, 3)),
+        }
         if rng.random() < 0.7:
             exactly["selectors"] = [{"cel": {"expression": _selector(rng)}} for _ in range(rng.randint(1, 2))]
         if rng.random() < 0.15:

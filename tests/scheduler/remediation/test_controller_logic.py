@@ -99,3 +99,17 @@ def test_a_drain_waits_for_the_pods_of_its_scope_and_leaves_daemonsets_and_mirro
     # A GPU's drain waits only for the pods assigned that GPU.
     assert [p["metadata"]["name"] for p in pods_on(pods, "n1", (2,))] == ["a"]
     assert pods_on(pods, "n1", (3,)) == []
+
+
+def test_a_gpu_s_drain_waits_for_the_pods_on_its_mig_devices() -> None:
+    node = Node(
+        "n1",
+        gpus=(
+            Gpu(0, "GPU-0", mig_enabled=True),
+            Gpu(1000, "MIG-0", memory_mib=4864, parent=0, milli_gpus=142),
+            Gpu(1, "GPU-1"),
+        ),
+    )
+    on_mig = _pod("m", gpus=encode_assignment(Bind("ns/m", "ns", "m", "", "n1", (1000,)), node))
+    assert [p["metadata"]["name"] for p in pods_on([on_mig], "n1", (0,))] == ["m"]
+    assert pods_on([on_mig], "n1", (1,)) == []
