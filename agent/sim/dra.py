@@ -20,8 +20,16 @@ DRA path against the objects the driver writes:
   ``gpu.nvidia.com/gpu-lost:NoSchedule`` on a GPU fallen off the bus. Like
   the driver's, they stay until the plugin restarts, which in the
   simulation is the GPU's reset or the node's repair;
-- a GPU in MIG mode is not published whole (the driver would publish its
-  MIG devices, which the simulation does not model).
+- a GPU in MIG mode is not published whole: as the driver does with
+  instances made beforehand (static MIG), its instances are, named
+  ``gpu-<minor>-mig-<profile without dots>-<GPU instance profile ID>-<placement
+  start>``, ``type: mig`` with ``uuid``, ``parentUUID``, ``profile`` and the
+  GPU's other attributes, capacity the profile's engines, multiprocessors,
+  memory and one ``memorySlice<i>`` per memory slice. The simulated GPU has
+  mig-parted's ``all-1g`` layout (seven one-slice instances, placements 0
+  to 6), with the figures of NVIDIA's MIG user guide for A100 and H100
+  (:data:`ALL_1G`); a product not there publishes nothing in MIG mode. An
+  instance carries its GPU's health taints.
 
 The slice is written only when what it says changed, with the admin's
 client: the driver has an identity of its own, not the agent's.
@@ -88,8 +96,73 @@ def device(gpu: DraGpuState) -> dict[str, Any]:
     return entry
 
 
+# mig-parted's all-1g layout, per product (a substring of its name): the profile, its GPU instance
+# profile ID, and the capacity the driver publishes for an instance of it.
+ALL_1G: dict[str, tuple[str, int, dict[str, str]]] = {
+    "A100": (
+        "1g.5gb",
+        19,
+        {
+            "copyEngines": "1",
+            "decoders": "0",
+            "encoders": "0",
+            "jpegEngines": "0",
+            "ofaEngines": "0",
+            "multiprocessors": "14",
+            "memory": "4864Mi",
+        },
+    ),
+    "H100": (
+        "1g.10gb",
+        19,
+        {
+            "copyEngines": "1",
+            "decoders": "1",
+            "encoders": "0",
+            "jpegEngines": "1",
+            "ofaEngines": "0",
+            "multiprocessors": "16",
+            "memory": "9984Mi",
+        },
+    ),
+}
+MIG_PLACEMENTS = 7
+
+
+def mig_instances(gpu: DraGpuState) -> list[dict[str, Any]]:
+    """The instances of a GPU in MIG mode (module docstring); none for a product the simulation has no layout for."""
+    layout = next((found for key, found in ALL_1G.items() if key in gpu.name), None)
+    if layout is None:
+        return []
+    profile, gi, capacity = layout
+    whole = device(gpu)
+    shared = {k: v for k, v in whole["attributes"].items() if k not in ("type", "uuid")}
+    out = []
+    for start in range(MIG_PLACEMENTS):
+        caps: dict[str, Any] = {name: {"value": value} for name, value in capacity.items()}
+        caps[f"memorySlice{start}"] = {"value": "1"}
+        entry: dict[str, Any] = {
+            "name": f"gpu-{gpu.index}-mig-{profile.replace('.', '')}-{gi}-{start}",
+            "attributes": {
+                "type": {"string": "mig"},
+                "uuid": {"string": f"MIG-{gpu.uuid.removeprefix('GPU-')[:32]}{start:04x}"},
+                "parentUUID": {"string": gpu.uuid},
+                "profile": {"string": profile},
+                **shared,
+            },
+            "capacity": caps,
+        }
+        if "taints" in whole:
+            entry["taints"] = whole["taints"]
+        out.append(entry)
+    return out
+
+
 def devices(gpus: tuple[DraGpuState, ...]) -> list[dict[str, Any]]:
-    return [device(g) for g in gpus if not g.mig]
+    out: list[dict[str, Any]] = []
+    for g in gpus:
+        out.extend(mig_instances(g) if g.mig else [device(g)])
+    return out
 
 
 class SimDraDriver:

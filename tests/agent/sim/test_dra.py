@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.sim.dra import TAINT_GPU_LOST, TAINT_XID, devices
 from agent.sim.node import SimNode
 from agent.sim.scenario import load_scenario
 from scheduler.cluster.claims import ClaimStage, DraObjects
 from scheduler.engine.model import Node, Queue, Snapshot
-from tests.scheduler.remediation.dra_objects import DriverGpu, driver_slice
+from tests.scheduler.remediation.dra_objects import DriverGpu, driver_slice, mig_devices
 
 
 def test_a_device_has_the_attributes_and_capacity_the_driver_publishes() -> None:
@@ -52,3 +54,39 @@ def test_gpuwarden_reads_the_simulated_slice_as_the_node_s_gpus() -> None:
     judged = stage.apply(snapshot, DraObjects(pods={}, claims={}, classes={}, slices={"s": body}, rules={}))
     (node,) = judged.nodes
     assert [g.uuid for g in node.gpus] == [g.uuid for g in sim.dra_gpus()]
+
+
+def test_a_gpu_in_mig_mode_is_published_as_its_instances_and_gpuwarden_offers_them() -> None:
+    scenario = load_scenario("healthy")
+    sim = SimNode(replace(scenario, gpus=replace(scenario.gpus, mig=True)), identity="n1")
+    sim.inject("xid", gpu=1, xid=48)
+    published = devices(sim.dra_gpus())
+    gpu0 = sim.dra_gpus()[0]
+    assert [d["name"] for d in published[:7]] == [f"gpu-0-mig-1g10gb-19-{i}" for i in range(7)]
+    assert len(published) == 56
+    first = published[0]
+    # The shape of the driver's instance (tests/scheduler/remediation/dra_objects.py reads it from the driver).
+    reference = mig_devices(DriverGpu(0, 0, gpu0.uuid, gpu0.bus), [("1g.5gb", 0)])[0]
+    assert first["attributes"].keys() == reference["attributes"].keys()
+    assert first["capacity"].keys() == reference["capacity"].keys()
+    assert first["attributes"]["parentUUID"] == {"string": gpu0.uuid}
+    assert len(first["attributes"]["uuid"]["string"]) == len(gpu0.uuid)
+    assert all(d["attributes"]["uuid"] for d in published)
+    assert len({d["attributes"]["uuid"]["string"] for d in published}) == 56
+    # The GPU's XID taints its instances.
+    assert all("taints" in d for d in published[7:14]) and not any("taints" in d for d in published[:7])
+    body = {
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": published,
+        },
+    }
+    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=1000, memory_mib=1000),), queues=(Queue("q"),), jobs=())
+    judged = ClaimStage().apply(snapshot, DraObjects(pods={}, claims={}, classes={}, slices={"s": body}, rules={}))
+    (node,) = judged.nodes
+    parents = [g for g in node.gpus if g.mig_enabled]
+    assert [g.uuid for g in parents] == [g.uuid for g in sim.dra_gpus()]
+    assert sum(1 for g in node.gpus if g.parent is not None) == 56
