@@ -27,8 +27,9 @@ DRA path against the objects the driver writes:
   GPU's other attributes, capacity the profile's engines, multiprocessors,
   memory and one ``memorySlice<i>`` per memory slice. The simulated GPU has
   mig-parted's ``all-1g`` layout (seven one-slice instances, placements 0
-  to 6), with the figures of NVIDIA's MIG user guide for A100 and H100
-  (:data:`ALL_1G`); a product not there publishes nothing in MIG mode. An
+  to 6), with the figures of NVIDIA's MIG user guide for the A100 40 GB
+  and the H100 80 GB (:data:`ALL_1G`); a product not there publishes
+  nothing in MIG mode. An
   instance carries its GPU's health taints.
 
 The slice is written only when what it says changed, with the admin's
@@ -96,10 +97,11 @@ def device(gpu: DraGpuState) -> dict[str, Any]:
     return entry
 
 
-# mig-parted's all-1g layout, per product (a substring of its name): the profile, its GPU instance
-# profile ID, and the capacity the driver publishes for an instance of it.
+# mig-parted's all-1g layout, per product (NVML's name): the profile, its GPU instance profile ID,
+# and the capacity the driver publishes for an instance of it. The 80 GB A100 and other H100s have
+# other profiles, which the simulation does not have.
 ALL_1G: dict[str, tuple[str, int, dict[str, str]]] = {
-    "A100": (
+    "NVIDIA A100-PCIE-40GB": (
         "1g.5gb",
         19,
         {
@@ -112,7 +114,7 @@ ALL_1G: dict[str, tuple[str, int, dict[str, str]]] = {
             "memory": "4864Mi",
         },
     ),
-    "H100": (
+    "NVIDIA H100 80GB HBM3": (
         "1g.10gb",
         19,
         {
@@ -131,7 +133,7 @@ MIG_PLACEMENTS = 7
 
 def mig_instances(gpu: DraGpuState) -> list[dict[str, Any]]:
     """The instances of a GPU in MIG mode (module docstring); none for a product the simulation has no layout for."""
-    layout = next((found for key, found in ALL_1G.items() if key in gpu.name), None)
+    layout = ALL_1G.get(gpu.name)
     if layout is None:
         return []
     profile, gi, capacity = layout

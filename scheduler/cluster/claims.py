@@ -121,6 +121,8 @@ EXTENDED = "<extended-resources>"
 # from MIG_INDEX_OTHER on for a name that does not say those.
 MIG_INDEX = 1000
 MIG_INDEX_OTHER = 100_000
+# The device plugin's MIG resources (its "mixed" strategy): nvidia.com/mig-1g.5gb and the like.
+_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 # --------------------------------------------------------------------------
@@ -523,6 +525,9 @@ class _Read:
     # Nodes whose device plugin advertises nvidia.com/gpu, and nodes with GPUs whose kubelet advertises none.
     plugged: frozenset[str] = frozenset()
     pluginless: frozenset[str] = frozenset()
+    # Whether pending whole-GPU pods must be told where they may take a GPU (DeviceFilter): once a
+    # node with GPUs has no device plugin, DRA serves nvidia.com/gpu, or MIG devices are offered.
+    extended_on: bool = False
     # An unallocated claim that several pending pods name: the pod (``namespace/name``, UID) it is
     # allocated for first; the others wait until it is allocated, then are only added to it.
     first: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -559,10 +564,10 @@ class ClaimStage:
     _allocations: dict[str, tuple[object, tuple[str, tuple[int, ...]] | None, set[str]]] = field(default_factory=dict)
     _allocations_version: tuple[int, int] = (-1, -1)
     # Per Node entry: its allocatable nvidia.com/gpu; the set of nodes with some, kept while it is the same.
-    _plugins: dict[str, tuple[object, int]] = field(default_factory=dict)
+    _plugins: dict[str, tuple[object, int, bool]] = field(default_factory=dict)
     # The Node objects last read, in the cache's order, and the answer from them.
     _plugin_objects: list[object] = field(default_factory=list)
-    _plugin_answer: tuple[tuple[Node, ...], frozenset[str], frozenset[str]] | None = None
+    _plugin_answer: tuple[tuple[Node, ...], frozenset[str], frozenset[str], frozenset[str]] | None = None
     _sets: dict[str, frozenset[str]] = field(default_factory=dict)
     # What the binds of the last snapshot need, by pod UID.
     plans: dict[str, ClaimPlan] = field(default_factory=dict)
@@ -575,12 +580,12 @@ class ClaimStage:
     def apply(self, snapshot: Snapshot, objects: DraObjects) -> Snapshot:
         """``snapshot`` with DRA GPUs, the devices claims hold, and each pending claim pod's devices or reason."""
         pods, claims, classes = objects.pods, objects.claims, objects.classes
-        pluginless, plugged = self._plugin_nodes(snapshot.nodes, objects.nodes)
+        pluginless, plugged, mig_plugged = self._plugin_nodes(snapshot.nodes, objects.nodes)
         if not objects.slices and not claims and not self._slices and not self._jobs and not pluginless:
             self.plans = {}
             return snapshot
         inventory = self._read_inventory(objects.slices, objects.rules)
-        nodes = self._with_dra_gpus(snapshot.nodes, inventory, plugged)
+        nodes = self._with_dra_gpus(snapshot.nodes, inventory, plugged | mig_plugged)
         by_name = {n.name: n for n in nodes}
         index = self._index
         # Which claim holds which GPUs (node, indices), and for whom.
@@ -609,7 +614,16 @@ class ClaimStage:
             extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes and objects.claims_readable else None
         )
         read.plugged = plugged
-        read.pluginless = pluginless
+        # A node given its GPUs by its slice (no GPUNode) is as pluginless as one the agent lists.
+        read.pluginless = self._stable(
+            "pluginless-dra",
+            pluginless
+            | frozenset(
+                name
+                for name in inventory.by_node
+                if name not in plugged and name in objects.nodes and name in by_name and by_name[name].gpus
+            ),
+        )
         if read.gpu_class is not None:
             read.dra_nodes = self._stable(
                 "dra", frozenset(name for name in inventory.by_node if name not in plugged and name in self._index)
@@ -622,7 +636,10 @@ class ClaimStage:
                             read.extended_by_pod.setdefault(_s(_d(owner).get("uid")), []).append(key)
         # Whole-GPU pods must be told where a device plugin serves nvidia.com/gpu once a node with GPUs has
         # none, or once MIG devices are GPUs of the engine's (which only claims that select them take).
-        extended_on = bool(pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)) or bool(self._shares)
+        read.extended_on = (
+            bool(read.pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)) or bool(self._shares)
+        )
+        extended_on = read.extended_on
         attributed: set[str] = set()
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
@@ -647,6 +664,7 @@ class ClaimStage:
                 classes.get(read.gpu_class) if read.gpu_class is not None else None,
                 read.dra_nodes,
                 read.plugged,
+                read.extended_on,
                 *self._claim_inputs(job, pods, claims, classes),
                 *(claims.get(k) for t in job.tasks for k in read.extended_by_pod.get(t.uid, ())),
                 self._first_token if job.key in sharing else None,
@@ -718,8 +736,11 @@ class ClaimStage:
         read.first = self._first
         return sharing
 
-    def _plugin_nodes(self, nodes: tuple[Node, ...], raw: Mapping[str, JSON]) -> tuple[frozenset[str], frozenset[str]]:
-        """Nodes with GPUs whose kubelet advertises no ``nvidia.com/gpu`` (no device plugin), and those with one.
+    def _plugin_nodes(
+        self, nodes: tuple[Node, ...], raw: Mapping[str, JSON]
+    ) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+        """Nodes with GPUs whose kubelet advertises no ``nvidia.com/gpu`` (no device plugin), those with one,
+        and those whose device plugin hands out MIG devices (``nvidia.com/mig-*``, its mixed strategy).
 
         Read again only for Node entries that changed (the cache replaces an
         entry on every change).
@@ -735,20 +756,21 @@ class ClaimStage:
             and len(raw) == len(seen)
             and all(map(operator.is_, raw.values(), seen))
         ):
-            return last[1], last[2]
-        kept: dict[str, tuple[object, int]] = {}
+            return last[1], last[2], last[3]
+        kept: dict[str, tuple[object, int, bool]] = {}
         for name, obj in raw.items():
             entry = known.get(name)
             if entry is None or entry[0] is not obj:
-                entry = (obj, _plugin_gpus(obj))
+                entry = (obj, _plugin_gpus(obj), _plugin_migs(obj))
             kept[name] = entry
         self._plugins = kept
-        plugged = self._stable("plugged", frozenset(name for name, (_, count) in kept.items() if count > 0))
+        plugged = self._stable("plugged", frozenset(name for name, (_, count, _) in kept.items() if count > 0))
+        migs = self._stable("plugged-mig", frozenset(name for name, (_, _, mig) in kept.items() if mig))
         pluginless = frozenset(n.name for n in nodes if n.gpus and n.name in kept and n.name not in plugged)
         pluginless = self._stable("pluginless", pluginless)
         self._plugin_objects = list(raw.values())
-        self._plugin_answer = (nodes, pluginless, plugged)
-        return pluginless, plugged
+        self._plugin_answer = (nodes, pluginless, plugged, migs)
+        return pluginless, plugged, migs
 
     def _stable(self, what: str, value: frozenset[str]) -> frozenset[str]:
         """``value``, or the equal set handed out before: the job memos compare their inputs by identity."""
@@ -811,9 +833,9 @@ class ClaimStage:
         """The nodes, those with DRA GPUs and no other GPUs given theirs, MIG devices added; each device's index kept.
 
         MIG devices become GPUs of the engine's only on a node whose kubelet
-        has no device plugin serving ``nvidia.com/gpu``: there every pod that
-        takes a GPU does so through a claim, so none takes a MIG device it
-        did not select.
+        has no device plugin serving ``nvidia.com/gpu`` or MIG devices
+        (``nvidia.com/mig-*``): there every pod that takes a GPU does so
+        through a claim, so none takes a MIG device it did not select.
         """
         out: list[Node] | None = None
         index: dict[str, dict[str, int]] = {}
@@ -976,7 +998,7 @@ class ClaimStage:
             pod = pods.get(task.uid)
             entries = pod_claims(pod or {})
             extended = (
-                (bool(read.pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)))
+                read.extended_on
                 and task.gpus > 0
                 and pod is not None
                 and task.status is TaskStatus.PENDING
@@ -1033,11 +1055,14 @@ class ClaimStage:
             indices.update(task.gpu_indices)
         if not indices:
             return task
+        held_now = tuple(sorted(indices))
         return replace(
             task,
             gpus=max(task.gpus, len(indices)),
-            gpu_indices=tuple(sorted(indices)),
+            gpu_indices=held_now,
             gpu_milli=_held_milli(indices, shares),
+            # The devices it holds, and only those: the engine does not move it elsewhere.
+            devices=DeviceFilter(key=f"held:{held_now}", nodes={task.node or "": frozenset(held_now)}),
         )
 
     def _pending(
@@ -1205,7 +1230,7 @@ class ClaimStage:
             ),
             choices=found.choices,
         )
-        return replace(task, devices=devices), plan
+        return replace(task, devices=devices, gpu_milli=self._charge(devices, task.gpus)), plan
 
     def _device_names(self, inventory: Inventory, nodes: Iterable[str]) -> dict[str, dict[int, tuple[str, str]]]:
         out: dict[str, dict[int, tuple[str, str]]] = {}
@@ -1313,7 +1338,17 @@ class ClaimStage:
                 "device plugin, and no partitionable device (dynamic MIG); leave claims for those and for other "
                 "drivers' devices to kube-scheduler)"
             )
-        text = repr((pinned, constraints, [(r.count, r.expressions, r.tolerations) for r in requests]))
+        # The inventory's and the indices' versions: a remembered "no room" for the pods of one key
+        # (scheduler.engine.backlog) must not outlive the device sets it was judged on.
+        text = repr(
+            (
+                pinned,
+                constraints,
+                [(r.count, r.expressions, r.tolerations) for r in requests],
+                inventory.version,
+                self._index_version,
+            )
+        )
         return DeviceFilter(key=text, nodes=nodes, choices=choices)
 
     # -- devices held by claims no pod of ours holds -------------------------------
@@ -1333,7 +1368,7 @@ class ClaimStage:
         out: list[Job] = []
         for node, entries in sorted(by_node.items()):
             entries.sort()
-            inputs = (nodes[node].pool, *entries)
+            inputs = (nodes[node].pool, self._index_version, *entries)
             memo = self._holders.get(node)
             if memo is None or memo[0] != inputs:
                 tasks = tuple(
@@ -1372,6 +1407,15 @@ def _held_milli(indices: Iterable[int], shares: Mapping[int, int]) -> int | None
         return None
     found = [shares.get(i, MILLI) for i in indices]
     return sum(found) if any(i in shares for i in indices) else None
+
+
+def _plugin_migs(node: Mapping[str, Any] | None) -> bool:
+    """Whether the node's device plugin hands out MIG devices (any allocatable ``nvidia.com/mig-<profile>``)."""
+    allocatable = _d(_d(_d(node).get("status")).get("allocatable"))
+    return any(
+        isinstance(name, str) and name.startswith(_MIG_RESOURCE_PREFIX) and str(value) not in ("0", "")
+        for name, value in allocatable.items()
+    )
 
 
 def _plugin_gpus(node: Mapping[str, Any] | None) -> int:

@@ -24,9 +24,13 @@ strings extension's ``lowerAscii``, ``upperAscii``, ``trim``, ``split``,
 equality: ``1`` equals ``1.0``, ``true`` is no number), and the
 ``cel.bind(name, value, body)`` macro of CEL's bindings extension. The CEL
 library does not expand that macro, so :func:`expand_bindings` rewrites it
-before compiling into ``[value].map(name, body)[0]``, which evaluates
-``value`` once and binds ``name`` in ``body`` alone, shadowing an outer
-``name``, as the macro does. As
+before compiling into ``[value].map(name, body)[0]``, which binds ``name``
+in ``body`` alone, shadowing an outer ``name``, as the macro does. One
+difference: ``value`` is evaluated when bound, where cel-go evaluates it
+only when ``body`` reads ``name``; a value that fails on a device (an
+attribute it lacks) is an error here even where ``body`` does not read it
+(kube-scheduler would read ``body``'s result). Like every selector error,
+it is shown, never read as "does not match". As
 in Kubernetes, a domain the device has nothing of is an empty map, so
 ``has(device.attributes["example.com"].x)`` is false. A quantity
 and a version are passed to CEL as tagged maps holding their canonical
@@ -338,6 +342,13 @@ def _arguments(text: str, start: int) -> tuple[list[str], int]:
     raise SelectorError("cel.bind( is not closed")
 
 
+def _member(expression: str, index: int) -> bool:
+    """Whether ``cel`` at ``index`` ends an identifier or follows a ``.`` (``x.cel.bind(``): no macro then."""
+    if index > 0 and (expression[index - 1].isalnum() or expression[index - 1] == "_"):
+        return True
+    return expression[:index].rstrip().endswith(".")
+
+
 def expand_bindings(expression: str) -> str:
     """``expression`` with each ``cel.bind(name, value, body)`` as ``([value].map(name, body)[0])``.
 
@@ -356,15 +367,14 @@ def expand_bindings(expression: str) -> str:
             index = after
             continue
         match = _BIND_RE.match(expression, index)
-        preceded = index > 0 and (expression[index - 1].isalnum() or expression[index - 1] in "_.")
-        if match is None or preceded:
+        if match is None or _member(expression, index):
             out.append(expression[index])
             index += 1
             continue
         arguments, index = _arguments(expression, match.end())
         if len(arguments) != 3:
             raise SelectorError(f"cel.bind takes 3 arguments, not {len(arguments)}")
-        name = arguments[0].strip()
+        name = re.sub(r"//[^\n]*", "", arguments[0]).strip()
         if _IDENTIFIER_RE.fullmatch(name) is None:
             raise SelectorError(f"cel.bind() variable names must be simple identifiers, not {name!r}")
         value, body = (expand_bindings(argument) for argument in arguments[1:])

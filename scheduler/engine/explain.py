@@ -53,6 +53,8 @@ def _shortfall(node: NodeState, task: TaskState) -> str:
         if usable < gpu.devices:
             return f"fewer than {gpu.devices} GPU(s) with {need} MiB free"
     elif node.free_whole < gpu.whole:
+        if node.mig and any(g.parent is not None for g in node.spec.gpus):
+            return f"fewer than {gpu.whole} free GPUs or MIG devices"
         if node.mig:
             return f"fewer than {gpu.whole} free GPUs not in MIG mode"
         return f"fewer than {gpu.whole} free GPUs"

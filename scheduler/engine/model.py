@@ -491,7 +491,8 @@ class Task:
     started: float | None = None
     # For a pending pod whose whole GPUs come from DRA claims: which GPUs of
     # which node its claims may take (``gpus`` is how many). None: any free
-    # GPU, as for the device plugin's ``nvidia.com/gpu``.
+    # GPU, as for the device plugin's ``nvidia.com/gpu``. For a running pod
+    # holding GPUs through claims: the ones it holds (it is not moved).
     devices: DeviceFilter | None = None
     # Milli-GPUs the pod is charged where its GPUs are not whole ones (MIG
     # devices through DRA claims: the shares of the devices it holds, or

@@ -53,6 +53,8 @@ def _room_request(res: Reservation) -> GpuRequest:
 def _milli(res: Reservation, node: NodeState, positions: tuple[int, ...]) -> int:
     """Milli-GPUs the room is worth to the queue (whole GPUs, or each slice's share of its GPU)."""
     if res.gpu_memory_mib is None:
+        if node.mig:  # a MIG device counts for its share of its GPU
+            return sum(node.spec.gpus[p].milli_gpus for p in positions)
         return MILLI * len(positions)
     total = 0
     for p, mib in zip(positions, res.gpu_memory_mib, strict=True):

@@ -369,11 +369,29 @@ def _gpu_room(node: NodeState, task: TaskState, whole: list[int], sliced: list[i
             if ok[p] and not whole[p] and free[p] >= gpu.slice_on(node.gpu_mem[p]):
                 usable += 1
         return usable >= gpu.devices
+    allowed = _allowed_positions(node, task)
     empty = 0
     for p in range(len(ok)):
-        if ok[p] and not whole[p] and not sliced[p]:
+        if ok[p] and not whole[p] and not sliced[p] and (allowed is None or p in allowed):
             empty += 1
     return empty >= gpu.whole
+
+
+def _allowed_positions(node: NodeState, task: TaskState) -> frozenset[int] | None:
+    """The positions of ``node`` a whole-GPU ``task`` may take; None: any.
+
+    Counting GPUs the pod may not take (devices its DRA claims do not
+    select, MIG devices for a pod without claims) would pass sets of
+    victims that free too little: the search stops at the first set that
+    fits on paper, so the set that truly frees enough would never be tried.
+    """
+    devices = task.spec.devices
+    if devices is not None and node.name not in devices.plain:
+        chosen = devices.nodes.get(node.name, frozenset())
+        return frozenset(p for p, index in enumerate(node.gpu_index) if index in chosen)
+    if node.mig:
+        return frozenset(p for p, g in enumerate(node.spec.gpus) if g.parent is None)
+    return None
 
 
 def _bounds(

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from gpuwarden import contract
 from scheduler.cluster.claims import ClaimStage, DraObjects, extended_classes, extended_requests, pod_claims
 from scheduler.cluster.convert import pod_amounts
-from scheduler.engine.model import Gpu, Job, Node, Queue, Snapshot, Task, TaskStatus
+from scheduler.engine.backlog import BacklogMemo
+from scheduler.engine.model import Gpu, Job, Node, Queue, QueueResource, Reservation, Snapshot, Task, TaskStatus
 from scheduler.engine.session import run_session
 from tests.scheduler.remediation.dra_objects import DEVICECLASSES, DriverGpu, driver_slice, mig_devices
 
@@ -528,7 +529,7 @@ def test_unchanged_nodes_are_not_read_again_for_their_device_plugin(monkeypatch:
     raw = {"a": node("a", 2), "b": node("b", 0), "c": node("c", 0)}
     stage = ClaimStage()
     first = stage._plugin_nodes(engine_nodes, dict(raw))
-    assert first == (frozenset({"b", "c"}), frozenset({"a"}))
+    assert first == (frozenset({"b", "c"}), frozenset({"a"}), frozenset())
     assert sorted(reads) == ["a", "b", "c"]
     reads.clear()
     again = stage._plugin_nodes(engine_nodes, dict(raw))  # a new view of the same objects
@@ -536,11 +537,11 @@ def test_unchanged_nodes_are_not_read_again_for_their_device_plugin(monkeypatch:
     # One Node changes (its device plugin starts): only it is read again.
     raw["b"] = node("b", 2)
     changed = stage._plugin_nodes(engine_nodes, dict(raw))
-    assert changed == (frozenset({"c"}), frozenset({"a", "b"})) and reads == ["b"]
+    assert changed == (frozenset({"c"}), frozenset({"a", "b"}), frozenset()) and reads == ["b"]
     # A Node goes: the answer follows, nothing is read.
     reads.clear()
     del raw["c"]
-    assert stage._plugin_nodes(engine_nodes[:2], dict(raw)) == (frozenset(), frozenset({"a", "b"}))
+    assert stage._plugin_nodes(engine_nodes[:2], dict(raw)) == (frozenset(), frozenset({"a", "b"}), frozenset())
     assert reads == []
 
 
@@ -713,3 +714,130 @@ def test_partitionable_devices_are_never_offered_but_what_claims_hold_of_them_is
     assert "no partitionable device" in _task(snapshot, "whole").unplaceable  # GPU 0 is not offered: 3 of 4
     (holder,) = [t for j in snapshot.jobs if j.name.startswith("external:claims:") for t in j.tasks]
     assert holder.gpu_indices == (0,)  # the placement holds its GPU
+
+
+def _mig_world(entries: list[tuple[str, JSON, str, dict[str, Any]]]) -> Snapshot:
+    """The MIG node with one pod per entry: (name, its claim, its node or '' pending, its job's fields)."""
+    claims, pods, jobs = {}, {}, []
+    for name, claim, node, fields in entries:
+        claims[f"ns/{claim['metadata']['name']}"] = claim
+        pods[f"uid-{name}"] = _pod(name, {"gpu": claim["metadata"]["name"]}, node=node)
+        status = TaskStatus.RUNNING if node else TaskStatus.PENDING
+        task = Task(name=name, namespace="ns", uid=f"uid-{name}", status=status, node=node or None)
+        jobs.append(Job(name=name, queue="q", namespace="ns", tasks=(task,), **fields))
+    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),), queues=(Queue("q"),), jobs=tuple(jobs))
+    objects = DraObjects(pods=pods, claims=claims, classes=CLASSES, slices={"s": _mig_slice()}, rules={})
+    return ClaimStage().apply(snapshot, objects)
+
+
+def _held(name: str, device: str, profile: str = "") -> JSON:
+    return _claim(f"c-{name}", [_mig_request(profile)], allocation=_allocated("n1", device, reserved=(name,)))
+
+
+def test_preemption_frees_as_many_mig_devices_as_the_pod_needs() -> None:
+    """The victim search counts only the devices the pod may take: free devices of another profile do not count."""
+    low = {"priority": 1, "preemptible": True}
+    entries = [(n, _held(n, f"gpu-0-mig-1g5gb-19-{k}"), "n1", low) for k, n in enumerate("abc")]
+    busy = _claim("c-w", [_request(3)], allocation=_allocated("n1", "gpu-1", "gpu-2", "gpu-3", reserved=("w",)))
+    entries.append(("w", busy, "n1", {"priority": 1000, "preemptible": False}))
+    entries.append(("p", _claim("c-p", [_mig_request("1g.5gb", count=2)]), "", {"priority": 100}))
+    decisions = run_session(_mig_world(entries))
+    (bind,) = decisions.binds
+    assert bind.pod == "p" and len(decisions.evictions) == 2
+
+
+def test_a_running_pod_holding_devices_through_claims_is_not_moved_to_make_room() -> None:
+    """Consolidation would re-place it on a whole GPU its recreated claim cannot take; the two would swap forever."""
+    same = {"priority": 50, "preemptible": True}
+    decisions = run_session(
+        _mig_world(
+            [
+                ("y", _held("y", "gpu-0-mig-3g20gb-9-4"), "n1", same),
+                ("p", _claim("c-p", [_mig_request("3g.20gb")]), "", same),
+            ]
+        )
+    )
+    assert decisions.binds == () and decisions.evictions == () and decisions.reservations == ()
+
+
+def test_room_reserved_on_a_mig_device_is_charged_its_share() -> None:
+    pods = [_pod(f"p{i}", {"gpu": f"c{i}"}) for i in range(2)]
+    snapshot, _ = _run(pods, [_claim(f"c{i}", [_mig_request("1g.5gb")]) for i in range(2)], [_mig_slice()])
+    limited = replace(
+        snapshot,
+        queues=(Queue("q", gpu=QueueResource(quota=1000, limit=1000)),),
+        reservations=(Reservation(job="ns/p0", node="n1", gpu_indices=(1000,), expires=1e12),),
+        now=0.0,
+    )
+    assert sorted(b.pod for b in run_session(limited).binds) == ["p0", "p1"]
+
+
+def test_a_pod_whose_devices_appear_is_tried_again() -> None:
+    """A remembered "no room" for pods of one claim shape does not outlive the device sets it was judged on."""
+    held = _claim("held", [_mig_request()], allocation=_allocated("n2", "gpu-0-mig-3g20gb-9-4", reserved=("run",)))
+    pods = {"uid-run": _pod("run", {"gpu": "held"}, node="n2"), "uid-p": _pod("p", {"gpu": "want"})}
+    run = Task(name="run", namespace="ns", uid="uid-run", status=TaskStatus.RUNNING, node="n2")
+    jobs = (
+        Job(name="run", queue="q", namespace="ns", tasks=(run,), priority=1000, preemptible=False),
+        Job(name="p", queue="q", namespace="ns", tasks=(Task(name="p", namespace="ns", uid="uid-p"),)),
+    )
+    nodes = tuple(Node(n, cpu_milli=64000, memory_mib=10**6) for n in ("n1", "n2"))
+    snapshot = Snapshot(nodes=nodes, queues=(Queue("q"),), jobs=jobs)
+
+    def world(n1_layout: list[tuple[str, int]]) -> dict[str, JSON]:
+        out = {}
+        for node, layout in (("n1", n1_layout), ("n2", [("3g.20gb", 4)])):
+            body = driver_slice(node, "uid", GPUS[1:])
+            body["metadata"]["name"] = f"slice-{node}"
+            body["spec"]["devices"] = mig_devices(GPUS[0], layout, serial=len(layout)) + body["spec"]["devices"]
+            out[node] = body
+        return out
+
+    stage, memo = ClaimStage(), BacklogMemo()
+    claims = {"ns/held": held, "ns/want": _claim("want", [_mig_request("3g.20gb")])}
+    objects = DraObjects(pods=pods, claims=claims, classes=CLASSES, slices=world([("1g.5gb", 0)]), rules={})
+    assert run_session(stage.apply(snapshot, objects), memo=memo).binds == ()
+    grown = replace(objects, slices=world([("1g.5gb", 0), ("3g.20gb", 4)]))
+    (bind,) = run_session(stage.apply(snapshot, grown), memo=memo).binds
+    assert (bind.node, bind.gpu_indices) == ("n1", (1004,))
+
+
+def test_without_a_class_serving_nvidia_gpu_pods_stay_off_dra_only_nodes() -> None:
+    """A node whose GPUs only its slice lists (no GPUNode, no device plugin): its kubelet would refuse such a pod."""
+    classes = copy.deepcopy(CLASSES)
+    del classes["gpu.nvidia.com"]["spec"]["extendedResourceName"]
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "nodeName": "",
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+    task = Task(name="p", namespace="ns", uid="uid-p", gpus=1)
+    for body in (_mig_slice(), _slice()):
+        snapshot = Snapshot(
+            nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
+            queues=(Queue("q"),),
+            jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),),
+        )
+        objects = DraObjects(
+            pods={"uid-p": pod},
+            claims={},
+            classes=classes,
+            slices={"s": body},
+            rules={},
+            nodes={"n1": {"status": {"allocatable": {}}}},
+        )
+        judged = ClaimStage().apply(snapshot, objects)
+        assert _task(judged, "p").devices is not None
+        assert run_session(judged).binds == ()
+
+
+def test_a_node_whose_device_plugin_hands_out_mig_devices_offers_none_through_claims() -> None:
+    """The device plugin's mixed strategy advertises nvidia.com/mig-<profile>: the two must not hand out one device."""
+    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),), queues=(Queue("q"),), jobs=())
+    raw = {"n1": {"status": {"allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.5gb": "3"}}}}
+    objects = DraObjects(pods={}, claims={}, classes=CLASSES, slices={"s": _mig_slice()}, rules={}, nodes=raw)
+    judged = ClaimStage().apply(snapshot, objects)
+    assert not any(g.parent is not None for g in judged.nodes[0].gpus)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.cluster.drasel import CelDevice, SelectorError, check_syntax, device_value, matches
+from scheduler.cluster.drasel import CelDevice, SelectorError, check_syntax, device_value, expand_bindings, matches
 from tests.scheduler.remediation.dra_objects import GPUS, driver_slice
 
 ENTRY = driver_slice("n1", "uid", GPUS)["spec"]["devices"][0]
@@ -112,3 +112,18 @@ def test_quantity_order_is_the_order_of_the_amounts(a: int, b: int, unit: str) -
     device = _device()
     sign = (a > b) - (a < b)
     assert matches(f"{expression} == {sign}", device)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expanded"),
+    [
+        # A member named cel is no macro, spaces or not.
+        ("[1].map(y, y . cel.bind(a, 1, a))", "[1].map(y, y . cel.bind(a, 1, a))"),
+        ("x.cel.bind(a, 1, a)", "x.cel.bind(a, 1, a)"),
+        # A comment after the name is no part of it.
+        ("cel.bind(x // the name\n, 1, x)", "([ 1].map(x,  x)[0])"),
+        ("cel.bind(x, [1, 2], x.size()) == 2", "([ [1, 2]].map(x,  x.size())[0]) == 2"),
+    ],
+)
+def test_expand_bindings_rewrites_only_the_macro(expression: str, expanded: str) -> None:
+    assert expand_bindings(expression) == expanded
