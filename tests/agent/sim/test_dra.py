@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from agent.sim.dra import TAINT_GPU_LOST, TAINT_XID, devices
 from agent.sim.node import SimNode
@@ -10,6 +11,23 @@ from agent.sim.scenario import load_scenario
 from scheduler.cluster.claims import ClaimStage, DraObjects
 from scheduler.engine.model import Node, Queue, Snapshot
 from tests.scheduler.remediation.dra_objects import DriverGpu, driver_slice, mig_devices
+
+
+def _as_gpuwarden_reads(published: list[dict[str, Any]]) -> Node:
+    """Node n1 as gpuwarden's claim stage makes it from a slice of ``published`` devices (and no GPUNode)."""
+    body = {
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": published,
+        },
+    }
+    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=1000, memory_mib=1000),), queues=(Queue("q"),), jobs=())
+    judged = ClaimStage().apply(snapshot, DraObjects(pods={}, claims={}, classes={}, slices={"s": body}, rules={}))
+    (node,) = judged.nodes
+    return node
 
 
 def test_a_device_has_the_attributes_and_capacity_the_driver_publishes() -> None:
@@ -40,19 +58,7 @@ def test_a_critical_xid_taints_the_device_until_the_gpu_is_reset_and_a_lost_gpu_
 def test_gpuwarden_reads_the_simulated_slice_as_the_node_s_gpus() -> None:
     sim = SimNode(load_scenario("healthy"), identity="n1")
     sim.inject("xid", gpu=2, xid=79)
-    body = {
-        "metadata": {"name": "s"},
-        "spec": {
-            "driver": "gpu.nvidia.com",
-            "nodeName": "n1",
-            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-            "devices": devices(sim.dra_gpus()),
-        },
-    }
-    stage = ClaimStage()
-    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=1000, memory_mib=1000),), queues=(Queue("q"),), jobs=())
-    judged = stage.apply(snapshot, DraObjects(pods={}, claims={}, classes={}, slices={"s": body}, rules={}))
-    (node,) = judged.nodes
+    node = _as_gpuwarden_reads(devices(sim.dra_gpus()))
     assert [g.uuid for g in node.gpus] == [g.uuid for g in sim.dra_gpus()]
 
 
@@ -75,18 +81,7 @@ def test_a_gpu_in_mig_mode_is_published_as_its_instances_and_gpuwarden_offers_th
     assert len({d["attributes"]["uuid"]["string"] for d in published}) == 56
     # The GPU's XID taints its instances.
     assert all("taints" in d for d in published[7:14]) and not any("taints" in d for d in published[:7])
-    body = {
-        "metadata": {"name": "s"},
-        "spec": {
-            "driver": "gpu.nvidia.com",
-            "nodeName": "n1",
-            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-            "devices": published,
-        },
-    }
-    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=1000, memory_mib=1000),), queues=(Queue("q"),), jobs=())
-    judged = ClaimStage().apply(snapshot, DraObjects(pods={}, claims={}, classes={}, slices={"s": body}, rules={}))
-    (node,) = judged.nodes
+    node = _as_gpuwarden_reads(published)
     parents = [g for g in node.gpus if g.mig_enabled]
     assert [g.uuid for g in parents] == [g.uuid for g in sim.dra_gpus()]
     assert sum(1 for g in node.gpus if g.parent is not None) == 56

@@ -552,6 +552,28 @@ def test_unchanged_nodes_are_not_read_again_for_their_device_plugin(monkeypatch:
 MIG_LAYOUT = [("1g.5gb", 0), ("1g.5gb", 1), ("1g.5gb", 2), ("3g.20gb", 4)]
 
 
+def _gpu_pod(name: str) -> JSON:
+    """A pending pod of ours that asks for one nvidia.com/gpu, as users write it (a limit)."""
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "nodeName": "",
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+
+
+def _on_n1(tasks: list[Task], pods: dict[str, JSON], **objects: Any) -> Snapshot:
+    """The claim stage's verdict on one node n1 and a job per task (``objects``: DraObjects' other fields)."""
+    snapshot = Snapshot(
+        nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
+        queues=(Queue("q"),),
+        jobs=tuple(Job(name=t.name, queue="q", namespace="ns", tasks=(t,)) for t in tasks),
+    )
+    return ClaimStage().apply(snapshot, DraObjects(pods=pods, **{"claims": {}, "rules": {}, **objects}))
+
+
 def _mig_slice(node: str = "n1") -> JSON:
     """GPU 0 in MIG mode (three 1g.5gb and one 3g.20gb instance, not published whole), GPUs 1-3 whole."""
     body = driver_slice(node, "uid", GPUS[1:])
@@ -620,31 +642,14 @@ def test_a_running_pod_and_a_foreign_claim_hold_their_mig_devices_and_are_charge
 def test_whole_gpu_pods_never_take_a_mig_device() -> None:
     """nvidia.com/gpu through DRA (KEP-5004) and whole-GPU claims: the class selects whole GPUs only; when they are
     taken the pod waits, though MIG instances are free."""
-    pod = {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
-        "spec": {
-            "schedulerName": contract.SCHEDULER_NAME,
-            "nodeName": "",
-            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        },
-    }
-    node = Node("n1", cpu_milli=64000, memory_mib=10**6)
     whole = [Task(name=f"w{i}", namespace="ns", uid=f"uid-w{i}", gpus=1) for i in range(4)]
-    snapshot = Snapshot(
-        nodes=(node,),
-        queues=(Queue("q"),),
-        jobs=tuple(Job(name=t.name, queue="q", namespace="ns", tasks=(t,)) for t in whole),
-    )
-    pods = {t.uid: {**pod, "metadata": {**pod["metadata"], "name": t.name, "uid": t.uid}} for t in whole}
-    objects = DraObjects(
-        pods=pods,
-        claims={},
+    judged = _on_n1(
+        whole,
+        {t.uid: _gpu_pod(t.name) for t in whole},
         classes=CLASSES,
         slices={"s": _mig_slice()},
-        rules={},
         nodes={"n1": {"status": {"allocatable": {}}}},
     )
-    judged = ClaimStage().apply(snapshot, objects)
     binds = run_session(judged).binds
     assert sorted(i for b in binds for i in b.gpu_indices) == [1, 2, 3]
     assert all(_task(judged, t.name).devices is not None for t in whole)
@@ -652,21 +657,14 @@ def test_whole_gpu_pods_never_take_a_mig_device() -> None:
 
 def test_on_a_node_with_a_device_plugin_mig_devices_are_not_offered() -> None:
     """There a device-plugin pod may take any free GPU of the engine's: MIG devices are left to kube-scheduler."""
-    tasks = [Task(name="p", namespace="ns", uid="uid-p")]
-    snapshot = Snapshot(
-        nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
-        queues=(Queue("q"),),
-        jobs=tuple(Job(name=t.name, queue="q", namespace="ns", tasks=(t,)) for t in tasks),
-    )
-    objects = DraObjects(
-        pods={"uid-p": _pod("p", {"gpu": "c"})},
+    judged = _on_n1(
+        [Task(name="p", namespace="ns", uid="uid-p")],
+        {"uid-p": _pod("p", {"gpu": "c"})},
         claims={"ns/c": _claim("c", [_mig_request()])},
         classes=CLASSES,
         slices={"s": _mig_slice()},
-        rules={},
         nodes={"n1": {"status": {"allocatable": {"nvidia.com/gpu": "3"}}}},
     )
-    judged = ClaimStage().apply(snapshot, objects)
     assert not any(g.parent is not None for g in judged.nodes[0].gpus)
     assert "MIG devices only on nodes without a device plugin" in _task(judged, "p").unplaceable
 
@@ -806,38 +804,17 @@ def test_without_a_class_serving_nvidia_gpu_pods_stay_off_dra_only_nodes() -> No
     """A node whose GPUs only its slice lists (no GPUNode, no device plugin): its kubelet would refuse such a pod."""
     classes = copy.deepcopy(CLASSES)
     del classes["gpu.nvidia.com"]["spec"]["extendedResourceName"]
-    pod = {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
-        "spec": {
-            "schedulerName": contract.SCHEDULER_NAME,
-            "nodeName": "",
-            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        },
-    }
     task = Task(name="p", namespace="ns", uid="uid-p", gpus=1)
     for body in (_mig_slice(), _slice()):
-        snapshot = Snapshot(
-            nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),),
-            queues=(Queue("q"),),
-            jobs=(Job(name="p", queue="q", namespace="ns", tasks=(task,)),),
+        judged = _on_n1(
+            [task], {"uid-p": _gpu_pod("p")}, classes=classes, slices={"s": body}, nodes={"n1": {"status": {}}}
         )
-        objects = DraObjects(
-            pods={"uid-p": pod},
-            claims={},
-            classes=classes,
-            slices={"s": body},
-            rules={},
-            nodes={"n1": {"status": {"allocatable": {}}}},
-        )
-        judged = ClaimStage().apply(snapshot, objects)
         assert _task(judged, "p").devices is not None
         assert run_session(judged).binds == ()
 
 
 def test_a_node_whose_device_plugin_hands_out_mig_devices_offers_none_through_claims() -> None:
     """The device plugin's mixed strategy advertises nvidia.com/mig-<profile>: the two must not hand out one device."""
-    snapshot = Snapshot(nodes=(Node("n1", cpu_milli=64000, memory_mib=10**6),), queues=(Queue("q"),), jobs=())
     raw = {"n1": {"status": {"allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.5gb": "3"}}}}
-    objects = DraObjects(pods={}, claims={}, classes=CLASSES, slices={"s": _mig_slice()}, rules={}, nodes=raw)
-    judged = ClaimStage().apply(snapshot, objects)
+    judged = _on_n1([], {}, classes=CLASSES, slices={"s": _mig_slice()}, nodes=raw)
     assert not any(g.parent is not None for g in judged.nodes[0].gpus)
