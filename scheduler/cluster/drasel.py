@@ -22,15 +22,9 @@ strings extension's ``lowerAscii``, ``upperAscii``, ``trim``, ``split``,
 ``replace``, ``indexOf`` and ``lastIndexOf``, and the ``sets`` extension
 (``sets.contains``, ``sets.equivalent``, ``sets.intersects``, with CEL's
 equality: ``1`` equals ``1.0``, ``true`` is no number), and the
-``cel.bind(name, value, body)`` macro of CEL's bindings extension. The CEL
-library does not expand that macro, so :func:`expand_bindings` rewrites it
-before compiling into ``[value].map(name, body)[0]``, which binds ``name``
-in ``body`` alone, shadowing an outer ``name``, as the macro does. One
-difference: ``value`` is evaluated when bound, where cel-go evaluates it
-only when ``body`` reads ``name``; a value that fails on a device (an
-attribute it lacks) is an error here even where ``body`` does not read it
-(kube-scheduler would read ``body``'s result). Like every selector error,
-it is shown, never read as "does not match". As
+``cel.bind(name, value, body)`` macro of CEL's bindings extension, which
+the CEL library does not expand: :mod:`.celbind` rewrites it before
+compiling. As
 in Kubernetes, a domain the device has nothing of is an empty map, so
 ``has(device.attributes["example.com"].x)`` is false. A quantity
 and a version are passed to CEL as tagged maps holding their canonical
@@ -62,6 +56,7 @@ from typing import Any
 import cel
 
 from gpuwarden.quantity import parse_quantity
+from scheduler.cluster.celbind import BindError, expand_bindings
 
 # The tag keys of the values CEL cannot hold natively (module docstring).
 _QUANTITY = "__k8s_quantity__"
@@ -282,112 +277,12 @@ def _domains(expression: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({(m.group(1), m.group(3)) for m in _DOMAIN_RE.finditer(expression)}))
 
 
-_BIND_RE = re.compile(r"cel\s*\.\s*bind\s*\(")
-_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OPENING = {"(": ")", "[": "]", "{": "}"}
-
-
-def _skip_literal(text: str, start: int) -> int:
-    """The index after the string literal or comment that starts at ``start``, or ``start`` if none does.
-
-    CEL's literals: single, double and triple quotes, with an ``r`` (raw) or
-    ``b`` (bytes) prefix; a backslash escapes the next character except in
-    raw strings. A ``//`` comment runs to the end of the line.
-    """
-    if text.startswith("//", start):
-        end = text.find("\n", start)
-        return len(text) if end < 0 else end
-    prefix = start
-    raw = False
-    while prefix < len(text) and text[prefix] in "rRbB" and prefix - start < 2:
-        raw = raw or text[prefix] in "rR"
-        prefix += 1
-    if prefix >= len(text) or text[prefix] not in "'\"":
-        return start
-    if prefix > start and start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
-        return start  # the prefix letters end an identifier (``attr"``): not a literal
-    quote = text[prefix] * 3 if text.startswith(text[prefix] * 3, prefix) else text[prefix]
-    index = prefix + len(quote)
-    while index < len(text):
-        if text[index] == "\\" and not raw:
-            index += 2
-            continue
-        if text.startswith(quote, index):
-            return index + len(quote)
-        index += 1
-    return len(text)  # unterminated: the compiler says so
-
-
-def _arguments(text: str, start: int) -> tuple[list[str], int]:
-    """The top-level, comma-separated arguments of the call whose ``(`` ends at ``start``, and the index after ``)``."""
-    arguments: list[str] = []
-    closing: list[str] = []
-    begin = index = start
-    while index < len(text):
-        after = _skip_literal(text, index)
-        if after != index:
-            index = after
-            continue
-        char = text[index]
-        if char in _OPENING:
-            closing.append(_OPENING[char])
-        elif closing and char == closing[-1]:
-            closing.pop()
-        elif not closing and char in ",)":
-            arguments.append(text[begin:index])
-            if char == ")":
-                return arguments, index + 1
-            begin = index + 1
-        index += 1
-    raise SelectorError("cel.bind( is not closed")
-
-
-def _member(expression: str, index: int) -> bool:
-    """Whether ``cel`` at ``index`` ends an identifier or follows a ``.`` (``x.cel.bind(``): no macro then."""
-    if index > 0 and (expression[index - 1].isalnum() or expression[index - 1] == "_"):
-        return True
-    return expression[:index].rstrip().endswith(".")
-
-
-def expand_bindings(expression: str) -> str:
-    """``expression`` with each ``cel.bind(name, value, body)`` as ``([value].map(name, body)[0])``.
-
-    Raises SelectorError when a ``cel.bind`` is malformed (not three
-    arguments, a name that is no simple identifier), in the words cel-go
-    uses for it.
-    """
-    if "bind" not in expression:
-        return expression
-    out: list[str] = []
-    index = 0
-    while index < len(expression):
-        after = _skip_literal(expression, index)
-        if after != index:
-            out.append(expression[index:after])
-            index = after
-            continue
-        match = _BIND_RE.match(expression, index)
-        if match is None or _member(expression, index):
-            out.append(expression[index])
-            index += 1
-            continue
-        arguments, index = _arguments(expression, match.end())
-        if len(arguments) != 3:
-            raise SelectorError(f"cel.bind takes 3 arguments, not {len(arguments)}")
-        name = re.sub(r"//[^\n]*", "", arguments[0]).strip()
-        if _IDENTIFIER_RE.fullmatch(name) is None:
-            raise SelectorError(f"cel.bind() variable names must be simple identifiers, not {name!r}")
-        value, body = (expand_bindings(argument) for argument in arguments[1:])
-        out.append(f"([{value}].map({name}, {body})[0])")
-    return "".join(out)
-
-
 @functools.lru_cache(maxsize=4096)
 def _compiled(expression: str) -> Any:
     """The compiled program, or the syntax error's text."""
     try:
         return cel.compile(expand_bindings(expression))
-    except SelectorError as err:
+    except BindError as err:
         return str(err)
     except (ValueError, RuntimeError) as err:
         return f"{err}".strip()
