@@ -16,16 +16,20 @@ Scoping, as the macro's:
   name; ``value`` is read in the outer scope.
 - A comprehension macro in ``body`` (``all``, ``exists``, ``exists_one``,
   ``map``, ``filter``) that binds ``name`` again shadows it within its
-  arguments; an inner ``cel.bind`` is rewritten first, so its own ``name``
-  is gone before the outer one is looked for.
-- ``x.name`` is a field, ``name(...)`` a function: neither is the variable.
+  arguments (``map`` and ``filter`` bind their first argument, the others
+  their first two when they have three); an inner ``cel.bind`` is
+  rewritten first, so its own ``name`` is gone before the outer one is
+  looked for.
+- ``x.name`` is a field, ``name(...)`` a function, ``sets.contains(...)`` a
+  function of a namespace: none is the variable.
 
 Where inserting ``value`` would put one of its names under a macro that
 binds that name (capture), or would make the expression grow past
 :data:`MAX_EXPANDED` characters, that bind is rewritten eagerly instead:
 ``([value].map(name, body)[0])``, which binds once and evaluates ``value``
 first, so there a ``value`` that fails is an error even where ``body`` does
-not read it.
+not read it. A ``)`` the rewrite adds after text that may end in a ``//``
+comment goes on a line of its own.
 """
 
 from __future__ import annotations
@@ -38,8 +42,13 @@ _IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Numbers, consumed whole so that a suffix or exponent (``10u``, ``1e5``) is never read as a name.
 _NUMBER_RE = re.compile(r"0[xX][0-9a-fA-F]+[uU]?|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?[uU]?")
 _OPENING = {"(": ")", "[": "]", "{": "}"}
-# The comprehension macros: ``range.macro(var, ...)`` binds ``var`` in its other arguments.
+# The comprehension macros: ``range.macro(var, ...)`` binds ``var`` in its other arguments; those
+# that take two variables do so with three arguments (``all(k, v, p)``), while ``map(x, p, t)``
+# and ``filter`` bind one whatever their count.
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+_TWO_VARIABLES = frozenset({"all", "exists", "exists_one"})
+# Functions of a namespace, which cel-go resolves before a variable of the namespace's name.
+_NAMESPACED = frozenset({"sets.contains", "sets.equivalent", "sets.intersects"})
 MAX_EXPANDED = 50_000
 
 
@@ -141,28 +150,31 @@ def _member(expression: str, index: int) -> bool:
 
 
 def _macro_variables(tokens: list[_Token], k: int) -> list[str]:
-    """The variables a comprehension macro at token ``k`` (``.map``) binds: ``(v,`` or ``(k, v,``; none otherwise.
-
-    ``(a, b, ...)`` is read as two variables, which a two-variable macro
-    binds and ``map(x, filter, transform)`` with a bare name as its filter
-    does not: shadowing that name leaves it unbound, an error shown, never a
-    wrong verdict.
-    """
+    """The variables a comprehension macro at token ``k`` (``.map``) binds; none where ``k`` is no such macro."""
     if k == 0 or tokens[k - 1].text != "." or tokens[k].text not in _MACROS:
         return []
-
-    def at(i: int) -> _Token | None:
-        return tokens[k + i] if k + i < len(tokens) else None
-
-    first, comma = at(2), at(3)
-    if (opening := at(1)) is None or opening.text != "(" or first is None or not first.name:
+    if k + 3 >= len(tokens) or tokens[k + 1].text != "(" or not tokens[k + 2].name or tokens[k + 3].text != ",":
         return []
-    if comma is None or comma.text != ",":
-        return []
-    second, comma = at(4), at(5)
-    if second is not None and second.name and comma is not None and comma.text == ",":
-        return [first.text, second.text]
-    return [first.text]
+    variables = [tokens[k + 2].text]
+    if tokens[k].text in _TWO_VARIABLES and _argument_count(tokens, k + 1) == 3 and tokens[k + 4].name:
+        variables.append(tokens[k + 4].text)
+    return variables
+
+
+def _argument_count(tokens: list[_Token], opening: int) -> int:
+    """How many arguments the call whose ``(`` is token ``opening`` has."""
+    depth = 0
+    count = 1
+    for token in tokens[opening:]:
+        if token.text in _OPENING:
+            depth += 1
+        elif token.text in (")", "]", "}"):
+            depth -= 1
+            if depth == 0:
+                return count
+        elif token.text == "," and depth == 1:
+            count += 1
+    return count
 
 
 def _substitute(body: str, name: str, value: str) -> str | None:
@@ -170,6 +182,7 @@ def _substitute(body: str, name: str, value: str) -> str | None:
     tokens = _tokens(body)
     value_names = {t.text for t in _tokens(value) if t.name}
     depth = 0
+    size = len(body)  # what the result would hold so far, to stop before it grows past the bound
     binders: list[tuple[int, str]] = []  # (the depth inside the macro's parentheses, a variable it binds)
     bound_here: set[int] = set()  # tokens that are a macro's variable, not a use
     out: list[str] = []
@@ -194,16 +207,27 @@ def _substitute(body: str, name: str, value: str) -> str | None:
             continue
         if (k and tokens[k - 1].text == ".") or (k + 1 < len(tokens) and tokens[k + 1].text == "("):
             continue  # a field, or a function
+        if k + 3 < len(tokens) and tokens[k + 1].text == "." and f"{name}.{tokens[k + 2].text}" in _NAMESPACED:
+            continue  # a namespaced function (sets.contains), resolved before the variable
         shadowing = {v for _, v in binders}
         if name in shadowing:
             continue
         if value_names & shadowing:
             return None
+        inserted = _parenthesized(value)
+        size += len(inserted) - len(token.text)
+        if size > MAX_EXPANDED:
+            return None
         out.append(body[last : token.start])
-        out.append(f"({value})")
+        out.append(inserted)
         last = token.start + len(token.text)
     out.append(body[last:])
     return "".join(out)
+
+
+def _parenthesized(text: str) -> str:
+    """``(text)``, the ``)`` on a line of its own where a ``//`` comment could end ``text``."""
+    return f"({text}\n)" if "//" in text else f"({text})"
 
 
 def expand_bindings(expression: str) -> str:
@@ -235,8 +259,8 @@ def expand_bindings(expression: str) -> str:
             raise BindError(f"cel.bind() variable names must be simple identifiers, not {name!r}")
         value, body = (expand_bindings(argument).strip() for argument in arguments[1:])
         lazy = _substitute(body, name, value)
-        if lazy is None or len(lazy) > MAX_EXPANDED:
-            out.append(f"([{value}].map({name}, {body})[0])")
+        if lazy is None:
+            out.append(f"([{_parenthesized(value)}].map({name}, {_parenthesized(body)})[0])")
         else:
-            out.append(f"({lazy})")
+            out.append(_parenthesized(lazy))
     return "".join(out)

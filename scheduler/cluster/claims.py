@@ -1055,14 +1055,12 @@ class ClaimStage:
             indices.update(task.gpu_indices)
         if not indices:
             return task
-        held_now = tuple(sorted(indices))
         return replace(
             task,
             gpus=max(task.gpus, len(indices)),
-            gpu_indices=held_now,
+            gpu_indices=tuple(sorted(indices)),
             gpu_milli=_held_milli(indices, shares),
-            # The devices it holds, and only those: the engine does not move it elsewhere.
-            devices=DeviceFilter(key=f"held:{held_now}", nodes={task.node or "": frozenset(held_now)}),
+            claimed=True,
         )
 
     def _pending(
@@ -1338,17 +1336,10 @@ class ClaimStage:
                 "device plugin, and no partitionable device (dynamic MIG); leave claims for those and for other "
                 "drivers' devices to kube-scheduler)"
             )
-        # The inventory's and the indices' versions: a remembered "no room" for the pods of one key
+        # With what the sets hold: a remembered "no room" for the pods of one key
         # (scheduler.engine.backlog) must not outlive the device sets it was judged on.
-        text = repr(
-            (
-                pinned,
-                constraints,
-                [(r.count, r.expressions, r.tolerations) for r in requests],
-                inventory.version,
-                self._index_version,
-            )
-        )
+        content = hash((frozenset(nodes.items()), frozenset(choices.items())))
+        text = repr((pinned, constraints, [(r.count, r.expressions, r.tolerations) for r in requests], content))
         return DeviceFilter(key=text, nodes=nodes, choices=choices)
 
     # -- devices held by claims no pod of ours holds -------------------------------

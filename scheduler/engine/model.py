@@ -491,9 +491,12 @@ class Task:
     started: float | None = None
     # For a pending pod whose whole GPUs come from DRA claims: which GPUs of
     # which node its claims may take (``gpus`` is how many). None: any free
-    # GPU, as for the device plugin's ``nvidia.com/gpu``. For a running pod
-    # holding GPUs through claims: the ones it holds (it is not moved).
+    # GPU, as for the device plugin's ``nvidia.com/gpu``.
     devices: DeviceFilter | None = None
+    # A running pod whose GPUs its DRA claims hold (the allocation says
+    # which): consolidation does not move it, since the pod that comes back
+    # has claims whose selectors the move does not know.
+    claimed: bool = False
     # Milli-GPUs the pod is charged where its GPUs are not whole ones (MIG
     # devices through DRA claims: the shares of the devices it holds, or
     # for a pending pod the largest its claims may be given); None: 1000

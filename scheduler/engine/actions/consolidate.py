@@ -125,10 +125,9 @@ def _fits_in_total(room: _PoolRoom, pool: PoolState, job: JobState) -> bool:
 class _Movable:
     """Only whole, running jobs are moved: nothing half-started, nothing terminating.
 
-    Nor a job whose pods hold GPUs through DRA claims (a running task with
-    ``devices``): its pods come back with claims whose selectors the move
-    does not know, so the room it would reserve for them may be room they
-    cannot take.
+    Nor a job whose pods hold GPUs through DRA claims (``Task.claimed``):
+    its pods come back with claims whose selectors the move does not know,
+    so the room it would reserve for them may be room they cannot take.
     """
 
     cache: dict[int, bool] = field(default_factory=dict)
@@ -136,7 +135,7 @@ class _Movable:
     def __call__(self, job: JobState) -> bool:
         verdict = self.cache.get(id(job))
         if verdict is None:
-            verdict = not any(t.is_pending or t.releasing or t.spec.devices is not None for t in job.tasks)
+            verdict = not any(t.is_pending or t.releasing or t.spec.claimed for t in job.tasks)
             self.cache[id(job)] = verdict
         return verdict
 

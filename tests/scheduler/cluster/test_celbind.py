@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.cluster.celbind import BindError, expand_bindings
+from scheduler.cluster.celbind import MAX_EXPANDED, BindError, expand_bindings
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,15 @@ from scheduler.cluster.celbind import BindError, expand_bindings
         # A comprehension that binds the name again shadows it in its arguments, not in its range.
         ("cel.bind(x, [1], x.map(x, x + 1))", "(([1]).map(x, x + 1))"),
         # Inserting the value under a macro that binds one of its names would capture it: bound eagerly.
-        ("cel.bind(x, y, [1].map(y, x + y))", "([y].map(x, [1].map(y, x + y))[0])"),
+        ("cel.bind(x, y, [1].map(y, x + y))", "([(y)].map(x, ([1].map(y, x + y)))[0])"),
+        # map and filter bind one variable, whatever their count of arguments; all and exists two with three.
+        ("cel.bind(x, true, [1, 2].map(y, x, y))", "([1, 2].map(y, (true), y))"),
+        ("cel.bind(x, 1, {1: 2}.all(k, v, k == x))", "({1: 2}.all(k, v, k == (1)))"),
+        ("cel.bind(v, 1, {1: 2}.all(k, v, k == v))", "({1: 2}.all(k, v, k == v))"),
+        # A namespaced function is resolved before a variable of the namespace's name.
+        ("cel.bind(sets, [1], sets.contains(sets, [1]))", "(sets.contains(([1]), [1]))"),
+        # A comment that ends the body or the value does not swallow what the rewrite adds.
+        ("cel.bind(a, 1 // one\n, a == 1 // small ones only\n)", "((1 // one\n) == 1 // small ones only\n)"),
         # A member named cel is no macro, spaces or not; a comment after the name is no part of it.
         ("[1].map(y, y . cel.bind(a, 1, a))", "[1].map(y, y . cel.bind(a, 1, a))"),
         ("x.cel.bind(a, 1, a)", "x.cel.bind(a, 1, a)"),
@@ -61,7 +69,7 @@ _BODIES = [
 
 
 @given(
-    value=st.integers(-1000, 1000),
+    value=st.integers(-30, 30),  # three squarings stay within 64 bits
     bodies=st.lists(st.integers(0, len(_BODIES) - 1), min_size=1, max_size=3),
 )
 def test_nested_binds_evaluate_as_their_meaning(value: int, bodies: list[int]) -> None:
@@ -73,6 +81,20 @@ def test_nested_binds_evaluate_as_their_meaning(value: int, bodies: list[int]) -
         expression = f"cel.bind(v, {expression}, {text})"
         expected = meaning(expected)
     assert cel.evaluate(expand_bindings(expression), {}) == expected
+
+
+def test_a_bind_that_would_grow_too_large_is_bound_once() -> None:
+    expression = "0"
+    for _ in range(12):
+        expression = f"cel.bind(v, {expression}, v + v + v)"
+    expanded = expand_bindings(expression)
+    assert len(expanded) <= MAX_EXPANDED + 1000
+    assert cel.evaluate(expanded, {}) == 0
+
+
+def test_a_comment_at_the_end_of_a_body_keeps_the_expression_whole() -> None:
+    selector = 'cel.bind(a, {"type": "mig"},\n  a.type == "mig" // small ones only\n)'
+    assert cel.evaluate(expand_bindings(selector), {}) is True
 
 
 @given(body=st.sampled_from(["true", "1 == 1", "[2].map(v, v)[0] == 2", "{'v': 1}.v == 1"]))
