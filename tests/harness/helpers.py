@@ -20,9 +20,14 @@ from gpuwarden.localcluster import ControlPlane, ManagedProcess, find_binaries
 
 
 def unique_name(prefix: str) -> str:
-    """A DNS-1123 name that no other test uses, e.g. ``gpu-node-3f9a1c``."""
+    """A DNS-1123 name that no other test uses, e.g. ``gpu-node-3f9a1c07``.
+
+    32 random bits: a run makes a thousand namespaces or so, which stay
+    (terminating: no namespace controller runs) until the control plane
+    stops, and with 24 bits two of them met about once in thirty runs.
+    """
     base = "".join(c if c.isalnum() else "-" for c in prefix.lower()).strip("-")[:50] or "x"
-    return f"{base}-{secrets.token_hex(3)}"
+    return f"{base}-{secrets.token_hex(4)}"
 
 
 def simple_pod(name: str, *, labels: dict[str, str] | None = None, node_name: str | None = None) -> client.V1Pod:
