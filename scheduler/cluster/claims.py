@@ -52,9 +52,10 @@ assembled, turns the claims into what the engine reads:
   ``distinctAttribute`` constraints, requests that select no device
   offered (MIG devices on a node with a device plugin, partitionable
   devices, other drivers' devices: leave such pods to kube-scheduler), a
-  pod that asks for both ``nvidia.com/gpu`` and claims, a selector that fails on a device (the error is shown:
-  an error never reads as "does not match"), a claim being deleted or
-  reserved for 256 consumers already.
+  pod that asks for both ``nvidia.com/gpu`` and claims, a selector that
+  fails on a device (the error is shown: an error never reads as "does
+  not match"), a claim being deleted or reserved for 256 consumers
+  already.
 
 The devices taken are chosen by the engine, which knows quotas, gangs,
 bin-packing and health; :class:`ClaimPlan` keeps, per pending pod, what
@@ -533,6 +534,18 @@ class _Read:
     first: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeMemo:
+    """One node as the stage last made it: from which engine node and devices, and what it made of them."""
+
+    node: Node
+    devices: list[DraGpu]
+    migs_allowed: bool  # whether MIG devices may be offered there (no device plugin)
+    converted: Node
+    index: dict[str, int]  # device name -> GPU index
+    shares: dict[int, int]  # MIG device's GPU index -> its milli-GPUs
+
+
 @dataclass(slots=True)
 class _JobMemo:
     job: Job
@@ -551,8 +564,7 @@ class ClaimStage:
     _slices: dict[str, _SliceMemo] = field(default_factory=dict)
     _rules: tuple[object, ...] = ()
     _inventory: Inventory = field(default_factory=Inventory)
-    # Per node: the engine's node and its devices as last read, whether MIG devices were offered, the result.
-    _nodes: dict[str, tuple[Node, object, bool, Node]] = field(default_factory=dict)
+    _nodes: dict[str, _NodeMemo] = field(default_factory=dict)
     _index: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> device name -> GPU index
     _index_version: int = 0
     # node -> the engine index of each MIG device offered there -> its milli-GPUs (Gpu.milli_gpus).
@@ -569,6 +581,10 @@ class ClaimStage:
     _plugin_objects: list[object] = field(default_factory=list)
     _plugin_answer: tuple[tuple[Node, ...], frozenset[str], frozenset[str], frozenset[str]] | None = None
     _sets: dict[str, frozenset[str]] = field(default_factory=dict)
+    # _dra_pluginless's last answer: (inventory and index versions, the plugin answer it read, the answer).
+    _pluginless_memo: tuple[tuple[int, int], object, frozenset[str]] | None = None
+    # The largest share a device filter's devices count for (_charge), by the filter's key.
+    _largest: dict[tuple[int, str], int] = field(default_factory=dict)
     # What the binds of the last snapshot need, by pod UID.
     plans: dict[str, ClaimPlan] = field(default_factory=dict)
     # The last cycle's shared claims' first pods, and a token that changes with them (a memo input).
@@ -614,16 +630,7 @@ class ClaimStage:
             extended_classes(classes).get(RESOURCE_NVIDIA_GPU) if classes and objects.claims_readable else None
         )
         read.plugged = plugged
-        # A node given its GPUs by its slice (no GPUNode) is as pluginless as one the agent lists.
-        read.pluginless = self._stable(
-            "pluginless-dra",
-            pluginless
-            | frozenset(
-                name
-                for name in inventory.by_node
-                if name not in plugged and name in objects.nodes and name in by_name and by_name[name].gpus
-            ),
-        )
+        read.pluginless = self._dra_pluginless(pluginless, plugged, inventory, objects.nodes, by_name)
         if read.gpu_class is not None:
             read.dra_nodes = self._stable(
                 "dra", frozenset(name for name in inventory.by_node if name not in plugged and name in self._index)
@@ -636,10 +643,9 @@ class ClaimStage:
                             read.extended_by_pod.setdefault(_s(_d(owner).get("uid")), []).append(key)
         # Whole-GPU pods must be told where a device plugin serves nvidia.com/gpu once a node with GPUs has
         # none, or once MIG devices are GPUs of the engine's (which only claims that select them take).
-        read.extended_on = (
+        read.extended_on = extended_on = (
             bool(read.pluginless) or (read.gpu_class is not None and bool(read.dra_nodes)) or bool(self._shares)
         )
-        extended_on = read.extended_on
         attributed: set[str] = set()
         jobs = list(snapshot.jobs)
         plans: dict[str, ClaimPlan] = {}
@@ -772,6 +778,32 @@ class ClaimStage:
         self._plugin_answer = (nodes, pluginless, plugged, migs)
         return pluginless, plugged, migs
 
+    def _dra_pluginless(
+        self,
+        pluginless: frozenset[str],
+        plugged: frozenset[str],
+        inventory: Inventory,
+        raw: Mapping[str, JSON],
+        nodes: Mapping[str, Node],
+    ) -> frozenset[str]:
+        """``pluginless`` and the nodes given their GPUs by their slice alone (no GPUNode, no device plugin).
+
+        Worked out again only when the inventory, the devices' indices or the
+        Node objects' answer (:meth:`_plugin_nodes`) changed.
+        """
+        key = (inventory.version, self._index_version, self._plugin_answer)
+        memo = self._pluginless_memo
+        if memo is not None and memo[0] == key[:2] and memo[1] is key[2]:
+            return memo[2]
+        found = pluginless | frozenset(
+            name
+            for name in inventory.by_node
+            if name not in plugged and name in raw and name in nodes and nodes[name].gpus
+        )
+        answer = self._stable("pluginless-dra", found)
+        self._pluginless_memo = (key[:2], key[2], answer)
+        return answer
+
     def _stable(self, what: str, value: frozenset[str]) -> frozenset[str]:
         """``value``, or the equal set handed out before: the job memos compare their inputs by identity."""
         before = self._sets.get(what)
@@ -838,45 +870,54 @@ class ClaimStage:
         through a claim, so none takes a MIG device it did not select.
         """
         out: list[Node] | None = None
-        index: dict[str, dict[str, int]] = {}
-        shares: dict[str, dict[int, int]] = {}
-        kept: dict[str, tuple[Node, object, bool, Node]] = {}
+        kept: dict[str, _NodeMemo] = {}
+        changed = len(self._nodes) != sum(1 for n in nodes if inventory.by_node.get(n.name))
         for i, node in enumerate(nodes):
             devices = inventory.by_node.get(node.name)
             if not devices:
                 continue
-            gpus = [d for d in devices if d.kind == "gpu"]
-            migs = [d for d in devices if d.kind == "mig" and not d.counters] if node.name not in plugged else []
+            allowed = node.name not in plugged
             memo = self._nodes.get(node.name)
-            if memo is not None and memo[0] is node and memo[1] is devices and memo[2] == bool(migs):
-                converted = memo[3]
-            else:
-                converted = self._convert(node, gpus, migs)
-            kept[node.name] = (node, devices, bool(migs), converted)
-            by_uuid = {g.uuid: g.index for g in converted.gpus if g.uuid}
-            named = [d for d in (*gpus, *migs) if d.uuid in by_uuid]
-            index[node.name] = {d.name: by_uuid[d.uuid] for d in named}
-            offered = {g.index: g.milli_gpus for g in converted.gpus if g.parent is not None}
-            if offered:
-                shares[node.name] = offered
-            unmatched = [d.name for d in (*gpus, *migs) if d.uuid not in by_uuid]
-            if unmatched:
-                warn.warning(
-                    "dra devices match no gpu of the node; not allocated",
-                    ("dra-unmatched", node.name),
-                    node=node.name,
-                    devices=unmatched[:8],
-                )
-            if converted is not node:
+            if memo is None or memo.node is not node or memo.devices is not devices or memo.migs_allowed != allowed:
+                memo = self._node_memo(node, devices, allowed)
+                changed = True
+            kept[node.name] = memo
+            if memo.converted is not node:
                 if out is None:
                     out = list(nodes)
-                out[i] = converted
+                out[i] = memo.converted
         self._nodes = kept
-        if index != self._index or shares != self._shares:
-            self._index_version += 1
-        self._index = index
-        self._shares = shares
+        if changed:
+            index = {name: memo.index for name, memo in kept.items()}
+            shares = {name: memo.shares for name, memo in kept.items() if memo.shares}
+            if index != self._index or shares != self._shares:
+                self._index_version += 1
+            self._index = index
+            self._shares = shares
         return nodes if out is None else tuple(out)
+
+    @staticmethod
+    def _node_memo(node: Node, devices: list[DraGpu], migs_allowed: bool) -> _NodeMemo:
+        gpus = [d for d in devices if d.kind == "gpu"]
+        migs = [d for d in devices if d.kind == "mig" and not d.counters] if migs_allowed else []
+        converted = ClaimStage._convert(node, gpus, migs)
+        by_uuid = {g.uuid: g.index for g in converted.gpus if g.uuid}
+        unmatched = [d.name for d in (*gpus, *migs) if d.uuid not in by_uuid]
+        if unmatched:
+            warn.warning(
+                "dra devices match no gpu of the node; not allocated",
+                ("dra-unmatched", node.name),
+                node=node.name,
+                devices=unmatched[:8],
+            )
+        return _NodeMemo(
+            node=node,
+            devices=devices,
+            migs_allowed=migs_allowed,
+            converted=converted,
+            index={d.name: by_uuid[d.uuid] for d in (*gpus, *migs) if d.uuid in by_uuid},
+            shares={g.index: g.milli_gpus for g in converted.gpus if g.parent is not None},
+        )
 
     @staticmethod
     def _convert(node: Node, gpus: list[DraGpu], migs: list[DraGpu]) -> Node:
@@ -1167,11 +1208,16 @@ class ClaimStage:
         """
         if devices is None or not self._shares:
             return None
-        largest = 0
-        for node, allowed in devices.nodes.items():
-            shares = self._shares.get(node, {})
-            for i in allowed:
-                largest = max(largest, shares.get(i, MILLI))
+        key = (self._index_version, devices.key)
+        largest = self._largest.get(key)
+        if largest is None:
+            largest = 0
+            for node, allowed in devices.nodes.items():
+                shares = self._shares.get(node, {})
+                largest = max(largest, *(shares.get(i, MILLI) for i in allowed), 0)
+            if len(self._largest) > 4096:
+                self._largest.clear()
+            self._largest[key] = largest
         return count * largest if 0 < largest < MILLI else None
 
     @staticmethod

@@ -23,7 +23,7 @@ from scheduler.engine.model import (
     Resources,
 )
 from scheduler.engine.reservations import kept
-from scheduler.engine.resources import CPU, GPU, MEMORY, MILLI, RESOURCE_NAMES, RESOURCES, WHOLE_UNIT, format_amount
+from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCE_NAMES, RESOURCES, WHOLE_UNIT, format_amount
 from scheduler.engine.state import Cluster, NodeState, PoolState, QueueState, TaskState
 
 
@@ -117,7 +117,7 @@ def _intact_capacity(pool: PoolState) -> list[int]:
         return pool.intact[1]
     total = [0, 0, 0]
     for spec in specs:
-        total[GPU] += sum(MILLI if g.parent is None else g.milli_gpus for g in spec.gpus if not g.mig_enabled)
+        total[GPU] += sum(g.milli_gpus for g in spec.gpus if not g.mig_enabled)
         total[CPU] += spec.cpu_milli
         total[MEMORY] += spec.memory_mib
     pool.intact = (specs, total)
