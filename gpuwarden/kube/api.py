@@ -19,7 +19,7 @@ import functools
 import http.client
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -210,7 +210,7 @@ class KubeApi:
             url = prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
             try:
                 conn.timeout = self._timeout  # connecting, writing, then (getresponse) reading
-                conn.request("POST", url, body=payload, headers=headers)
+                _request_in_one_write(conn, "POST", url, payload, headers)
             except BaseException:
                 conn.close()
                 pool._put_conn(None)  # its place in the pool, empty
@@ -821,6 +821,27 @@ class KubeApi:
             body,
             field_manager=self.field_manager,
         )
+
+
+def _request_in_one_write(conn: Any, method: str, url: str, payload: bytes, headers: Mapping[str, str]) -> None:
+    """``conn.request`` with its head and body written to the socket together, in one ``sendall``.
+
+    urllib3 (as http.client) writes a request's head and its body in two
+    calls. Each one gives up the GIL, and on two busy cores the thread then
+    waits to get it back before it can write the body: the API server,
+    which cannot act before the body is there, waited with it (up to the
+    switch interval, a bind's whole scheduling cost again). The connection
+    still builds and validates the request (``request``, so a reply is read
+    as any other); only its writes are gathered, and sent (connecting
+    first, if the pooled connection was closed) in one.
+    """
+    parts: list[bytes] = []
+    conn.send = parts.append  # this one request's writes, gathered; the class's send is back below
+    try:
+        conn.request(method, url, body=payload, headers=headers)
+    finally:
+        del conn.send
+    conn.send(b"".join(parts))
 
 
 def _raiser(error: BaseException) -> Callable[..., Any]:

@@ -137,3 +137,45 @@ def test_a_bind_that_cannot_be_sent_fails_when_read_and_a_guard_stops_it_before(
         assert refused.value.status is None and refused.value.transient
         assert api.stats.snapshot() == ({"create_pod_binding": 1}, {"create_pod_binding": 1})
         assert core.read_namespaced_pod("p0", namespace).spec.node_name is None
+
+
+class _CountedSocket:
+    """A connected socket whose writes are kept, to count them; everything else is the socket's."""
+
+    def __init__(self, sock: object) -> None:
+        self._sock = sock
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes, *args: object) -> None:
+        self.writes.append(bytes(data))
+        self._sock.sendall(data, *args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+def test_a_bind_goes_out_in_one_write_and_its_connection_serves_the_next(control_plane: ControlPlane) -> None:
+    """Head and body in one write: between two, the thread gave up the GIL and the API server waited for it."""
+    with control_plane.api_client() as admin, temporary_namespace(admin) as namespace:
+        core = client.CoreV1Api(admin)
+        for name in ("p0", "p1", "p2"):
+            _pod(core, namespace, name)
+        api = KubeApi(admin, field_manager=FIELD_MANAGER)
+        api.create_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-a"))  # a connection, in use once
+        pool = api._poster()[0]
+        conn = pool._get_conn()
+        assert conn.sock is not None, "the pool is last in, first out: this is the connection p0 went out on"
+        counted = _CountedSocket(conn.sock)
+        conn.sock = counted
+        pool._put_conn(conn)
+        answer = api.send_pod_binding(namespace, "p1", _binding(namespace, "p1", "node-a"))
+        assert len(counted.writes) == 1
+        head, _, body = counted.writes[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"POST ") and b"/pods/p1/binding?fieldManager=" in head.split(b"\r\n")[0]
+        assert f"content-length: {len(body)}".encode() in head.lower()
+        assert body.startswith(b"{") and b'"node-a"' in body
+        assert answer()["status"] == "Success"
+        # The same connection, back in the pool, carries the next bind, again in one write.
+        api.send_pod_binding(namespace, "p2", _binding(namespace, "p2", "node-a"))()
+        assert len(counted.writes) == 2
+        assert core.read_namespaced_pod("p2", namespace).spec.node_name == "node-a"
