@@ -200,6 +200,26 @@ def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
     assert cache.view(since=last.generation).changed == {}
 
 
+def test_views_share_the_copy_of_a_collection_until_it_changes_and_a_copy_never_changes() -> None:
+    """A collection is copied once per change, not once per view: the copy is shared, and stays as it was."""
+    cache = _cache(100)
+    cache.apply(NODES, WatchEvent(EventType.ADDED, "n0", node_json("n0")))
+    cache.apply(QUEUES, WatchEvent(EventType.ADDED, "team-a", _queue("team-a", 8)))
+    first = cache.view()
+    obj = pod_json("p0")
+    cache.apply(PODS, WatchEvent(EventType.ADDED, object_key(obj), obj))
+    second = cache.view(since=first.generation)
+    assert second.nodes is first.nodes and second.queues is first.queues  # neither changed: not copied again
+    assert second.pods is not first.pods and set(second.pods) == {"team-a/p0"} and not first.pods
+    cache.apply(NODES, WatchEvent(EventType.ADDED, "n1", node_json("n1")))
+    cache.apply(QUEUES, WatchEvent(EventType.DELETED, "team-a", _queue("team-a", 8)))
+    third = cache.view(since=second.generation)
+    assert set(third.nodes) == {"n0", "n1"} and not third.queues
+    # What the earlier views hold is as it was when they were taken.
+    assert set(first.nodes) == {"n0"} and set(second.nodes) == {"n0"} and set(second.queues) == {"team-a"}
+    assert cache.view().nodes is third.nodes
+
+
 def test_a_partial_view_holds_only_what_changed_and_continues_only_the_view_before_it() -> None:
     cache = _cache(100)
     for name in ("p0", "p1", "p2"):
