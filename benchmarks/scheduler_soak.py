@@ -39,7 +39,13 @@ Modes (``--mode``):
   neither pays for the other's churn in CPU. The phases' pods keep running
   into the next phase, so each scheduler meets the other's as foreign load,
   as in a cluster with two schedulers; only the first phase (gpuwarden's)
-  starts on an empty cluster.
+  starts on an empty cluster. With ``--baseline DIR`` (a checkout of another
+  revision, e.g. ``git worktree add DIR REV``) that revision's gpuwarden
+  takes phases of its own in the same run (this checkout's, kube-scheduler,
+  the baseline's, kube-scheduler, ...); each gpuwarden phase is compared
+  with the kube-scheduler phase after it, and the ratios of both revisions
+  are printed side by side (min and median over their minutes), so that a
+  change is judged against the same machine's noise.
 
 What is measured, all from outside the scheduler except its ``/metrics``:
 
@@ -107,6 +113,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -1114,18 +1121,28 @@ class Launcher:
     profile_dir: Path | None = None
     # More flags for `gpuwarden scheduler` (--scheduler-arg), to compare its settings.
     extra: tuple[str, ...] = ()
+    # A checkout of another revision (--baseline): its gpuwarden, in phases of its own, beside this one's.
+    baseline: Path | None = None
     started: list[SchedulerProcess] = field(default_factory=list)
     _count: itertools.count[int] = field(default_factory=itertools.count)
 
-    def gpuwarden(self) -> SchedulerProcess:
+    def gpuwarden(self, *, baseline: bool = False) -> SchedulerProcess:
+        """This checkout's scheduler; with ``baseline``, the baseline checkout's (its code, the same flags)."""
         n = next(self._count)
         (port,) = free_ports(1)
         name = f"gpuwarden-scheduler-{n}"
+        # Run from the checkout (this one, or the baseline): `-m` imports gpuwarden from the working directory.
+        checkout = REPO
+        if baseline:
+            assert self.baseline is not None
+            checkout = self.baseline
+        tree = ["-C", str(checkout), f"PYTHONPATH={checkout}"]
         python = [sys.executable]
         if self.profile_dir is not None:  # written when the process exits on SIGTERM
             python += ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]
         argv = [
             "env",
+            *tree,
             f"POD_NAME={name}",  # the identity's prefix, as the Deployment sets it
             *python,
             "-m",
@@ -1586,30 +1603,47 @@ def report_scheduler(sched: SchedulerProcess) -> None:
             print(f"  logged {key} x{n}: {sched.log.examples[key]}")
 
 
+GPUWARDEN = "gpuwarden"
+BASELINE = "baseline"
+KUBE_SCHEDULER = "kube-scheduler"
+
+
 def run_contender(run: Run) -> None:
     s = run.settings
     workload = Workload(SINGLE_ONLY, (CONTENDER_QUEUE,), s.job_seconds, s.seed)
     rate = s.rate if s.rate is not None else workload.rate_for(LOAD["contender"], s.gpus)
+    # With a baseline checkout its gpuwarden takes phases of its own:
+    # this tree's, kube-scheduler, the baseline's, kube-scheduler, ...
+    # Each gpuwarden phase is compared with the kube-scheduler phase after it.
+    order = [GPUWARDEN, KUBE_SCHEDULER]
+    if run.launcher.baseline is not None:
+        order += [BASELINE, KUBE_SCHEDULER]
     phases = max(2, round(s.arrival_s / s.phase_s))
-    phases += phases % 2
+    phases += -phases % len(order)  # whole turns: each side gets as many minutes
     print(
         f"contender: {s.nodes} nodes x {GPUS_PER_NODE} GPUs, single-GPU pods at {rate:.2f}/s "
         f"({rate * s.job_seconds / s.gpus:.0%} of the GPUs), jobs {s.job_seconds:g} s on average; "
-        f"{phases} phases of {s.phase_s:g} s, gpuwarden and kube-scheduler alternating",
+        f"{phases} phases of {s.phase_s:g} s, " + ", ".join(order) + " in turn",
         flush=True,
     )
     binary = kube_scheduler_binary()
-    results: dict[str, list[list[float]]] = {"gpuwarden": [], "kube-scheduler": []}
+    results: dict[str, list[list[float]]] = {side: [] for side in order}
+    paired: dict[str, list[tuple[list[float], list[float]]]] = {GPUWARDEN: [], BASELINE: []}
     origin = time.monotonic()
     reporter = Reporter(run.watch, run.kubelet, run.arrivals, origin, slack=s.report_s / 2)
     for phase in range(phases):
-        name = "gpuwarden" if phase % 2 == 0 else "kube-scheduler"
-        scheduler_name = contract.SCHEDULER_NAME if name == "gpuwarden" else "default-scheduler"
+        name = order[phase % len(order)]
+        scheduler_name = "default-scheduler" if name == KUBE_SCHEDULER else contract.SCHEDULER_NAME
         namespace = make_namespace(run.api, f"{NAMESPACE_PREFIX}-{phase:02d}-{name}")
-        sched = run.launcher.gpuwarden() if name == "gpuwarden" else run.launcher.kube_scheduler(binary)
+        if name == KUBE_SCHEDULER:
+            sched = run.launcher.kube_scheduler(binary)
+        else:
+            sched = run.launcher.gpuwarden(baseline=name == BASELINE)
         try:
-            if name == "gpuwarden":
+            if name != KUBE_SCHEDULER:
                 wait_until(sched.ready, READY_TIMEOUT_S, "gpuwarden scheduler ready and leading")
+                # Which checkout the process runs (its working directory, which `-m` imports from).
+                print(f"[{phase + 1} {name}] code from {os.readlink(f'/proc/{sched.pid}/cwd')}", flush=True)
             run.canary(namespace, scheduler_name, CONTENDER_QUEUE.name, phase)
             reporter.begin(sched)
             cpu0 = sched.cpu_s()
@@ -1646,7 +1680,7 @@ def run_contender(run: Run) -> None:
             # scheduler's own writes (binds, and gpuwarden's PodGroups and
             # statuses) cost the control plane that both share.
             plane_cpu = {n: cpu_seconds(p) - servers0[n] for n, p in servers.items() if n != "kube-controller-manager"}
-            if name == "gpuwarden":
+            if name != KUBE_SCHEDULER:
                 report_scheduler(sched)
         finally:
             sched.stop()
@@ -1655,30 +1689,44 @@ def run_contender(run: Run) -> None:
                 client.CoreV1Api(run.api).delete_namespaced_pod(key.split("/", 1)[1], namespace, grace_period_seconds=0)
         lat = run.watch.latencies(began, time.monotonic(), "single", namespace)
         results[name].append(lat)
+        if name == KUBE_SCHEDULER:
+            previous = order[(phase - 1) % len(order)]
+            paired[previous].append((results[previous][-1], lat))
         print(
             f"phase {phase + 1} {name}: n={len(lat)} bind {pcts(lat)} max {secs(max(lat, default=math.nan))}; "
             f"scheduler CPU {cpu:.2f} s; " + ", ".join(f"{n} CPU {v:.2f} s" for n, v in sorted(plane_cpu.items())),
             flush=True,
         )
 
-    print(f"\nsummary contender ({phases // 2} minutes each, minute k of each side compared):")
+    print(
+        f"\nsummary contender ({len(paired[GPUWARDEN])} minutes of gpuwarden, each against the kube-scheduler minute"
+        " after it):"
+    )
     sized = "" if s.at_target_size else f"; judged at {TARGET_SIZES['contender'][0]} nodes, 10 min"
     every = True
-    for k, (ours, theirs) in enumerate(zip(results["gpuwarden"], results["kube-scheduler"], strict=True)):
-        r50 = percentile(ours, 0.5) / percentile(theirs, 0.5)
-        r99 = percentile(ours, 0.99) / percentile(theirs, 0.99)
-        ok = r50 <= 1.5 and r99 <= 1.5
-        every = every and ok
-        print(
-            f"minute {k + 1}: gpuwarden {pcts(ours)}, kube-scheduler {pcts(theirs)}, ratio p50 {r50:.2f}x "
-            f"p99 {r99:.2f}x [target within 1.5x: {verdict(ok)}]"
-        )
-    ours_all = [v for m in results["gpuwarden"] for v in m]
-    theirs_all = [v for m in results["kube-scheduler"] for v in m]
-    print(
-        f"all minutes: gpuwarden n={len(ours_all)} {pcts(ours_all)}, "
-        f"kube-scheduler n={len(theirs_all)} {pcts(theirs_all)}"
-    )
+    for side in (GPUWARDEN, BASELINE):
+        for k, (ours, theirs) in enumerate(paired[side]):
+            r50 = percentile(ours, 0.5) / percentile(theirs, 0.5)
+            r99 = percentile(ours, 0.99) / percentile(theirs, 0.99)
+            ok = r50 <= 1.5 and r99 <= 1.5
+            judged = ""
+            if side == GPUWARDEN:
+                every = every and ok
+                judged = f" [target within 1.5x: {verdict(ok)}]"
+            print(
+                f"minute {k + 1}: {side} {pcts(ours)}, kube-scheduler {pcts(theirs)}, ratio p50 {r50:.2f}x "
+                f"p99 {r99:.2f}x{judged}"
+            )
+    for side in dict.fromkeys(order):
+        values = [v for m in results[side] for v in m]
+        print(f"all minutes: {side} n={len(values)} {pcts(values)}")
+    if run.launcher.baseline is not None:
+        for q in (0.5, 0.99):
+            spread = []
+            for side in (BASELINE, GPUWARDEN):
+                values = [percentile(o, q) / percentile(t, q) for o, t in paired[side]]
+                spread.append(f"{side} {min(values):.2f}x / {statistics.median(values):.2f}x")
+            print(f"ratio to kube-scheduler, p{round(q * 100)}, min / median over minutes: " + "; ".join(spread))
     print(
         f"target gpuwarden's bind p50 and p99 within 1.5x of kube-scheduler's in every minute: {verdict(every)}{sized}"
     )
@@ -1722,6 +1770,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="copy the schedulers' and the control plane's logs here when the run ends (it removes its own copies)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="contender: a checkout of another revision (git worktree add DIR REV); its gpuwarden gets phases of "
+        "its own, interleaved with this checkout's, and both are printed against kube-scheduler",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 nodes, 15 s, 4 s jobs, 5 s reports")
     args = parser.parse_args(argv)
     nodes, minutes = TARGET_SIZES[args.mode]
@@ -1751,6 +1806,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     # The scheduler process imports gpuwarden from this checkout.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if settings.mode != "contender" or not (args.baseline / "gpuwarden" / "cli.py").is_file():
+            parser.error("--baseline is for --mode contender, and names a checkout of gpuwarden")
     if settings.mode == "contender":
         kube_scheduler_binary()  # fail before minutes of set-up
     if args.profile is not None:
@@ -1768,7 +1827,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_queues(api, queues, settings.gpus)
             print(f"control plane and {settings.nodes} nodes up in {time.monotonic() - began:.1f} s", flush=True)
             with pod_bound_token(api, SCHEDULER_ACCOUNT, LEASE_NAMESPACE) as token:
-                launcher = Launcher(plane, scheduler_kubeconfig(plane, token), args.profile, tuple(args.scheduler_arg))
+                launcher = Launcher(
+                    plane, scheduler_kubeconfig(plane, token), args.profile, tuple(args.scheduler_arg), args.baseline
+                )
                 run_id = f"{settings.mode}-{os.getpid()}"
                 kubelet = StandInKubelet(plane)
                 watch = PodWatch(plane, run_id, kubelet)

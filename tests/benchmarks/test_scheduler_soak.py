@@ -13,6 +13,7 @@ are not judged here.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,10 +48,10 @@ def _left_behind(pid: int) -> list[str]:
     return found
 
 
-def _soak(mode: str) -> tuple[list[str], str]:
+def _soak(mode: str, *extra: str) -> tuple[list[str], str]:
     """Run the benchmark's quick mode; its output lines, and what it left behind."""
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--quick", "--mode", mode],
+        [sys.executable, str(SCRIPT), "--quick", "--mode", mode, *extra],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -97,3 +98,21 @@ def test_quick_contender_soak_compares_both_schedulers_and_cleans_up() -> None:
     assert len(ratios) == 1, out
     assert any(line.startswith("target gpuwarden's bind p50 and p99 within 1.5x") for line in lines), out
     assert any(line.startswith("stand-in kubelet lag") for line in lines), out
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(300)
+def test_quick_contender_soak_runs_a_baseline_checkout_in_phases_of_its_own(tmp_path: Path) -> None:
+    """``--baseline``: the other checkout's scheduler takes its own phases, and both revisions get their ratios."""
+    baseline = tmp_path / "baseline"
+    shutil.copytree(REPO / "gpuwarden", baseline / "gpuwarden")
+    shutil.copytree(REPO / "scheduler", baseline / "scheduler")
+    shutil.copytree(REPO / "agent", baseline / "agent")
+    shutil.copytree(REPO / "manifests", baseline / "manifests")
+    lines, out = _soak("contender", f"--baseline={baseline}")
+    phases = [m[1] for line in lines if (m := re.match(r"^phase \d+ ([\w-]+): n=\d+ bind p50 ", line))]
+    assert phases == ["gpuwarden", "kube-scheduler", "baseline", "kube-scheduler"], out
+    assert f"[1 gpuwarden] code from {REPO}" in lines and f"[3 baseline] code from {baseline}" in lines, out
+    for side in ("gpuwarden", "baseline"):
+        assert any(re.match(rf"^minute 1: {side} p50 .+ ratio p50 [\d.]+x p99 [\d.]+x", line) for line in lines), out
+    assert any(line.startswith("ratio to kube-scheduler, p50, min / median over minutes: baseline ") for line in lines)
