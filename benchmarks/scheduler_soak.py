@@ -1136,7 +1136,11 @@ class Launcher:
         if baseline:
             assert self.baseline is not None
             checkout = self.baseline
-        tree = ["-C", str(checkout), f"PYTHONPATH={checkout}"]
+        tree = [
+            "-C",
+            str(checkout),
+            "PYTHONPATH=" + os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
+        ]
         python = [sys.executable]
         if self.profile_dir is not None:  # written when the process exits on SIGTERM
             python += ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]

@@ -492,10 +492,19 @@ class SchedulerRunner:
             gc.freeze()  # what the first sync built lives long: keep it out of every later collection
             generation = -1
             self._loop_started = self._last_turn = time.monotonic()
+            frozen_after_cycle = False
             while not stop.is_set():
                 cache = self.cache
                 generation = cache.wait_for_change(generation, self.settings.period_s)
                 self._turn(stop)
+                if not frozen_after_cycle and self.cycles:
+                    # The first cycle built the engine's kept state and the
+                    # grouping (every job and pod of the cluster): long-lived
+                    # too. Left young, it was scanned by the collections of
+                    # the first seconds of leading, a gen-2 of 100 ms among
+                    # them, while the first pods waited for their binds.
+                    gc.freeze()
+                    frozen_after_cycle = True
                 if self.cache is not cache:
                     generation = -1  # a new cache counts its changes from 0
                 self._last_turn = time.monotonic()
