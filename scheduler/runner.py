@@ -86,13 +86,6 @@ log = get_logger(__name__)
 # pods allocates millions of long-lived dicts; Python's default (700) would
 # spend most of the sync scanning them young (benchmarks/scheduler_cache.py).
 GC_THRESHOLDS = (50_000, 10, 10)
-# Once leading, after the first cycle: the sync's long-lived objects are
-# frozen, and what a young collection scans is what the cycles left alive
-# since. At 50,000 young objects each one paused the process for 10-27 ms,
-# three times a minute under steady arrivals, and a pod arriving then waited
-# for it; at 10,000 it takes a few ms. The oldest generation is collected
-# as rarely as before (every 5 million allocations).
-GC_THRESHOLDS_LEADING = (10_000, 10, 50)
 # How long a thread may hold the GIL while another waits for it. The loop
 # spends a cycle's few milliseconds on the CPU but keeps giving the GIL up
 # (each bind it writes, each wait for the cache), and every time it wants it
@@ -508,10 +501,9 @@ class SchedulerRunner:
                     # The first cycle built the engine's kept state and the
                     # grouping (every job and pod of the cluster): long-lived
                     # too. Left young, it was scanned by the collections of
-                    # the first seconds of leading while the first pods
-                    # waited for their binds.
+                    # the first seconds of leading, a gen-2 of 100 ms among
+                    # them, while the first pods waited for their binds.
                     gc.freeze()
-                    gc.set_threshold(*GC_THRESHOLDS_LEADING)
                     frozen_after_cycle = True
                 if self.cache is not cache:
                     generation = -1  # a new cache counts its changes from 0
