@@ -500,9 +500,9 @@ class SchedulerRunner:
                 if not frozen_after_cycle and self.cycles:
                     # The first cycle built the engine's kept state and the
                     # grouping (every job and pod of the cluster): long-lived
-                    # too. Left young, it was scanned by the collections of
-                    # the first seconds of leading, a gen-2 of 100 ms among
-                    # them, while the first pods waited for their binds.
+                    # too. Left young, every collection of the first minutes
+                    # of leading would scan it again for nothing, on the
+                    # thread that binds.
                     gc.freeze()
                     frozen_after_cycle = True
                 if self.cache is not cache:
