@@ -27,7 +27,8 @@ from gpuwarden import contract
 from gpuwarden.localcluster.devices import DeviceManager
 from scheduler.cluster.leader import LeaderElectionConfig
 from scheduler.engine.model import SchedulerConfig
-from scheduler.remediation.policy import ControllerSettings
+from scheduler.remediation.breaker import BreakerSettings
+from scheduler.remediation.policy import ControllerSettings, Settings
 from scheduler.runner import RunnerSettings, SchedulerRunner
 from tests.agent.publish.conftest import SimAgent
 from tests.harness import (
@@ -54,8 +55,16 @@ def runner(control_plane: ControlPlane, scheduler_crds: None, gpunode_crd: None)
     )
     # A short stale-gang grace: a gang left below minMember once its budget
     # lifts goes in seconds, not the default minute.
+    # The whole pool may be out at once: the control plane serves the whole
+    # test session, and the nodes that earlier tests leave cordoned, not
+    # Ready or faulty are in the default pool too. With the default breaker
+    # (a tenth of the pool) they held the quarantine these tests wait for,
+    # depending on which tests ran before. The breaker has its own tests.
+    remediation = ControllerSettings(
+        machine=Settings(breaker=BreakerSettings(max_out_fraction=1.0, max_concurrent_drains=1000))
+    )
     settings = RunnerSettings(
-        period_s=0.3, lease=lease, remediation=ControllerSettings(), config=SchedulerConfig(stale_gang_grace_s=2.0)
+        period_s=0.3, lease=lease, remediation=remediation, config=SchedulerConfig(stale_gang_grace_s=2.0)
     )
     scheduler = SchedulerRunner(control_plane.api_client(), settings)
     stop = threading.Event()
