@@ -56,6 +56,15 @@ def register(sub: Any) -> None:
     add_flag(connected, "--kubeconfig", default=None, help="kubeconfig file; in-cluster service account when unset")
     add_flag(connected, "--default-queue", default="default", help="queue of pods and owners that name none")
     add_flag(connected, "--period", type=seconds(high=600.0), default=1.0, help="seconds between cycles at most")
+    add_flag(
+        connected,
+        "--quiet-settle",
+        type=seconds(high=10.0, allow_low=True),
+        default=0.02,
+        help="seconds after the first change that needs no cycle of its own (a bind's echo, a pod starting) "
+        "that an idle leader runs one to fold such changes in, so the next arrival's cycle pays only for "
+        "itself (0: they wait for the next cycle)",
+    )
     add_flag(connected, "--lease-namespace", default="gpuwarden", help="namespace of the leader-election Lease")
     add_flag(connected, "--lease-name", default=SCHEDULER_COMPONENT, help="name of the leader-election Lease")
     add_flag(
@@ -335,6 +344,7 @@ def run_connected(args: argparse.Namespace) -> int:
     security = serving.security_from_args(args)  # a usage error before anything connects
     settings = RunnerSettings(
         period_s=args.period,
+        quiet_settle_s=args.quiet_settle or None,
         default_queue=args.default_queue,
         lease=LeaderElectionConfig(
             namespace=args.lease_namespace,

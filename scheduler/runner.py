@@ -86,6 +86,11 @@ log = get_logger(__name__)
 # pods allocates millions of long-lived dicts; Python's default (700) would
 # spend most of the sync scanning them young (benchmarks/scheduler_cache.py).
 GC_THRESHOLDS = (50_000, 10, 10)
+# The scheduler process's default RunnerSettings.quiet_settle_s: under
+# single-pod churn the quiet changes after a bind (its echo, the pod
+# starting) come within about 10 ms, so one cycle folds them in, well before
+# the next arrival (about 50 ms apart at 20 pods a second).
+QUIET_SETTLE_S = 0.02
 # How long a thread may hold the GIL while another waits for it. The loop
 # spends a cycle's few milliseconds on the CPU but keeps giving the GIL up
 # (each bind it writes, each wait for the cache), and every time it wants it
@@ -261,6 +266,10 @@ class RunnerSettings:
     """How the connected scheduler runs; every field has a flag (``gpuwarden scheduler --help``)."""
 
     period_s: float = 1.0
+    # How old the first quiet change may get before an idle leader runs a
+    # cycle for the quiet changes alone (ClusterCache.wait_for_change); None:
+    # they wait for the next waking change or the period.
+    quiet_settle_s: float | None = QUIET_SETTLE_S
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))
     bind_workers: int = 16
@@ -495,7 +504,13 @@ class SchedulerRunner:
             frozen_after_cycle = False
             while not stop.is_set():
                 cache = self.cache
-                generation = cache.wait_for_change(generation, self.settings.period_s)
+                settle = None
+                if self._term is not None:
+                    # Leading: what the last cycle's view held is done with,
+                    # including changes that came after this wait ended.
+                    generation = max(generation, self.views.generation or -1)
+                    settle = self.settings.quiet_settle_s
+                generation = cache.wait_for_change(generation, self.settings.period_s, settle_s=settle)
                 self._turn(stop)
                 if not frozen_after_cycle and self.cycles:
                     # The first cycle built the engine's kept state and the

@@ -15,7 +15,8 @@ the entry), which is what makes shallow copies enough.
 The loop runs "every second, or sooner after a change" with
 :meth:`ClusterCache.wait_for_change`; a change that cannot alter a decision
 (a status the scheduler wrote itself, a bound pod starting) is stored and
-logged without waking it (:mod:`scheduler.cluster.wakes`).
+logged without waking it at once (:mod:`scheduler.cluster.wakes`); an idle
+loop may ask to fold such changes in once they settled (``settle_s``).
 
 A cycle that kept what it read of the previous view needs only what changed
 since: the cache keeps a bounded log of the keys each event touched, and a
@@ -294,9 +295,12 @@ class ClusterCache:
         # next cycle; under steady churn with nothing waiting, such changes
         # were half of the cycles. True until the loop says otherwise.
         self.room_wanted = True
-        # (generation, collection, key) per change, oldest first; a change at
-        # or before ``_log_floor`` may have been dropped from it.
-        self._log: deque[tuple[int, str, str]] = deque()
+        # (generation, collection, key, monotonic time) per change, oldest
+        # first; a change at or before ``_log_floor`` may have been dropped.
+        self._log: deque[tuple[int, str, str, float]] = deque()
+        # Whether a waiter that folds quiet changes in (wait_for_change's
+        # settle_s) waits for the first of them: that one change notifies.
+        self._settling = False
         self._log_size = max(1, change_log)
         self._log_floor = 0
         self._reflectors: list[Reflector] = []
@@ -370,11 +374,14 @@ class ClusterCache:
         """Count one change and log its key; wake the waiters unless it is quiet. The caller holds the lock."""
         self._generation += 1
         entries = self._log
-        entries.append((self._generation, resource, key))
+        entries.append((self._generation, resource, key, time.monotonic()))
         if len(entries) > self._log_size:
             self._log_floor = entries.popleft()[0]
         if wakes:
             self._woken = self._generation
+            self._changed.notify_all()
+        elif self._settling:
+            self._settling = False
             self._changed.notify_all()
 
     def _bump(self) -> None:
@@ -395,17 +402,56 @@ class ClusterCache:
         with self._changed:
             return self._woken
 
-    def wait_for_change(self, since: int, timeout: float) -> int:
+    def wait_for_change(self, since: int, timeout: float, *, settle_s: float | None = None) -> int:
         """Block until a waking change (:mod:`.wakes`) passes ``since`` or ``timeout`` ends; return the generation.
 
         The loop passes the generation of the view it last scheduled from, so
         a change that came while it was busy wakes it at once. Quiet changes
         after ``since`` do not end the wait; they are in the stores and the
         log for whichever view comes next.
+
+        With ``settle_s``, quiet changes do end it, once the first of them
+        after ``since`` is ``settle_s`` old: an idle loop folds them in
+        (grouping, assembly, the engine's kept state) before the next
+        waking change, whose cycle then pays only for itself. Under
+        single-pod churn each arrival's cycle otherwise also folded in the
+        echo of the previous bind, its pod starting and the pods that ended
+        meanwhile: 0.55 ms of grouping and engine instead of 0.35
+        (benchmarks/scheduler_churn.py). Waiting ``settle_s`` gathers a
+        burst of them into one cycle; only the first quiet change after the
+        waiter began wakes it, to start that clock.
         """
+        deadline = time.monotonic() + timeout
         with self._changed:
-            self._changed.wait_for(lambda: self._woken > since, timeout)
+            try:
+                while self._woken <= since:
+                    due = deadline
+                    if settle_s is not None:
+                        first = self._first_change_after(since)
+                        self._settling = first is None
+                        if first is not None:
+                            due = min(deadline, first + settle_s)
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+            finally:
+                if settle_s is not None:
+                    self._settling = False
             return self._generation
+
+    def _first_change_after(self, since: int) -> float | None:
+        """When the first change after generation ``since`` came; None if none did (-inf if the log lost it)."""
+        if self._generation <= since:
+            return None
+        if since < self._log_floor:
+            return float("-inf")
+        first = None
+        for generation, _, _, at in reversed(self._log):
+            if generation <= since:
+                break
+            first = at
+        return float("-inf") if first is None else first
 
     # -- reading ----------------------------------------------------------
 
@@ -458,7 +504,7 @@ class ClusterCache:
         if since < self._log_floor or since > self._generation:
             return None
         keys: dict[str, set[str]] = {}
-        for generation, resource, key in reversed(self._log):
+        for generation, resource, key, _ in reversed(self._log):
             if generation <= since:
                 break
             found = keys.get(resource)

@@ -10,6 +10,8 @@ cycle that runs reads the stores as they are, quiet changes included.
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from scheduler.cluster.groups import MANAGED_BY
 from scheduler.cluster.slim import slim_pod
 from scheduler.cluster.wakes import pod_frees_room, quiet_pod_change, quiet_podgroup_change, quiet_status_change
 from scheduler.cluster.watch import EventType, WatchEvent
+from tests.waiting import wait_for
 
 
 def _pod(phase: str = "Pending", node: str | None = "node-1") -> dict[str, Any]:
@@ -244,6 +247,60 @@ def test_a_quiet_change_is_stored_and_logged_without_waking() -> None:
     assert cache.view(since=since).changed == {PODGROUPS: frozenset({"team/g"}), QUEUES: frozenset({"a"})}
     cache.apply(PODS, WatchEvent(EventType.DELETED, "team/gone", {}))
     assert cache.woken == cache.generation  # a deletion always wakes
+
+
+def test_a_settling_waiter_folds_quiet_changes_in_once_the_first_is_settle_old() -> None:
+    """The idle leader's wait (the runner's quiet_settle_s): quiet changes end it, but not at once."""
+    cache = ClusterCache(resources=default_resources())
+    group = _podgroup()
+    cache.apply(PODGROUPS, WatchEvent(EventType.ADDED, "team/g", group))
+    since = cache.generation
+    # Nothing changed: the wait lasts its timeout, settle or not.
+    assert cache.wait_for_change(since, timeout=0.05, settle_s=0.001) == since
+    written = _edit(group, ("status", "phase"), "Running")
+    cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", written))
+    # Without settle_s the quiet change leaves the waiter waiting out its timeout ...
+    assert cache.wait_for_change(since, timeout=0) == since + 1
+    # ... with it, the wait ends once that change is settle_s old, long before the timeout.
+    began = time.monotonic()
+    assert cache.wait_for_change(since, timeout=30, settle_s=0.05) == since + 1
+    assert time.monotonic() - began < 20, "it waited out the timeout"
+
+
+def test_the_first_quiet_change_after_a_settling_waiter_began_wakes_it_to_start_the_clock() -> None:
+    cache = ClusterCache(resources=default_resources())
+    group = _podgroup()
+    cache.apply(PODGROUPS, WatchEvent(EventType.ADDED, "team/g", group))
+    since = cache.generation
+    returned: list[int] = []
+    waiter = threading.Thread(target=lambda: returned.append(cache.wait_for_change(since, 30, settle_s=0.01)))
+    waiter.start()
+    try:
+        wait_for(lambda: cache._settling, 10, description="the waiter waits for a first quiet change")
+        cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), "Running")))
+        waiter.join(10)
+        assert not waiter.is_alive(), "a quiet change ended a settling wait, its settle_s later"
+        assert returned == [since + 1]
+        assert cache.woken == since  # it was quiet all the same: no waiter without settle_s woke
+    finally:
+        cache.apply(QUEUES, WatchEvent(EventType.ADDED, "a", {"metadata": {"name": "a"}, "spec": {}}))
+        waiter.join(10)
+
+
+def test_a_waking_change_ends_a_settling_wait_at_once_and_a_lost_log_counts_as_old() -> None:
+    cache = ClusterCache(resources=default_resources(), change_log=1)
+    group = _podgroup()
+    cache.apply(PODGROUPS, WatchEvent(EventType.ADDED, "team/g", group))
+    since = cache.generation
+    cache.apply(QUEUES, WatchEvent(EventType.ADDED, "a", {"metadata": {"name": "a"}, "spec": {}}))
+    began = time.monotonic()
+    assert cache.wait_for_change(since, timeout=30, settle_s=30) == since + 1
+    assert time.monotonic() - began < 20, "a waking change waited for settle_s"
+    for phase in ("Running", "Unknown"):  # two quiet changes: a log of one has lost the first
+        cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), phase)))
+    began = time.monotonic()
+    assert cache.wait_for_change(since + 1, timeout=30, settle_s=30) == since + 3
+    assert time.monotonic() - began < 20, "it waited for changes the log no longer dates"
 
 
 def test_a_bound_pod_that_ends_frees_room_and_nothing_else() -> None:
