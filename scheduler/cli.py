@@ -61,9 +61,9 @@ def register(sub: Any) -> None:
         "--quiet-settle",
         type=seconds(high=10.0, allow_low=True),
         default=0.02,
-        help="seconds after the first change that needs no cycle of its own (a bind's echo, a pod starting) "
-        "that an idle leader runs one to fold such changes in, so the next arrival's cycle pays only for "
-        "itself (0: they wait for the next cycle)",
+        help="seconds an idle leader waits after a change that needs no cycle of its own (a bind's echo, a pod "
+        "starting) before it runs one to fold such changes in, so the next arrival's cycle pays only for "
+        "itself; at least four times the last cycle's time (0: they wait for the next cycle)",
     )
     add_flag(connected, "--lease-namespace", default="gpuwarden", help="namespace of the leader-election Lease")
     add_flag(connected, "--lease-name", default=SCHEDULER_COMPONENT, help="name of the leader-election Lease")

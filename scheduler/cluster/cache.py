@@ -298,9 +298,11 @@ class ClusterCache:
         # (generation, collection, key, monotonic time) per change, oldest
         # first; a change at or before ``_log_floor`` may have been dropped.
         self._log: deque[tuple[int, str, str, float]] = deque()
-        # Whether a waiter that folds quiet changes in (wait_for_change's
-        # settle_s) waits for the first of them: that one change notifies.
-        self._settling = False
+        # Waiters that fold quiet changes in (wait_for_change's settle_s) and
+        # wait for the first of them: while there are any, a quiet change
+        # notifies. Collections no cycle reads (never_wakes) start no clock.
+        self._settling = 0
+        self._unread = frozenset(name for name, r in self._resources.items() if r.quiet is never_wakes)
         self._log_size = max(1, change_log)
         self._log_floor = 0
         self._reflectors: list[Reflector] = []
@@ -380,8 +382,7 @@ class ClusterCache:
         if wakes:
             self._woken = self._generation
             self._changed.notify_all()
-        elif self._settling:
-            self._settling = False
+        elif self._settling and resource not in self._unread:
             self._changed.notify_all()
 
     def _bump(self) -> None:
@@ -410,48 +411,57 @@ class ClusterCache:
         after ``since`` do not end the wait; they are in the stores and the
         log for whichever view comes next.
 
-        With ``settle_s``, quiet changes do end it, once the first of them
-        after ``since`` is ``settle_s`` old: an idle loop folds them in
-        (grouping, assembly, the engine's kept state) before the next
-        waking change, whose cycle then pays only for itself. Under
-        single-pod churn each arrival's cycle otherwise also folded in the
-        echo of the previous bind, its pod starting and the pods that ended
-        meanwhile: 0.55 ms of grouping and engine instead of 0.35
-        (benchmarks/scheduler_churn.py). Waiting ``settle_s`` gathers a
-        burst of them into one cycle; only the first quiet change after the
-        waiter began wakes it, to start that clock.
+        With ``settle_s``, quiet changes end it too, once the waiter has
+        waited ``settle_s`` and the first of them after ``since`` is as
+        old: an idle loop folds them in (grouping, assembly, the engine's
+        kept state) before the next waking change, whose cycle then pays
+        only for itself. Under single-pod churn each arrival's cycle
+        otherwise also folded in the echo of the previous bind, its pod
+        starting and the pods that ended meanwhile: 0.55 ms of grouping and
+        engine instead of 0.35 (benchmarks/scheduler_churn.py). Waiting
+        ``settle_s`` gathers a burst of them into one cycle, and counting
+        it from the start of the wait too keeps changes that came during
+        the last cycle from starting the next one at once: however busy the
+        watches, the loop idles ``settle_s`` between cycles of quiet
+        changes. Changes of collections no cycle reads start no clock.
         """
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         with self._changed:
-            try:
-                while self._woken <= since:
-                    due = deadline
-                    if settle_s is not None:
-                        first = self._first_change_after(since)
-                        self._settling = first is None
-                        if first is not None:
-                            due = min(deadline, first + settle_s)
-                    left = due - time.monotonic()
-                    if left <= 0:
-                        break
+            while self._woken <= since:
+                due = deadline
+                first = self._first_change_after(since) if settle_s is not None else None
+                if first is not None:
+                    assert settle_s is not None
+                    due = min(deadline, max(first, began) + settle_s)
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                waits_for_first = settle_s is not None and first is None
+                self._settling += waits_for_first
+                try:
                     self._changed.wait(left)
-            finally:
-                if settle_s is not None:
-                    self._settling = False
+                finally:
+                    self._settling -= waits_for_first
             return self._generation
 
     def _first_change_after(self, since: int) -> float | None:
-        """When the first change after generation ``since`` came; None if none did (-inf if the log lost it)."""
+        """When the first change after generation ``since`` that a cycle reads came; None if none did.
+
+        -inf if the log no longer reaches back to ``since``.
+        """
         if self._generation <= since:
             return None
         if since < self._log_floor:
             return float("-inf")
         first = None
-        for generation, _, _, at in reversed(self._log):
+        unread = self._unread
+        for generation, resource, _, at in reversed(self._log):
             if generation <= since:
                 break
-            first = at
-        return float("-inf") if first is None else first
+            if resource not in unread:
+                first = at
+        return first
 
     # -- reading ----------------------------------------------------------
 

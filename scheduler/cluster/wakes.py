@@ -15,9 +15,10 @@ binds of the pods that did need a cycle.
 
 A quiet change is still applied and logged; the next cycle reads it, woken
 by any other change, by the period (one second by default), or, when the
-leader is idle, by the quiet changes themselves once the first of them is
-``--quiet-settle`` old (20 ms): one cycle folds a burst of them in, so
-the next arrival's cycle pays only for itself. So a change wrongly judged
+leader is idle, by the quiet changes themselves once it waited
+``--quiet-settle`` (20 ms) and the first of them is as old: one cycle
+folds a burst of them in, so the next arrival's cycle pays only for
+itself. So a change wrongly judged
 quiet is acted on that much later (a period later with ``--quiet-settle
 0``), never missed; the predicates below are conservative for that
 reason: whatever they do not name wakes.

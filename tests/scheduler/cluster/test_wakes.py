@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gpuwarden import contract
 from scheduler import engine
 from scheduler.cluster.assumed import AssumedBind, shown_bound
-from scheduler.cluster.cache import PODGROUPS, PODS, QUEUES, ClusterCache, default_resources
+from scheduler.cluster.cache import DEVICETAINTRULES, PODGROUPS, PODS, QUEUES, ClusterCache, default_resources
 from scheduler.cluster.convert import task_from_pod
 from scheduler.cluster.groups import MANAGED_BY
 from scheduler.cluster.slim import slim_pod
@@ -249,42 +249,67 @@ def test_a_quiet_change_is_stored_and_logged_without_waking() -> None:
     assert cache.woken == cache.generation  # a deletion always wakes
 
 
-def test_a_settling_waiter_folds_quiet_changes_in_once_the_first_is_settle_old() -> None:
+def test_a_settling_waiter_folds_quiet_changes_in_once_it_waited_settle_s() -> None:
     """The idle leader's wait (the runner's quiet_settle_s): quiet changes end it, but not at once."""
     cache = ClusterCache(resources=default_resources())
     group = _podgroup()
     cache.apply(PODGROUPS, WatchEvent(EventType.ADDED, "team/g", group))
     since = cache.generation
     # Nothing changed: the wait lasts its timeout, settle or not.
+    began = time.monotonic()
     assert cache.wait_for_change(since, timeout=0.05, settle_s=0.001) == since
-    written = _edit(group, ("status", "phase"), "Running")
-    cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", written))
+    assert time.monotonic() - began >= 0.05
+    cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), "Running")))
     # Without settle_s the quiet change leaves the waiter waiting out its timeout ...
-    assert cache.wait_for_change(since, timeout=0) == since + 1
-    # ... with it, the wait ends once that change is settle_s old, long before the timeout.
+    began = time.monotonic()
+    assert cache.wait_for_change(since, timeout=0.05) == since + 1
+    assert time.monotonic() - began >= 0.05
+    # ... with it, the wait ends long before the timeout, but only once the
+    # waiter itself waited settle_s: a change that came during the last cycle
+    # does not start the next one at once.
     began = time.monotonic()
     assert cache.wait_for_change(since, timeout=30, settle_s=0.05) == since + 1
-    assert time.monotonic() - began < 20, "it waited out the timeout"
+    assert 0.05 <= time.monotonic() - began < 20
 
 
-def test_the_first_quiet_change_after_a_settling_waiter_began_wakes_it_to_start_the_clock() -> None:
+def test_the_first_quiet_change_starts_the_clock_and_the_burst_after_it_is_folded_in_with_it() -> None:
     cache = ClusterCache(resources=default_resources())
     group = _podgroup()
     cache.apply(PODGROUPS, WatchEvent(EventType.ADDED, "team/g", group))
     since = cache.generation
-    returned: list[int] = []
-    waiter = threading.Thread(target=lambda: returned.append(cache.wait_for_change(since, 30, settle_s=0.01)))
+    returned: list[tuple[int, float]] = []
+
+    def wait() -> None:
+        generation = cache.wait_for_change(since, 30, settle_s=0.2)
+        returned.append((generation, time.monotonic()))
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     try:
-        wait_for(lambda: cache._settling, 10, description="the waiter waits for a first quiet change")
-        cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), "Running")))
+        wait_for(lambda: cache._settling == 1, 10, description="the waiter waits for a first quiet change")
+        first = time.monotonic()
+        for phase in ("Running", "Unknown"):
+            cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), phase)))
         waiter.join(10)
-        assert not waiter.is_alive(), "a quiet change ended a settling wait, its settle_s later"
-        assert returned == [since + 1]
-        assert cache.woken == since  # it was quiet all the same: no waiter without settle_s woke
+        assert not waiter.is_alive(), "quiet changes ended a settling wait, settle_s after the first"
+        ((generation, at),) = returned
+        assert generation == since + 2, "the burst is folded into one cycle"
+        assert at - first >= 0.2
+        assert cache.woken == since  # quiet all the same: a waiter without settle_s slept on
+        assert cache._settling == 0
     finally:
         cache.apply(QUEUES, WatchEvent(EventType.ADDED, "a", {"metadata": {"name": "a"}, "spec": {}}))
         waiter.join(10)
+
+
+def test_changes_no_cycle_reads_start_no_settle_clock() -> None:
+    cache = ClusterCache(resources=default_resources())
+    since = cache.generation
+    taint_rule = {"metadata": {"name": "r", "resourceVersion": "1"}, "spec": {}}
+    cache.apply(DEVICETAINTRULES, WatchEvent(EventType.ADDED, "r", taint_rule))
+    began = time.monotonic()
+    assert cache.wait_for_change(since, timeout=0.1, settle_s=0.001) == since + 1
+    assert time.monotonic() - began >= 0.1, "remediation's DRA objects ended a settling wait"
 
 
 def test_a_waking_change_ends_a_settling_wait_at_once_and_a_lost_log_counts_as_old() -> None:
@@ -299,8 +324,8 @@ def test_a_waking_change_ends_a_settling_wait_at_once_and_a_lost_log_counts_as_o
     for phase in ("Running", "Unknown"):  # two quiet changes: a log of one has lost the first
         cache.apply(PODGROUPS, WatchEvent(EventType.MODIFIED, "team/g", _edit(group, ("status", "phase"), phase)))
     began = time.monotonic()
-    assert cache.wait_for_change(since + 1, timeout=30, settle_s=30) == since + 3
-    assert time.monotonic() - began < 20, "it waited for changes the log no longer dates"
+    assert cache.wait_for_change(since + 1, timeout=30, settle_s=0.05) == since + 3
+    assert 0.05 <= time.monotonic() - began < 20, "it waited for changes the log no longer dates"
 
 
 def test_a_bound_pod_that_ends_frees_room_and_nothing_else() -> None:
