@@ -21,6 +21,12 @@ which side goes first): the engine's diff of the snapshot's jobs by sets
 (a dict of every job and two set differences, what it did before
 ``job_delta``), against the walk that costs what changed. Both sides must
 bind the same pods to the same nodes and GPUs. Prints min and median.
+
+Then the idle leader's catch-up (the runner's ``--quiet-settle``), also
+interleaved: the time of an arrival's turn alone when the two pods that
+ended were folded in by a turn of their own before it, against the turn
+that folds them in itself, as every arrival's did before. Both sides must
+bind alike too.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from scheduler.cluster.grouping import derive_group
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import EventType, WatchEvent, object_key
 from scheduler.engine import incremental
-from scheduler.engine.model import Bind, Gpu, Node
+from scheduler.engine.model import Bind, Decisions, Gpu, Node
 from scheduler.runner import GC_THRESHOLDS, ClusterViews
 from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report
 
@@ -126,8 +132,13 @@ class Churn:
             self._add(PODS, pod)
         return pod
 
-    def cycle(self) -> None:
-        """One of ours and one foreign pod end, one pod arrives; prepare and decide; the bind lands."""
+    def cycle(self, *, fold_first: bool = False) -> float:
+        """One of ours and one foreign pod end, one pod arrives; prepare and decide; the bind lands.
+
+        With ``fold_first`` a turn of their own folds the ends in before the
+        arrival, as an idle leader does. Returns the seconds of the
+        arrival's turn.
+        """
         step = self.step
         self.step += 1
         if self.ours:
@@ -137,14 +148,22 @@ class Churn:
             name, _ = self.foreign.pop(0)
             done = pod_json(name, gpus=1, node=self.names[0], scheduler="default-scheduler", phase="Succeeded")
             self._add(PODS, done, EventType.MODIFIED)
+        if fold_first:
+            self._turn(step)
         self._ours(f"p{step}", None, (), None)
-        view = self.views.next(self.views.take(self.cache))
-        snapshot = self.scheduling.prepare(view, NOW + step)
-        decisions = self.scheduling.decide(snapshot, {})
+        began = time.perf_counter()
+        decisions = self._turn(step)
+        took = time.perf_counter() - began
         for bind in decisions.binds:
             self._ours(bind.pod, bind.node, bind.gpu_indices, "Running")
             self.bound.append((bind.pod, bind.node, bind.gpu_indices))
             self.ours.append((bind.pod, bind.node, bind.gpu_indices))
+        return took
+
+    def _turn(self, step: int) -> Decisions:
+        view = self.views.next(self.views.take(self.cache))
+        snapshot = self.scheduling.prepare(view, NOW + step)
+        return self.scheduling.decide(snapshot, {})
 
 
 def _queue(name: str) -> JSON:
@@ -195,6 +214,18 @@ def one_run(args: argparse.Namespace, baseline: bool) -> tuple[float, list[tuple
     return 1000 * took / args.cycles, churn.bound
 
 
+def fold_run(args: argparse.Namespace, fold_first: bool) -> tuple[float, list[tuple[str, str, tuple[int, ...]]]]:
+    """Milliseconds of an arrival's turn, on average over ``--cycles`` after the warm-up, and what was bound."""
+    gc.unfreeze()
+    gc.collect()
+    churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
+    for _ in range(WARM_CYCLES):
+        churn.cycle(fold_first=fold_first)
+    gc.freeze()
+    took = sum(churn.cycle(fold_first=fold_first) for _ in range(args.cycles))
+    return 1000 * took / args.cycles, churn.bound
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=300)
@@ -237,6 +268,19 @@ def _compare(args: argparse.Namespace) -> int:
             f"{label}: prepare and decide per cycle min {min(values):.3f} ms median {statistics.median(values):.3f} ms"
         )
     print(f"binds: {len(bound[False])} per run, the same on both sides")
+    arrival: dict[bool, list[float]] = {False: [], True: []}
+    folded: dict[bool, list[tuple[str, str, tuple[int, ...]]]] = {}
+    for run in range(args.runs):
+        for fold_first in (True, False) if run % 2 == 0 else (False, True):
+            ms, placed = fold_run(args, fold_first)
+            arrival[fold_first].append(ms)
+            if folded.setdefault(fold_first, placed) != placed:
+                raise SystemExit("one side bound differently from run to run")
+    if folded[False] != folded[True]:
+        raise SystemExit("folding the ends in first bound different pods, nodes or GPUs")
+    for fold_first, label in ((False, "folding the ends in itself (before)"), (True, "ends folded in first (now)")):
+        values = arrival[fold_first]
+        print(f"an arrival's turn, {label}: min {min(values):.3f} ms median {statistics.median(values):.3f} ms")
     return 0
 
 

@@ -417,8 +417,8 @@ class ClusterCache:
         kept state) before the next waking change, whose cycle then pays
         only for itself. Under single-pod churn each arrival's cycle
         otherwise also folded in the echo of the previous bind, its pod
-        starting and the pods that ended meanwhile: 0.55 ms of grouping and
-        engine instead of 0.35 (benchmarks/scheduler_churn.py). Waiting
+        starting and the pods that ended meanwhile: at 200 nodes its turn
+        took 0.65 ms instead of 0.38 (benchmarks/scheduler_churn.py). Waiting
         ``settle_s`` gathers a burst of them into one cycle, and counting
         it from the start of the wait too keeps changes that came during
         the last cycle from starting the next one at once: however busy the

@@ -15,3 +15,5 @@ def test_the_churn_benchmark_runs_both_sides_and_they_agree(capsys: pytest.Captu
     assert "jobs diffed by sets (before): prepare and decide per cycle min" in out
     assert "job_delta (now): prepare and decide per cycle min" in out
     assert "binds: 42 per run" in out  # the warm-up's 30 too: every arrival bound, one per cycle
+    assert "an arrival's turn, folding the ends in itself (before): min" in out
+    assert "an arrival's turn, ends folded in first (now): min" in out
