@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,35 +196,51 @@ def diff_by_sets() -> Iterator[None]:
         incremental.job_delta = walk
 
 
-def one_run(args: argparse.Namespace, baseline: bool) -> tuple[float, list[tuple[str, str, tuple[int, ...]]]]:
-    """Milliseconds per cycle over ``--cycles`` cycles after the warm-up, and what was bound."""
+Bound = list[tuple[str, str, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run: milliseconds per cycle, of an arrival's turn within one, and what was bound."""
+
+    cycle_ms: float
+    arrival_ms: float
+    bound: Bound
+
+
+def one_run(args: argparse.Namespace, *, baseline: bool = False, fold_first: bool = False) -> RunResult:
+    """``--cycles`` cycles after the warm-up; ``fold_first``: the ends folded in by a turn before each arrival."""
     gc.unfreeze()
     gc.collect()
     churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
     side: Callable[[], Any] = diff_by_sets if baseline else contextlib.nullcontext
     with side():
         for _ in range(WARM_CYCLES):
-            churn.cycle()
+            churn.cycle(fold_first=fold_first)
         gc.freeze()  # as the process does after its first sync
         began = time.perf_counter()
-        for _ in range(args.cycles):
-            churn.cycle()
+        arrival = sum(churn.cycle(fold_first=fold_first) for _ in range(args.cycles))
         took = time.perf_counter() - began
     engine = churn.scheduling._engine
     assert engine is not None and engine.rebuilds == 1, "the kept state was rebuilt: these cycles were not incremental"
-    return 1000 * took / args.cycles, churn.bound
+    return RunResult(1000 * took / args.cycles, 1000 * arrival / args.cycles, churn.bound)
 
 
-def fold_run(args: argparse.Namespace, fold_first: bool) -> tuple[float, list[tuple[str, str, tuple[int, ...]]]]:
-    """Milliseconds of an arrival's turn, on average over ``--cycles`` after the warm-up, and what was bound."""
-    gc.unfreeze()
-    gc.collect()
-    churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
-    for _ in range(WARM_CYCLES):
-        churn.cycle(fold_first=fold_first)
-    gc.freeze()
-    took = sum(churn.cycle(fold_first=fold_first) for _ in range(args.cycles))
-    return 1000 * took / args.cycles, churn.bound
+def interleaved(
+    args: argparse.Namespace, run: Callable[[bool], tuple[float, Bound]]
+) -> tuple[dict[bool, list[float]], Bound]:
+    """``run(side)`` for both sides ``--runs`` times, alternating which goes first; both must bind alike."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    bound: dict[bool, Bound] = {}
+    for turn in range(args.runs):
+        for side in (False, True) if turn % 2 == 0 else (True, False):
+            ms, placed = run(side)
+            times[side].append(ms)
+            if bound.setdefault(side, placed) != placed:
+                raise SystemExit("one side bound differently from run to run")
+    if bound[False] != bound[True]:
+        raise SystemExit("the two sides bound different pods, nodes or GPUs")
+    return times, bound[False]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,32 +269,24 @@ def _compare(args: argparse.Namespace) -> int:
         f"{args.finished} finished; per cycle one arrival, one of ours and one foreign pod ending",
         flush=True,
     )
-    times: dict[bool, list[float]] = {False: [], True: []}
-    bound: dict[bool, list[tuple[str, str, tuple[int, ...]]]] = {}
-    for run in range(args.runs):
-        for baseline in (False, True) if run % 2 == 0 else (True, False):
-            ms, placed = one_run(args, baseline)
-            times[baseline].append(ms)
-            if bound.setdefault(baseline, placed) != placed:
-                raise SystemExit("one side bound differently from run to run")
-    if bound[False] != bound[True]:
-        raise SystemExit("the two sides bound different pods, nodes or GPUs")
+
+    def by_sets(baseline: bool) -> tuple[float, Bound]:
+        done = one_run(args, baseline=baseline)
+        return done.cycle_ms, done.bound
+
+    times, bound = interleaved(args, by_sets)
     for baseline, label in ((True, "jobs diffed by sets (before)"), (False, "job_delta (now)")):
         values = times[baseline]
         print(
             f"{label}: prepare and decide per cycle min {min(values):.3f} ms median {statistics.median(values):.3f} ms"
         )
-    print(f"binds: {len(bound[False])} per run, the same on both sides")
-    arrival: dict[bool, list[float]] = {False: [], True: []}
-    folded: dict[bool, list[tuple[str, str, tuple[int, ...]]]] = {}
-    for run in range(args.runs):
-        for fold_first in (True, False) if run % 2 == 0 else (False, True):
-            ms, placed = fold_run(args, fold_first)
-            arrival[fold_first].append(ms)
-            if folded.setdefault(fold_first, placed) != placed:
-                raise SystemExit("one side bound differently from run to run")
-    if folded[False] != folded[True]:
-        raise SystemExit("folding the ends in first bound different pods, nodes or GPUs")
+    print(f"binds: {len(bound)} per run, the same on both sides")
+
+    def folded(fold_first: bool) -> tuple[float, Bound]:
+        done = one_run(args, fold_first=fold_first)
+        return done.arrival_ms, done.bound
+
+    arrival, _ = interleaved(args, folded)
     for fold_first, label in ((False, "folding the ends in itself (before)"), (True, "ends folded in first (now)")):
         values = arrival[fold_first]
         print(f"an arrival's turn, {label}: min {min(values):.3f} ms median {statistics.median(values):.3f} ms")

@@ -271,9 +271,10 @@ class RunnerSettings:
     """How the connected scheduler runs; every field has a flag (``gpuwarden scheduler --help``)."""
 
     period_s: float = 1.0
-    # How old the first quiet change may get before an idle leader runs a
-    # cycle for the quiet changes alone (ClusterCache.wait_for_change); None:
-    # they wait for the next waking change or the period.
+    # How long an idle leader waits, and how old the first quiet change must
+    # be, before it runs a cycle for the quiet changes alone (at least
+    # QUIET_SETTLE_CYCLES times the last cycle; ClusterCache.wait_for_change).
+    # None: they wait for the next waking change or the period.
     quiet_settle_s: float | None = QUIET_SETTLE_S
     default_queue: str = "default"
     lease: LeaderElectionConfig = field(default_factory=lambda: LeaderElectionConfig(namespace="gpuwarden"))

@@ -418,7 +418,7 @@ class ClusterCache:
         only for itself. Under single-pod churn each arrival's cycle
         otherwise also folded in the echo of the previous bind, its pod
         starting and the pods that ended meanwhile: at 200 nodes its turn
-        took 0.65 ms instead of 0.38 (benchmarks/scheduler_churn.py). Waiting
+        took 0.55-0.65 ms instead of 0.32-0.38 (benchmarks/scheduler_churn.py). Waiting
         ``settle_s`` gathers a burst of them into one cycle, and counting
         it from the start of the wait too keeps changes that came during
         the last cycle from starting the next one at once: however busy the
@@ -430,14 +430,16 @@ class ClusterCache:
         with self._changed:
             while self._woken <= since:
                 due = deadline
-                first = self._first_change_after(since) if settle_s is not None else None
-                if first is not None:
-                    assert settle_s is not None
-                    due = min(deadline, max(first, began) + settle_s)
+                waits_for_first = False
+                if settle_s is not None:
+                    first = self._first_change_after(since)
+                    if first is None:
+                        waits_for_first = True
+                    else:
+                        due = min(deadline, max(first, began) + settle_s)
                 left = due - time.monotonic()
                 if left <= 0:
                     break
-                waits_for_first = settle_s is not None and first is None
                 self._settling += waits_for_first
                 try:
                     self._changed.wait(left)

@@ -18,10 +18,9 @@ by any other change, by the period (one second by default), or, when the
 leader is idle, by the quiet changes themselves once it waited
 ``--quiet-settle`` (20 ms) and the first of them is as old: one cycle
 folds a burst of them in, so the next arrival's cycle pays only for
-itself. So a change wrongly judged
-quiet is acted on that much later (a period later with ``--quiet-settle
-0``), never missed; the predicates below are conservative for that
-reason: whatever they do not name wakes.
+itself. So a change wrongly judged quiet is acted on that much later (a
+period later with ``--quiet-settle 0``), never missed; the predicates
+below are conservative for that reason: whatever they do not name wakes.
 """
 
 from __future__ import annotations
