@@ -150,7 +150,8 @@ def why_text(report: WhyReport, out: TextIO) -> None:
     group = report.pod_group
     out.write("\nPodGroup: ")
     if group is None:
-        out.write("none found\n")
+        # Not made yet, or never: a pod placed at once whose group is its own needs none.
+        out.write("none found (a pod whose group is its own gets one only when it has to wait)\n")
     else:
         size = group.min_member if group.min_member is not None else "?"
         out.write(f"{group.name} (queue {group.queue or '?'}, minMember {size}, phase {group.phase})\n")

@@ -5,9 +5,10 @@ The order is the one that keeps the cluster consistent when a step fails:
 1. Read the cycle's view (raw Nodes, GPUNodes, Pods, Queues, PodGroups).
 2. Group pods: a pod of ours names its PodGroup, or gets one derived from its
    owners (:mod:`.grouping`, :mod:`.owners`); a derived PodGroup is created
-   so that ``kubectl get podgroups`` and the status writer have an object.
+   so that ``kubectl get podgroups`` and the status writer have an object
+   (a lone pod's group only once it has something to explain).
    Scheduling needs only the derived spec, so the creates go out after the
-   binds, many at once: 4,000 new bare pods do not wait on 4,000 creates.
+   binds, many at once: 4,000 new pods of Jobs do not wait on 4,000 creates.
 3. Build the engine's Snapshot (:mod:`.convert`) and run one session. A
    pending GPU slice pod that lacks what the admission webhook injects is
    given to the engine as refused (:mod:`.sliceadmission`): never placed,
@@ -347,6 +348,10 @@ class SchedulingCycle:
         self._engine = Engine(memo=BacklogMemo()) if incremental else None
         # Derived PodGroups found missing that wait for a cycle with no binds (_podgroups_to_create).
         self._deferred_groups: dict[tuple[str, str], GroupSpec] = {}
+        # Lone pods' derived groups with no PodGroup made: one is made only
+        # when the group has news (_podgroups_to_create); until the pod is
+        # gone, the status writer writes nothing for it (see _after_binds).
+        self._lone: dict[tuple[str, str], GroupSpec] = {}
         self._max_defer_s = bookkeeping_max_defer_s
         self._quiet_s = bookkeeping_quiet_s
         self._flushed_at = self._bound_at = time.monotonic()
@@ -532,9 +537,23 @@ class SchedulingCycle:
         status writer's ``defer_placed``). A group that waits, has room
         reserved or an eviction refused is news: its PodGroup is created at
         once.
+
+        A lone pod's group (:attr:`~.grouping.GroupSpec.lone`: a bare pod, a
+        Deployment's replica) gets no PodGroup until it has news, and none
+        at all when it never has: placed at once, it runs and ends as its
+        pod shows, and its PodGroup, Running status and final status were
+        three writes per pod that the API server took from the binds of the
+        pods arriving next (under single-pod churn three times as many
+        writes as binds, and the binds' p99 half as long again as with
+        none, ``benchmarks/scheduler_soak.py --mode contender``).
         """
         for key, spec in self.grouper.take_missing().items():
-            self._deferred_groups.setdefault(key, spec)
+            if not spec.lone or key in self._deferred_groups:
+                self._deferred_groups.setdefault(key, spec)
+            elif not (key in self._queued or self.grouper.created(key) or key in view.podgroups):
+                # Found missing again at each change of its pod; one that had
+                # news (on its way to be made, or made) is never parked again.
+                self._lone[key] = spec
         now = time.monotonic()
         if decisions.binds:
             self._bound_at = now
@@ -542,6 +561,10 @@ class SchedulingCycle:
         if not busy:
             self._flushed_at = now
         urgent = {p.job for p in decisions.pending} | {r.job for r in held} | set(blocked)
+        if self._lone and urgent:
+            for key in (_group_key(job) for job in urgent):
+                if key in self._lone:
+                    self._deferred_groups[key] = self._lone.pop(key)  # news: made below, at once
         specs: list[GroupSpec] = []
         if not self._deferred_groups:
             return specs, busy  # the common cycle: no set of every job's key to build
@@ -647,6 +670,13 @@ class SchedulingCycle:
         # Only queues that still exist keep a total (one deleted and made
         # again starts from what its new object shows).
         self._lost_written = totals
+
+        def unmirrored(group: str) -> bool:
+            """A lone pod's group with no PodGroup: nothing to write while it has no news."""
+            # Read on the writer's thread: one lookup in the cycle's current dict.
+            key = _group_key(group)
+            return key in self._lone and key not in batch.podgroups
+
         self.status.write(
             batch.decisions,
             gang_met=batch.gang_met,
@@ -658,6 +688,7 @@ class SchedulingCycle:
             finished=batch.finished,
             finished_changed=batch.finished_changed,
             podgroups=batch.podgroups,
+            unmirrored=unmirrored,
         )
 
     def _create_podgroups(self, specs: list[GroupSpec], paced: bool = False) -> None:
@@ -724,8 +755,11 @@ class SchedulingCycle:
             self._ended_out = None
             self._ended_delta = None
             finished = self._snapshots.finished_jobs.values() if self._incremental else self._finished
+            present: set[tuple[str, str]] = set()
             for job in itertools.chain(snapshot.jobs, finished):
                 self._read_facts(job.key, job)
+                present.add(_group_key(job.key))
+            self._lone = {key: spec for key, spec in self._lone.items() if key in present}
         else:
             for key, now in changed.items():
                 self._read_facts(key, now)
@@ -764,6 +798,8 @@ class SchedulingCycle:
         elif key in self._gang_met:
             del self._gang_met[key]
             self._gang_met_out = None
+        if job is None and self._lone:
+            self._lone.pop(_group_key(key), None)  # its pod is gone: it will never need a PodGroup
         ended = finished_phase(job) if job is not None else None
         if self._ended.get(key) != ended:
             self._ended_out = None

@@ -60,6 +60,11 @@ pod-grouper, lands on the same PodGroup. An explicit
 ``scheduling.gpuwarden.io/pod-group`` annotation on the pod wins; the rest
 of the spec is then only a fallback should that PodGroup not exist.
 
+A group of one derived from the pod itself (one group per pod above) is
+lone (:attr:`GroupSpec.lone`): its PodGroup is made only when the group has
+something to explain, since for a pod placed at once it would only repeat
+the pod (see :meth:`~.cycle.SchedulingCycle._podgroups_to_create`).
+
 The queue comes from the ``gpuwarden.io/queue`` label, then KAI's
 ``kai.scheduler/queue``, looked up on the owners every pod of the group
 shares, outermost first (operators copy labels down, never up: a TrainJob's
@@ -159,6 +164,16 @@ class GroupSpec:
     queue: str
     priority_class_name: str = ""
     owner: OwnerRef | None = None
+
+    @property
+    def lone(self) -> bool:
+        """A group of one pod, derived from that pod itself (no owner, a Deployment's replica, a step pod).
+
+        Its PodGroup would only repeat what the pod says: the scheduler
+        makes one only when the group has something to explain (see
+        :meth:`~.cycle.SchedulingCycle._podgroups_to_create`).
+        """
+        return self.min_member == 1 and self.owner is not None and self.owner.kind == "Pod"
 
 
 @dataclass(frozen=True, slots=True)

@@ -322,6 +322,8 @@ class StatusReport:
     # First statuses of groups placed in full, held back while cycles bind,
     # and Queue amounts held back for QUEUE_AMOUNTS_INTERVAL_S.
     deferred: int = 0
+    # Lone pods' groups with no PodGroup, running or ended with nothing to explain: not written.
+    unmirrored: int = 0
     # Objects that do not exist (no PodGroup for a job, a Queue deleted).
     missing: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -424,6 +426,7 @@ class StatusWriter:
         finished: Mapping[str, Finished] | None = None,
         podgroups: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
         finished_changed: Collection[str] | None = None,
+        unmirrored: Callable[[str], bool] | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
@@ -444,7 +447,10 @@ class StatusWriter:
         PodGroups by (namespace, name): a group this writer has not written
         yet whose object already shows the status it would write is taken
         as written, so that a new leader does not patch every PodGroup of
-        the cluster's history once.
+        the cluster's history once. ``unmirrored`` says of a group that it is
+        a lone pod's with no PodGroup made (the cycle makes one only when
+        the group has news): while it is neither pending nor blocked,
+        nothing is written for it, placed or ended.
         """
         report = StatusReport()
         with self._lock:
@@ -459,6 +465,7 @@ class StatusWriter:
                 defer_placed=defer_placed,
                 finished=finished or {},
                 finished_changed=finished_changed,
+                unmirrored=unmirrored,
             )
             self._write_queues(decisions.queue_shares, lost_totals or {}, queue_problems or {}, report)
         # A line when something went out (or failed); a write that only
@@ -473,6 +480,7 @@ class StatusWriter:
             events=report.events_written,
             unchanged=report.unchanged,
             deferred=report.deferred,
+            unmirrored=report.unmirrored,
             errors=len(report.errors),
         )
         return report
@@ -546,6 +554,7 @@ class StatusWriter:
         defer_placed: bool = False,
         finished: Mapping[str, Finished] | None = None,
         finished_changed: Collection[str] | None = None,
+        unmirrored: Callable[[str], bool] | None = None,
     ) -> None:
         by_job = {s.job: s for s in pending}
         placed_now = set(placed)
@@ -575,6 +584,15 @@ class StatusWriter:
             )
             if settled:
                 report.unchanged += 1  # written as it ended, and nothing new said of it since
+            elif (
+                unmirrored is not None
+                and not (group in by_job or group in blocked or group in was_blocked)
+                and unmirrored(group)
+            ):
+                # A lone pod's group that ended with no PodGroup made: nothing
+                # to write, and nothing kept (no PodGroup's deletion would
+                # ever make this writer forget it again).
+                report.unmirrored += 1
             else:
                 ended[group] = how
         self._finished_seen = finished
@@ -600,17 +618,17 @@ class StatusWriter:
         recheck: set[str] = set()
         groups: list[str] = []
         for group in sorted(said_of | (placed_now - kept)):
-            if (
-                defer_placed
-                and group not in self._groups
-                and group not in by_job
-                and group not in blocked
-                and group not in was_blocked
-            ):
+            end = ended.get(group)
+            news = group in by_job or group in blocked or group in was_blocked
+            if not news and unmirrored is not None and unmirrored(group):
+                # Placed with no PodGroup made: not looked at again while it
+                # runs (see kept), nor written once it ends (above).
+                report.unmirrored += 1
+                continue
+            if defer_placed and group not in self._groups and not news:
                 report.deferred += 1
                 deferred.add(group)
                 continue
-            end = ended.get(group)
             if self._unchanged(group, by_job.get(group), group in placed_now, blocked.get(group), end):
                 report.unchanged += 1
                 self._settle(group, end)

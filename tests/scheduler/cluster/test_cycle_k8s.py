@@ -29,6 +29,7 @@ from scheduler.cluster.sliceadmission import SliceAdmission
 from tests.agent.publish.reports import xid_fault
 from tests.harness import complete_pod_deletion, mark_pod_running, unique_name
 from tests.scheduler.cluster.kube_objects import delete_queue, node_of, pod, podgroup, publish_health, slice_env
+from tests.scheduler.cluster.test_owner_kinds_k8s import job, owned_pods
 
 pytestmark = pytest.mark.k8s
 
@@ -261,7 +262,7 @@ def test_a_gpu_whose_xid_turns_fatal_loses_its_pods_and_only_that_gpu_stops_taki
 
 
 def groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
-    """Derived PodGroups of bare pods, by the name of the pod that owns each."""
+    """Derived PodGroups of the one-pod Jobs below, by the name of the Job (and of its pod) that owns each."""
     items = client.CustomObjectsApi(k8s).list_namespaced_custom_object(
         contract.SCHEDULING_API_GROUP, contract.SCHEDULING_API_VERSION, namespace, contract.PODGROUP_PLURAL
     )["items"]
@@ -269,6 +270,12 @@ def groups_by_pod(k8s: client.ApiClient, namespace: str) -> dict[str, dict[str, 
 
 
 QUIET_S = 5.0
+
+
+def job_pod(k8s: client.ApiClient, namespace: str, name: str, gpus: int) -> None:
+    """A Job of one pod, both called ``name``: its group is the Job's, so it gets a PodGroup (a bare pod's
+    group is lone and gets one only when it waits, see test_lone_pods_k8s)."""
+    owned_pods(k8s, namespace, job(k8s, namespace, name, parallelism=1), [name], gpus=gpus)
 
 
 def _deferring_cycle(
@@ -291,9 +298,9 @@ def test_while_cycles_bind_the_bookkeeping_of_placed_groups_waits_and_waiting_gr
     nodes = set(cluster(1))
     # The quiet time is long enough that the second cycle surely comes within it on a busy machine.
     cycle = _deferring_cycle(k8s, queue(16), max_defer_s=30.0, quiet_s=QUIET_S)
-    pod(k8s, namespace, "solo", gpus=1)
-    pod(k8s, namespace, "wide", gpus=7)
-    pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
+    job_pod(k8s, namespace, "solo", gpus=1)
+    job_pod(k8s, namespace, "wide", gpus=7)
+    job_pod(k8s, namespace, "late", gpus=7)  # only one of the two 7-GPU pods has room: the other waits
 
     result = cycle.run(view(k8s, nodes))
     bound = sorted(b.pod for b in result.decisions.binds)
@@ -322,11 +329,11 @@ def test_bookkeeping_waits_no_longer_than_its_limit_even_while_every_cycle_binds
 ) -> None:
     nodes = set(cluster(1))
     cycle = _deferring_cycle(k8s, queue(8), max_defer_s=0.5, quiet_s=30.0)
-    pod(k8s, namespace, "first", gpus=1)
+    job_pod(k8s, namespace, "first", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["first"]
     assert groups_by_pod(k8s, namespace) == {}
     time.sleep(0.6)
-    pod(k8s, namespace, "second", gpus=1)
+    job_pod(k8s, namespace, "second", gpus=1)
     assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["second"]
     made = groups_by_pod(k8s, namespace)
     assert sorted(made) == ["first", "second"]

@@ -527,6 +527,37 @@ def test_finished_groups_leave_the_writers_work_once_written(monkeypatch: pytest
     assert api.patched[-1] == "ns/done-7" and len(api.patched) == 503
 
 
+def test_a_lone_pods_group_without_a_podgroup_is_written_only_when_it_has_news() -> None:
+    """Placed or ended, nothing is sent or kept for it; pending or blocked, it is written like any group."""
+    api = _GroupApi()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    lone = {f"ns/solo-{i}" for i in range(4)}
+    running = [*sorted(lone), "ns/job"]
+    report = writer.write(Decisions(), gang_met=running, unmirrored=lone.__contains__)
+    assert (api.patched, report.unmirrored) == (["ns/job"], 4)
+    report = writer.write(Decisions(), gang_met=running, unmirrored=lone.__contains__)
+    assert (api.patched, report.unmirrored, report.unchanged) == (["ns/job"], 0, 5)  # not looked at again
+    how = finished_phase(Job("solo", "q", succeeded=1))
+    assert how is not None
+    ended = {"ns/solo-0": how, "ns/solo-1": how}
+    for _ in range(2):
+        report = writer.write(
+            Decisions(), gang_met=running[2:], finished=ended, finished_changed=set(ended), unmirrored=lone.__contains__
+        )
+        assert (api.patched, report.unmirrored) == (["ns/job"], 2)
+    assert writer._final == {}  # no PodGroup's deletion will ever say to forget them: nothing kept
+    # One that waits is news: written (the cycle makes its PodGroup first), and so is what follows.
+    reason = (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),)
+    writer.write(Decisions(pending=(JobStatus("ns/solo-2", "q", reason),)), unmirrored=lone.__contains__)
+    assert api.patched[-1] == "ns/solo-2"
+    lone.discard("ns/solo-2")  # the cycle made its PodGroup
+    writer.write(Decisions(), gang_met=["ns/solo-2"], unmirrored=lone.__contains__)
+    assert api.patched == ["ns/job", "ns/solo-2", "ns/solo-2"]
+    # Blocked (an eviction refused) is news too.
+    writer.write(Decisions(), gang_met=["ns/solo-3"], blocked={"ns/solo-3": "a budget"}, unmirrored=lone.__contains__)
+    assert api.patched[-1] == "ns/solo-3"
+
+
 def test_a_new_finished_mapping_costs_the_groups_named_changed_not_a_walk_over_every_one() -> None:
     api = _GroupApi()
     writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]

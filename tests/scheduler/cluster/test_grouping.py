@@ -130,6 +130,28 @@ def test_replicas_step_pods_and_bare_pods_are_groups_of_one() -> None:
         assert group.min_member == 1
         assert group.name == "pg-p-0-uid-team-a-p-0"
         assert group.owner == OwnerRef("v1", "Pod", "p-0", "uid-team-a-p-0")
+        assert group.lone  # its PodGroup would repeat the pod: made only when it has news
+
+
+def test_only_a_group_derived_from_its_one_pod_is_lone() -> None:
+    """A Job of one pod, an unknown owner's pods or a LeaderReady leader's group are the owner's: not lone."""
+    job = obj("batch/v1", "Job", "once", {"parallelism": 1})
+    custom = obj("example.com/v1", "Trainer", "t")
+    lws = obj(
+        "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve",
+        {"startupPolicy": "LeaderReady", "leaderWorkerTemplate": {"size": 4}},
+    )  # fmt: skip
+    leader_sts = obj("apps/v1", "StatefulSet", "serve", owner=lws)
+    label = {"leaderworkerset.sigs.k8s.io/group-index": "0"}
+    for pod, owners in (
+        (pod_of(job), [job]),
+        (pod_of(custom), [custom]),
+        (pod_of(leader_sts, labels=label), [leader_sts, lws]),
+    ):
+        group = derive_group(pod, owners)
+        assert group.min_member == 1 and not group.lone, group
+    # A leaderworkerset pod without its group index is grouped alone: lone.
+    assert derive_group(pod_of(leader_sts), [leader_sts, lws]).lone
 
 
 def test_an_unknown_owner_keeps_its_pods_together_without_a_gang() -> None:

@@ -539,7 +539,10 @@ def test_an_argo_workflow_gets_one_group_per_step_pod(
     steps = owned_pods(
         k8s, namespace, wf, ["etl-a-1111", "etl-b-2222"], labels={"workflows.argoproj.io/workflow": "etl"}
     )
-    result = new_cycle(scheduler_api(k8s), default_queue="nobody").run(view(k8s, namespace, nodes(1)))
+    cycle = new_cycle(scheduler_api(k8s), default_queue="nobody")
+    # A group of one pod gets its PodGroup when it has news: with no node yet, both steps wait.
+    cycle.run(view(k8s, namespace, set()))
+    result = cycle.run(view(k8s, namespace, nodes(1)))
 
     core = client.CoreV1Api(k8s)
     made = podgroups(k8s, namespace)
@@ -570,7 +573,10 @@ def test_deployments_statefulsets_and_bare_pods_get_one_group_per_pod(
     names += owned_pods(k8s, namespace, sts, ["db-0"])
     pod(k8s, namespace, "scratch")
     api = scheduler_api(k8s)
-    result = new_cycle(api, default_queue=default).run(view(k8s, namespace, nodes(1)))
+    cycle = new_cycle(api, default_queue=default)
+    # A group of one pod gets its PodGroup when it has news: with no node yet, every pod waits.
+    cycle.run(view(k8s, namespace, set()))
+    result = cycle.run(view(k8s, namespace, nodes(1)))
 
     core = client.CoreV1Api(k8s)
     made = podgroups(k8s, namespace)
