@@ -459,6 +459,23 @@ class PodWatch:
                 if start <= at < end and (kind is None or k == kind) and (namespace is None or ns == namespace)
             ]
 
+    def dump(self, path: Path) -> None:
+        """Each pod's first sighting and bind, in wall-clock seconds (to set beside the schedulers' logs)."""
+        offset = time.time() - time.monotonic()
+        with self.lock:
+            rows = [
+                {
+                    "pod": key,
+                    "kind": p.kind,
+                    "seen": round(p.seen + offset, 6),
+                    "bound": None if p.bound is None else round(p.bound + offset, 6),
+                    "node": p.node,
+                }
+                for key, p in self.pods.items()
+            ]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
     def kinds(self) -> list[str]:
         with self.lock:
             return sorted({p.kind for p in self.pods.values() if p.kind and p.kind != CANARY})
@@ -1772,7 +1789,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--keep-logs",
         type=Path,
         default=None,
-        help="copy the schedulers' and the control plane's logs here when the run ends (it removes its own copies)",
+        help="copy the schedulers' and the control plane's logs here when the run ends (it removes its own copies), "
+        "with pods.jsonl: each pod's first sighting and bind in wall-clock seconds",
     )
     parser.add_argument(
         "--baseline",
@@ -1852,6 +1870,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     kubelet.stop()
                     if args.keep_logs is not None:
                         keep_logs(plane.run_dir / "logs", args.keep_logs)
+                        watch.dump(args.keep_logs / "pods.jsonl")
     print(f"done in {time.monotonic() - began:.0f} s")
     return 0
 
