@@ -341,7 +341,7 @@ class SchedulerRunner:
         self.elector = LeaderElector(
             api_client,
             settings.lease,
-            on_started_leading=lambda: log.info("leading", identity=settings.lease.identity),
+            on_started_leading=self._started_leading,
             on_stopped_leading=lambda: log.warning("stopped_leading", identity=settings.lease.identity),
             stats=stats,
         )
@@ -382,6 +382,20 @@ class SchedulerRunner:
         self._cycle_since: float | None = None
         # The term the kept state belongs to (None: it has acted in none yet).
         self._term: int | None = None
+
+    def _started_leading(self) -> None:
+        """The term's first binds find their connections open (:meth:`.KubeApi.open_connections`).
+
+        On a thread of its own: connecting may take as long as the API
+        timeout when the API server is away, and the elector's thread must
+        be free to renew the lease meanwhile.
+        """
+        log.info("leading", identity=self.settings.lease.identity)
+
+        def connect() -> None:
+            log.debug("connections_opened", count=self.api.open_connections(self.settings.bind_workers))
+
+        threading.Thread(target=connect, name="open-connections", daemon=True).start()
 
     def _fresh_state(self) -> None:
         """Everything a term keeps from cycle to cycle, new: the executors, the cycle, remediation."""

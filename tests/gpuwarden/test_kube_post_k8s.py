@@ -179,3 +179,37 @@ def test_a_bind_goes_out_in_one_write_and_its_connection_serves_the_next(control
         api.send_pod_binding(namespace, "p2", _binding(namespace, "p2", "node-a"))()
         assert len(counted.writes) == 2
         assert core.read_namespaced_pod("p2", namespace).spec.node_name == "node-a"
+
+
+def test_connections_opened_ahead_carry_the_binds_that_come_at_once(control_plane: ControlPlane) -> None:
+    """What a new leader does: the term's first binds, sent together, each find a connection open."""
+    with control_plane.api_client() as admin, temporary_namespace(admin) as namespace:
+        core = client.CoreV1Api(admin)
+        names = [f"p{i}" for i in range(4)]
+        for name in names:
+            _pod(core, namespace, name)
+        config = control_plane.configuration()
+        config.connection_pool_maxsize = 8
+        with client.ApiClient(config) as fresh:
+            api = KubeApi(fresh, field_manager=FIELD_MANAGER)
+            pool = api._poster()[0]
+            assert api.open_connections(4) == 4
+            assert pool.num_connections == 4
+            assert api.open_connections(4) == 0  # open already: nothing to do
+            assert api.stats.snapshot() == ({}, {})  # nothing was sent
+            # Four binds written at once (the loop's and its pool's): none of them connects.
+            answers = [api.send_pod_binding(namespace, n, _binding(namespace, n, "node-a")) for n in names]
+            assert pool.num_connections == 4
+            assert [a()["status"] for a in answers] == ["Success"] * 4
+        assert {core.read_namespaced_pod(n, namespace).spec.node_name for n in names} == {"node-a"}
+
+        (port,) = free_ports(1)
+        away = control_plane.configuration()
+        away.host = f"https://127.0.0.1:{port}"  # nothing listens there
+        with client.ApiClient(away) as nowhere:
+            api = KubeApi(nowhere, field_manager=FIELD_MANAGER, timeout_s=5.0)
+            assert api.open_connections(4) == 0  # no error: the writes will say so when they come
+            answer = api.send_pod_binding(namespace, "p0", _binding(namespace, "p0", "node-b"))
+            with pytest.raises(ApiError) as refused:
+                answer()
+            assert refused.value.transient

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from scheduler.cluster.leader import LeaderElectionConfig
-from scheduler.runner import RunnerSettings, SchedulerRunner
+from scheduler.runner import RunnerSettings, SchedulerRunner, connections_needed
 from tests.harness import ControlPlane, unique_name
 from tests.scheduler.cluster.kube_objects import node_of, pod, podgroup
 from tests.waiting import wait_for
@@ -34,10 +34,10 @@ def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[Sche
             renew_deadline_s=2.0,
             retry_period_s=0.5,
         )
-        runner = SchedulerRunner(
-            control_plane.api_client(),
-            RunnerSettings(period_s=0.5, lease=config, metrics_port=0, metrics_host="127.0.0.1"),
-        )
+        settings = RunnerSettings(period_s=0.5, lease=config, metrics_port=0, metrics_host="127.0.0.1")
+        configuration = control_plane.configuration()
+        configuration.connection_pool_maxsize = connections_needed(settings)  # as `gpuwarden scheduler` sizes it
+        runner = SchedulerRunner(client.ApiClient(configuration), settings)
         stop = threading.Event()
         thread = threading.Thread(target=runner.run, args=(stop,), name=f"runner-{identity}", daemon=True)
         thread.start()
@@ -59,6 +59,12 @@ def _get(runner: SchedulerRunner, path: str) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def _open_idle(runner: SchedulerRunner) -> int:
+    """The connections open and idle in the pool the runner's writes take (urllib3's own queue)."""
+    pool = runner.api._poster()[0]
+    return sum(1 for conn in list(pool.pool.queue) if conn is not None and conn.sock is not None)
 
 
 def _sample(text: str, line_start: str) -> float:
@@ -91,6 +97,13 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
         description="the gang bound by the leader",
     )
     assert standby.cycles == 0  # a standby keeps its cache warm and acts on nothing
+    # The leader opened a connection for each bind worker when it won the lease: open, idle, in its pool.
+    wait_for(
+        lambda: _open_idle(leader) >= leader.settings.bind_workers,
+        timeout=10,
+        description="the leader's connections opened",
+    )
+    assert _open_idle(standby) < standby.settings.bind_workers
 
     # Each replica says on /metrics whether it leads; only the leader counts binds.
     # The pods show bound before the cycle that bound them has finished and counted.
