@@ -9,6 +9,7 @@ by the test, as the harness's stand-in does elsewhere.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -404,3 +405,29 @@ def test_a_queue_whose_quota_is_over_subscribed_shows_what_is_guaranteed_and_why
     finally:
         for name in (team_a, team_b, dept):
             delete_queue(k8s, name)
+
+
+class _CollectorWatchingBinder(Binder):
+    """A binder that notes, at each bind, whether Python's cyclic collector could run."""
+
+    def __init__(self, api: KubeApi) -> None:
+        super().__init__(api, retry=NO_WAIT)
+        self.collector_on: list[bool] = []
+
+    def bind_all(self, binds: Any, nodes: Any, **kwargs: Any) -> Any:
+        self.collector_on.append(gc.isenabled())
+        return super().bind_all(binds, nodes, **kwargs)
+
+
+def test_no_collection_runs_between_a_placement_and_its_bind(
+    k8s: client.ApiClient, namespace: str, cluster: Callable[[int], list[str]], queue: Callable[..., str]
+) -> None:
+    nodes = set(cluster(1))
+    api = KubeApi(k8s, field_manager=contract.SCHEDULER_COMPONENT)
+    binder = _CollectorWatchingBinder(api)
+    cycle = SchedulingCycle(api, default_queue=queue(8), binder=binder)
+    pod(k8s, namespace, "one", gpus=1)
+    assert gc.isenabled()
+    assert [b.pod for b in cycle.run(view(k8s, nodes)).decisions.binds] == ["one"]
+    assert binder.collector_on == [False]
+    assert gc.isenabled()  # on again once the cycle ended
