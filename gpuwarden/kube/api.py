@@ -270,15 +270,18 @@ class KubeApi:
                 # the server dropped comes back closed) or a new one.
                 conn = pool._get_conn()
                 taken.append(conn)
-                if conn.sock is None:
+                if conn.sock is not None:
+                    continue
+                try:
                     conn.timeout = self._timeout
                     conn.request("GET", f"{prefix}/version", headers=reading)
                     conn.getresponse().read()
-                    opened += 1
-        except (http.client.HTTPException, urllib3.exceptions.HTTPError, OSError):
-            # The API server is not there now: the writes will say so, and connect then.
-            if taken:
-                taken[-1].close()
+                except (http.client.HTTPException, urllib3.exceptions.HTTPError, OSError):
+                    conn.close()  # the API server is not there now: the writes will say so, and connect then
+                    break
+                opened += 1
+        except urllib3.exceptions.HTTPError:
+            pass  # the pool was closed (the client with it): nothing to open
         finally:
             for conn in taken:
                 pool._put_conn(conn)

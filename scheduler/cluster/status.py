@@ -575,6 +575,15 @@ class StatusWriter:
             # Jobs would otherwise be walked on every call.
             named = itertools.chain(by_job, placed_now, blocked, was_blocked, finished_changed or ())
             candidates = self._unsettled | {group for group in named if group in finished}
+
+        def news(group: str) -> bool:
+            """Something to say of ``group`` beyond how it runs or ended: it waits, or an eviction was refused."""
+            return group in by_job or group in blocked or group in was_blocked
+
+        def silent(group: str) -> bool:
+            """A lone pod's group with no PodGroup made and no news: nothing is written or kept for it."""
+            return unmirrored is not None and not news(group) and unmirrored(group)
+
         for group in candidates:
             how = finished.get(group)
             if how is None:
@@ -584,14 +593,9 @@ class StatusWriter:
             )
             if settled:
                 report.unchanged += 1  # written as it ended, and nothing new said of it since
-            elif (
-                unmirrored is not None
-                and not (group in by_job or group in blocked or group in was_blocked)
-                and unmirrored(group)
-            ):
-                # A lone pod's group that ended with no PodGroup made: nothing
-                # to write, and nothing kept (no PodGroup's deletion would
-                # ever make this writer forget it again).
+            elif silent(group):
+                # Ended: nothing to write, and nothing kept (no PodGroup's
+                # deletion would ever make this writer forget it again).
                 report.unmirrored += 1
             else:
                 ended[group] = how
@@ -619,13 +623,12 @@ class StatusWriter:
         groups: list[str] = []
         for group in sorted(said_of | (placed_now - kept)):
             end = ended.get(group)
-            news = group in by_job or group in blocked or group in was_blocked
-            if not news and unmirrored is not None and unmirrored(group):
-                # Placed with no PodGroup made: not looked at again while it
-                # runs (see kept), nor written once it ends (above).
+            if silent(group):
+                # Placed: not looked at again while it runs (see kept), nor
+                # written once it ends (above).
                 report.unmirrored += 1
                 continue
-            if defer_placed and group not in self._groups and not news:
+            if defer_placed and group not in self._groups and not news(group):
                 report.deferred += 1
                 deferred.add(group)
                 continue
