@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from scheduler.engine.model import UNLIMITED, Queue
+from scheduler.engine.model import UNLIMITED, Queue, QueueResource
 from scheduler.engine.resources import CPU, GPU, MEMORY, RESOURCES, WHOLE_UNIT
 
 Vector = tuple[int, int, int]
@@ -282,6 +282,36 @@ def divide(
 
     ``absorbable[i]`` is what child ``i`` can take in all (its capped demand).
     """
+    if len(children) == 1:
+        return [_divide_alone(total, children[0].resources[resource], absorbable[0])]
+    return _divide_among(total, children, absorbable, resource)
+
+
+def _divide_alone(total: int, setting: QueueResource, absorbable: int) -> int:
+    """:func:`divide` for a queue without siblings (a pool's only top-level queue, an only child).
+
+    The two phases come down to a minimum each: one member takes every
+    piece until its cap or the amount runs out. Worked out here without
+    the pieces and their exact weights, which were most of a quiet cycle's
+    fair-share pass (one queue per pool is the common tree).
+    """
+    deserved = absorbable if setting.quota == UNLIMITED else min(setting.quota, absorbable)
+    if deserved > total:
+        return max(0, total)
+    room = absorbable - deserved
+    left = total - deserved
+    if left > 0 and room > 0 and setting.over_quota_weight > 0:
+        return deserved + min(room, left)
+    return deserved
+
+
+def _divide_among(
+    total: int,
+    children: Sequence[Queue],
+    absorbable: Sequence[int],
+    resource: int,
+) -> list[int]:
+    """:func:`divide` for two siblings or more: quotas by tier, then over quota by weight."""
     n = len(children)
     names = [c.name for c in children]
     unit = WHOLE_UNIT[resource]
@@ -309,12 +339,16 @@ def divide(
         remaining = 0
         break
     # Phase 2: over quota, tier by tier, by weight.
+    weights: list[Fraction] | None = None
     for tier in tiers:
         if remaining <= 0:
             break
         members = [i for i in range(n) if children[i].priority == tier]
         caps = [absorbable[i] - grants[i] for i in range(n)]
-        weights = [Fraction(s.over_quota_weight) for s in settings]
+        if not any(caps[i] > 0 for i in members):
+            continue  # every member has what it can take: nothing to weigh
+        if weights is None:
+            weights = [Fraction(s.over_quota_weight) for s in settings]
         extra = _apportion(remaining, members=members, weights=weights, caps=caps, names=names, unit=unit)
         for i in members:
             grants[i] += extra[i]

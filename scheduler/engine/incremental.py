@@ -263,6 +263,7 @@ class Engine:
         pool = old.pool
         node = make_node(spec, pool, old.pidx)
         pool.nodes[old.pidx] = node
+        pool.intact = None  # summed from its nodes' specs (scheduler.engine.decisions)
         cluster.nodes[spec.name] = node
         kept.statics.pop(pool.name, None)
         if old.is_sick or node.is_sick:

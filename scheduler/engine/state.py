@@ -107,10 +107,11 @@ class PoolState:
     growth: int = 0
     whole_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
     shared_buckets: tuple[dict[int, dict[int, NodeState]], ...] = field(default_factory=lambda: ({}, {}))
-    # What the pool would offer with all its hardware in service, and the
-    # node specs it was summed from (scheduler.engine.decisions): a kept
-    # state's pool keeps its nodes from session to session.
-    intact: tuple[list[Node], list[int]] | None = None
+    # What the pool would offer with all its hardware in service
+    # (scheduler.engine.decisions), summed once: a kept state's pool keeps
+    # its nodes from session to session. None until summed, and again
+    # whenever a node of the pool is replaced.
+    intact: list[int] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine.fairshare import build_tree, divide, fair_shares
+from scheduler.engine.fairshare import _divide_among, build_tree, divide, fair_shares
 from scheduler.engine.model import UNLIMITED, Queue, QueueResource
 from scheduler.engine.resources import GPU, WHOLE_UNIT
 from tests.scheduler.builders import queue
@@ -342,3 +342,20 @@ def test_divide_is_deterministic_and_order_independent() -> None:
     qs.reverse()
     second = dict(zip([q.name for q in qs], divide(10_000, qs, [9000, 9000, 9000], GPU), strict=True))
     assert first == second == {"a": 4000, "b": 3000, "c": 3000}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    total=st.integers(-2000, 20_000),
+    quota=st.one_of(st.just(UNLIMITED), st.integers(0, 20_000)),
+    weight=st.sampled_from([0.0, 0.25, 1.0, 3.5]),
+    absorbable=st.integers(0, 20_000),
+    resource=st.sampled_from([0, 1, 2]),
+)
+def test_a_queue_without_siblings_is_divided_as_the_pieces_would_divide_it(
+    total: int, quota: int, weight: float, absorbable: int, resource: int
+) -> None:
+    """The shortcut for an only child gives what handing out every piece by weight gives."""
+    setting = QueueResource(quota=quota, over_quota_weight=weight)
+    alone = Queue("only", gpu=setting, cpu=setting, memory=setting)
+    assert divide(total, [alone], [absorbable], resource) == _divide_among(total, [alone], [absorbable], resource)

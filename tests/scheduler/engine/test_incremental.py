@@ -79,8 +79,13 @@ def _next(snapshot: Snapshot, decisions: Decisions, data: st.DataObject, step: i
     if data.draw(st.booleans(), label="a node changes"):
         i = data.draw(st.integers(0, len(nodes) - 1), label="node")
         node = nodes[i]
-        change = data.draw(st.sampled_from(["cordon", "drain", "gpu", "xid", "heal", "taint", "zone"]), label="change")
-        if change == "taint":
+        change = data.draw(
+            st.sampled_from(["cordon", "drain", "gpu", "xid", "heal", "taint", "zone", "resize"]), label="change"
+        )
+        if change == "resize":
+            # What the pool offers intact (the quota shortfalls' measure) is kept with the state.
+            node = replace(node, cpu_milli=node.cpu_milli // 2, memory_mib=node.memory_mib * 2)
+        elif change == "taint":
             # What placement worked out from the old taints (kept between sessions) must not outlive them.
             taints = () if node.taints else (data.draw(st.sampled_from(TAINTS), label="taint"),)
             node = replace(node, taints=taints)
