@@ -27,6 +27,15 @@ interleaved: the time of an arrival's turn alone when the two pods that
 ended were folded in by a turn of their own before it, against the turn
 that folds them in itself, as every arrival's did before. Both sides must
 bind alike too.
+
+Last, the cyclic collector over ``--gc-cycles`` cycles, interleaved: Python's
+automatic collection at the process's thresholds (what the scheduler did
+until its loop took collection over) against :class:`LoopCollector` called
+after each cycle (``--young-limit``): collections per run, the longest
+pause, all pauses per 1000 cycles, the cycles' own time; and what one full
+collection of the whole process takes once thawed (what an old collection
+looked at once every pod had been seen again, and what the collector's
+hourly sweep costs).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import argparse
 import contextlib
 import gc
 import logging
+import math
 import statistics
 import sys
 import time
@@ -42,7 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -57,6 +67,7 @@ from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.grouping import derive_group
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
 from scheduler.cluster.watch import EventType, WatchEvent, object_key
+from scheduler.collector import YOUNG_LIMIT, LoopCollector
 from scheduler.engine import incremental
 from scheduler.engine.model import Bind, Decisions, Gpu, Node
 from scheduler.runner import GC_THRESHOLDS, ClusterViews
@@ -67,6 +78,7 @@ QUEUE = "team-a"
 GPUS = 8
 NOW = 1_800_000_000.0
 WARM_CYCLES = 30
+T = TypeVar("T")
 
 
 class Churn:
@@ -226,11 +238,67 @@ def one_run(args: argparse.Namespace, *, baseline: bool = False, fold_first: boo
     return RunResult(1000 * took / args.cycles, 1000 * arrival / args.cycles, churn.bound)
 
 
-def interleaved(
-    args: argparse.Namespace, run: Callable[[bool], tuple[float, Bound]]
-) -> tuple[dict[bool, list[float]], Bound]:
+@dataclass(frozen=True)
+class Collected:
+    """One run's cyclic collections: each pause (ms), the cycles' mean (ms), and a full collection's pause (ms)."""
+
+    pauses: tuple[float, ...]
+    cycle_ms: float
+    full_ms: float
+
+
+def collections_run(args: argparse.Namespace, *, by_loop: bool) -> tuple[Collected, Bound]:
+    """``--gc-cycles`` cycles after the warm-up, every collection timed; ``by_loop``: the loop's collector.
+
+    Before: automatic collection at the process's thresholds, with what the
+    first cycles built frozen (as the runner did after its first cycle).
+    Now: :class:`LoopCollector` (its sweep out of reach), called after each
+    cycle as the runner calls it. Last, what a full collection of everything
+    the run keeps takes once it is thawed: what an old collection comes to
+    look at once every pod was seen again (and what the collector's sweep
+    costs): the whole process, whose own objects are most of it at a small
+    size.
+    """
+    gc.unfreeze()
+    gc.collect()
+    churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
+    for _ in range(WARM_CYCLES):
+        churn.cycle(fold_first=True)
+    collector = LoopCollector(young_limit=args.young_limit, sweep_every_s=math.inf) if by_loop else None
+    pauses: list[float] = []
+    began_at: list[float] = []
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began_at.append(time.perf_counter())
+        else:
+            pauses.append(1000 * (time.perf_counter() - began_at.pop()))
+
+    gc.freeze()
+    if collector is not None:
+        collector.start()
+    gc.callbacks.append(timed)
+    try:
+        began = time.perf_counter()
+        for _ in range(args.gc_cycles):
+            churn.cycle(fold_first=True)
+            if collector is not None:
+                collector.between_cycles()
+        took = time.perf_counter() - began
+    finally:
+        gc.callbacks.remove(timed)
+        if collector is not None:
+            collector.stop()
+    gc.unfreeze()
+    began = time.perf_counter()
+    gc.collect()
+    full = time.perf_counter() - began
+    return Collected(tuple(pauses), 1000 * took / args.gc_cycles, 1000 * full), churn.bound
+
+
+def interleaved(args: argparse.Namespace, run: Callable[[bool], tuple[T, Bound]]) -> tuple[dict[bool, list[T]], Bound]:
     """``run(side)`` for both sides ``--runs`` times, alternating which goes first; both must bind alike."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[bool, list[T]] = {False: [], True: []}
     bound: dict[bool, Bound] = {}
     for turn in range(args.runs):
         for side in (False, True) if turn % 2 == 0 else (True, False):
@@ -251,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--finished", type=int, default=5000, help="gpuwarden's Succeeded pods left in place")
     parser.add_argument("--cycles", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--gc-cycles", type=int, default=3000, help="cycles of each collection run")
+    parser.add_argument("--young-limit", type=int, default=YOUNG_LIMIT, help="the loop collector's young limit")
     args = parser.parse_args(argv)
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -290,6 +360,27 @@ def _compare(args: argparse.Namespace) -> int:
     for fold_first, label in ((False, "folding the ends in itself (before)"), (True, "ends folded in first (now)")):
         values = arrival[fold_first]
         print(f"an arrival's turn, {label}: min {min(values):.3f} ms median {statistics.median(values):.3f} ms")
+
+    runs, _ = interleaved(args, lambda by_loop: collections_run(args, by_loop=by_loop))
+    thresholds = "/".join(map(str, GC_THRESHOLDS))
+    for by_loop, label in (
+        (False, f"automatic at {thresholds}, first cycles frozen (before)"),
+        (True, f"by the loop between cycles, young limit {args.young_limit}, survivors frozen (now)"),
+    ):
+        done = runs[by_loop]
+        pauses = [p for run in done for p in run.pauses]
+        longest = f"{max(pauses):.1f} ms" if pauses else "- (none ran)"
+        print(
+            f"collections {label}: {len(pauses) / len(done):.1f} per run of {args.gc_cycles} cycles, "
+            f"longest pause {longest}, all pauses per 1000 cycles "
+            f"{1000 * sum(pauses) / len(done) / args.gc_cycles:.2f} ms; per cycle min "
+            f"{min(r.cycle_ms for r in done):.3f} ms median {statistics.median(r.cycle_ms for r in done):.3f} ms"
+        )
+    full = [r.full_ms for side in runs.values() for r in side]
+    print(
+        f"a full collection of the whole process, thawed: min {min(full):.1f} ms median "
+        f"{statistics.median(full):.1f} ms (an old collection once every pod was seen again; the sweep)"
+    )
     return 0
 
 

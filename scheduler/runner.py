@@ -73,6 +73,7 @@ from scheduler.cluster.sliceadmission import DEFAULT_RUNTIME_CLASS, SliceAdmissi
 from scheduler.cluster.sliceconfig import SliceCompute, SliceConfigWriter
 from scheduler.cluster.status import STATUS_WORKERS
 from scheduler.cluster.versions import Versioned
+from scheduler.collector import LoopCollector
 from scheduler.engine.model import SchedulerConfig
 from scheduler.remediation.controller import NODE_PATCH_WORKERS, RemediationController
 from scheduler.remediation.devicetaints import DeviceTaintPublisher
@@ -82,9 +83,11 @@ from scheduler.remediation.worker import RemediationWorker
 
 log = get_logger(__name__)
 
-# The cyclic collector's thresholds in the scheduler process. Syncing 150,000
-# pods allocates millions of long-lived dicts; Python's default (700) would
-# spend most of the sync scanning them young (benchmarks/scheduler_cache.py).
+# The cyclic collector's thresholds in the scheduler process until its cache
+# synced (the loop collects from then on, see scheduler.collector). Syncing
+# 150,000 pods allocates millions of long-lived dicts; Python's default (700)
+# would spend most of the sync scanning them young
+# (benchmarks/scheduler_cache.py).
 GC_THRESHOLDS = (50_000, 10, 10)
 # The scheduler process's default RunnerSettings.quiet_settle_s: under
 # single-pod churn the quiet changes after a bind (its echo, the pod
@@ -452,6 +455,8 @@ class SchedulerRunner:
         # Evictions made that the watch has not shown yet (see :mod:`.assumed`).
         self.evicting = AssumedEvictions()
         self.views = ClusterViews()
+        # Cyclic garbage collection once the cache synced: between cycles, on the loop's thread.
+        self.collector = LoopCollector()
 
     def _reset(self, why: str) -> None:
         """Drop the queued work and all kept state; list the cluster again (see the class docstring).
@@ -518,10 +523,9 @@ class SchedulerRunner:
         try:
             if not self.cache.wait_synced(self.settings.sync_timeout_s):
                 log.warning("cache_not_synced", timeout_s=self.settings.sync_timeout_s)
-            gc.freeze()  # what the first sync built lives long: keep it out of every later collection
+            self.collector.start()  # what the first sync built lives long: frozen, never looked at again
             generation = -1
             self._loop_started = self._last_turn = time.monotonic()
-            frozen_after_cycle = False
             while not stop.is_set():
                 cache = self.cache
                 settle = None
@@ -534,18 +538,15 @@ class SchedulerRunner:
                         settle = max(settle, QUIET_SETTLE_CYCLES * self.last.seconds)
                 generation = cache.wait_for_change(generation, self.settings.period_s, settle_s=settle)
                 self._turn(stop)
-                if not frozen_after_cycle and self.cycles:
-                    # The first cycle built the engine's kept state and the
-                    # grouping (every job and pod of the cluster): long-lived
-                    # too. Left young, every collection of the first minutes
-                    # of leading would scan it again for nothing, on the
-                    # thread that binds.
-                    gc.freeze()
-                    frozen_after_cycle = True
+                # After the cycle's binds went out, never between a placement
+                # and its bind; the first cycle's kept state (every job and
+                # pod of the cluster) is frozen by its first collection.
+                self.collector.between_cycles()
                 if self.cache is not cache:
                     generation = -1  # a new cache counts its changes from 0
                 self._last_turn = time.monotonic()
         finally:
+            self.collector.stop()
             self.cycle.close()  # the writes still queued go out while this replica may still lead
             if self.remediation_worker is not None:
                 self.remediation_worker.stop()

@@ -923,7 +923,9 @@ class SchedulingCycle:
         waited for it (a young collection took 25 ms in the single-pod soak,
         once a minute, every time inside a cycle). The engine's session
         already paused it; paused for the whole cycle, it runs once the
-        cycle's binds are out.
+        cycle's binds are out. In the scheduler process the loop has taken
+        collection over once its cache synced (:mod:`scheduler.collector`),
+        and this pauses nothing.
         """
         with collector_paused():
             return self._run(view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[Sche
     """Starts scheduler replicas sharing one lease; stops them all afterwards."""
     lease = unique_name("sched-lease")
     started: list[tuple[SchedulerRunner, threading.Event, threading.Thread]] = []
+    collecting = gc.isenabled()
 
     def start(identity: str) -> tuple[SchedulerRunner, threading.Event]:
         config = LeaderElectionConfig(
@@ -50,6 +52,7 @@ def replicas(control_plane: ControlPlane) -> Iterator[Callable[[str], tuple[Sche
     for _, _, thread in started:
         thread.join(30)
     assert not any(thread.is_alive() for _, _, thread in started)
+    assert gc.isenabled() == collecting  # the last loop out gave collection back
 
 
 def _get(runner: SchedulerRunner, path: str) -> tuple[int, str]:
@@ -97,6 +100,8 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
         description="the gang bound by the leader",
     )
     assert standby.cycles == 0  # a standby keeps its cache warm and acts on nothing
+    # Synced, both loops collect between their turns (scheduler.collector): nothing collects on its own.
+    assert not gc.isenabled()
     # The leader opened a connection for each bind worker when it won the lease: open, idle, in its pool.
     wait_for(
         lambda: _open_idle(leader) >= leader.settings.bind_workers,
