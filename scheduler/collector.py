@@ -18,7 +18,11 @@ pause grew with what it had to look at:
 What the scheduler keeps lives long (the cache's objects, the engine's kept
 state) and what it throws away is freed by reference counting as it goes;
 cyclic garbage is rare, and what there is of it is young (a failed request's
-traceback). So, once the cache has synced, automatic collection is off and
+traceback). The two bulks of cyclic state that die old are taken apart or
+looked for: the engine breaks the cycles of a kept state it drops
+(``scheduler.engine.incremental``), and the runner asks for a sweep when it
+drops its cache and kept state after losing the lease. So, once the cache
+has synced, automatic collection is off and
 the loop collects between its cycles instead: the young generation once
 ``young_limit`` objects are in it, after which everything that survived is
 frozen (:func:`gc.freeze`), never to be looked at again. Each object is then
@@ -35,6 +39,7 @@ a leak is bounded by that period and shows in the log.
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -81,14 +86,14 @@ class LoopCollector:
         global _holders, _was_enabled
         gc.freeze()
         self._swept_at = self.clock()
-        if self._holding:
-            return
         with _lock:
-            if _holders == 0:
-                _was_enabled = gc.isenabled()
-                gc.disable()
-            _holders += 1
-        self._holding = True
+            if not self._holding:
+                if _holders == 0:
+                    _was_enabled = gc.isenabled()
+                _holders += 1
+                self._holding = True
+            # Off whoever turned it on meanwhile (a session's pause ending on another thread).
+            gc.disable()
 
     def stop(self) -> None:
         """Give collection back: automatic again once no loop holds it (if it was before the first took it)."""
@@ -101,12 +106,23 @@ class LoopCollector:
             if _holders == 0 and _was_enabled:
                 gc.enable()
 
+    def sweep_soon(self) -> None:
+        """Sweep at the next turn: a bulk of frozen state was just dropped (the runner's reset)."""
+        self._swept_at = -math.inf
+
     def between_cycles(self) -> None:
         """Collect what is due: the sweep when its period is up, else the young generation once it is full."""
         if not self._holding:
             return
         now = self.clock()
+        # What the young generation holds. Not gc.get_count(): it goes down
+        # with every object freed, frozen ones too, so while the watch
+        # replaces the frozen pods with new objects it stays near 0 and the
+        # young generation grows unseen. Counted only up to a bulk: a count
+        # that high is a young generation at least that big.
         young = gc.get_count()[0]
+        if young < self.bulk_limit:
+            young = len(gc.get_objects(generation=0))
         if self._swept_at is not None and now - self._swept_at >= self.sweep_every_s:
             self._sweep(now)
         elif young >= self.bulk_limit:

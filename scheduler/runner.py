@@ -362,6 +362,9 @@ class SchedulerRunner:
         self.remediation_metrics = RemediationMetrics(
             self.metrics.registry, leader=self.elector.is_leader, repeat_window_s=window
         )
+        # Cyclic garbage collection once the cache synced: between cycles, on
+        # the loop's thread. One for the process's life, kept across resets.
+        self.collector = LoopCollector()
         self._fresh_state()
         # Called with every cycle's result, in the loop's thread (the demo times the cycles with it).
         self.on_cycle: Callable[[CycleResult], None] | None = None
@@ -455,8 +458,6 @@ class SchedulerRunner:
         # Evictions made that the watch has not shown yet (see :mod:`.assumed`).
         self.evicting = AssumedEvictions()
         self.views = ClusterViews()
-        # Cyclic garbage collection once the cache synced: between cycles, on the loop's thread.
-        self.collector = LoopCollector()
 
     def _reset(self, why: str) -> None:
         """Drop the queued work and all kept state; list the cluster again (see the class docstring).
@@ -476,6 +477,8 @@ class SchedulerRunner:
         self.cache.start()
         self._fresh_state()
         self._term = None
+        # The old cache and kept state are garbage now, frozen long ago: looked at after this turn.
+        self.collector.sweep_soon()
 
     def liveness(self) -> tuple[bool, str]:
         """Fail only when the loop hangs (see the module docstring)."""

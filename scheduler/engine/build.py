@@ -141,27 +141,34 @@ def _build_queues(snapshot: Snapshot, pools: dict[str, PoolState]) -> tuple[dict
             log.warning("queue unusable", queue=name, problem=problem)
     states: dict[str, QueueState] = {}
 
-    def add(node: TreeQueue, parent: QueueState | None) -> None:
-        spec = node.spec
-        state = QueueState(
-            tree=node,
-            pool=spec.node_pool,
-            parent=parent,
-            quota=[s.quota for s in spec.resources],
-            limit=[s.limit for s in spec.resources],
-            borrows=borrowing(spec),
-        )
-        state.path = [*parent.path, state] if parent is not None else [state]
-        states[spec.name] = state
-        for child in node.children:
-            add(child, state)
-
     for pool_name in sorted(tree.roots):
         if pool_name not in pools:
             pools[pool_name] = PoolState(pool_name, snapshot.config.strategy(pool_name))
         for root in tree.roots[pool_name]:
-            add(root, None)
+            _add_queue(root, None, states)
     return states, tree
+
+
+def _add_queue(node: TreeQueue, parent: QueueState | None, states: dict[str, QueueState]) -> None:
+    """The state of ``node`` and its subtree, into ``states``.
+
+    Not a closure: a recursive inner function is a reference cycle of its
+    own, and the scheduler process finds cyclic garbage only while it is
+    young (see scheduler.collector).
+    """
+    spec = node.spec
+    state = QueueState(
+        tree=node,
+        pool=spec.node_pool,
+        parent=parent,
+        quota=[s.quota for s in spec.resources],
+        limit=[s.limit for s in spec.resources],
+        borrows=borrowing(spec),
+    )
+    state.path = [*parent.path, state] if parent is not None else [state]
+    states[spec.name] = state
+    for child in node.children:
+        _add_queue(child, state, states)
 
 
 def build_cluster(snapshot: Snapshot) -> Cluster:

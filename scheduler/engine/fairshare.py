@@ -149,15 +149,18 @@ def build_tree(queues: Sequence[Queue], invalid: Mapping[str, str] | None = None
             node.parent = parent_node
             parent_node.children.append(node)
 
-    def set_depth(node: TreeQueue, depth: int) -> None:
-        node.depth = depth
-        for child in node.children:
-            set_depth(child, depth + 1)
-
     for pool_roots in roots.values():
         for root in pool_roots:
-            set_depth(root, 0)
+            _set_depth(root, 0)
     return QueueTree(nodes, roots, errors)
+
+
+def _set_depth(node: TreeQueue, depth: int) -> None:
+    # Not a closure: a recursive inner function is a reference cycle of its own,
+    # garbage only a full collection finds (see scheduler.collector).
+    node.depth = depth
+    for child in node.children:
+        _set_depth(child, depth + 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,53 @@ def test_between_cycles_the_young_generation_is_collected_once_full_and_what_sur
     assert gc.isenabled()
 
 
+def test_new_objects_that_replace_frozen_ones_fill_the_young_generation_though_the_count_stays_low() -> None:
+    """What the watch does to the cache: each new version of a pod frees the frozen one it replaces."""
+    seen = [[i] for i in range(2000)]
+    collector = LoopCollector(young_limit=500, sweep_every_s=math.inf)
+    collector.start()  # the cache synced: frozen
+    try:
+        for i in range(len(seen)):
+            seen[i] = [i]  # seen again: a new object, the frozen one freed
+        assert gc.get_count()[0] < 500 <= len(gc.get_objects(generation=0))
+        collector.between_cycles()
+        assert collector.collections == 1
+        assert not any(o is seen[0] for o in gc.get_objects(generation=0))  # frozen after its look
+    finally:
+        collector.stop()
+
+
+def test_a_sweep_asked_for_runs_at_the_next_turn_and_the_period_starts_again() -> None:
+    now = [0.0]
+    collector = LoopCollector(young_limit=10**9, sweep_every_s=60.0, clock=lambda: now[0])
+    collector.start()
+    try:
+        collector.sweep_soon()  # the runner dropped its cache and kept state
+        now[0] = 1.0
+        collector.between_cycles()
+        assert collector.sweeps == 1
+        now[0] = 60.0
+        collector.between_cycles()
+        assert collector.sweeps == 1
+        now[0] = 61.0
+        collector.between_cycles()
+        assert collector.sweeps == 2
+    finally:
+        collector.stop()
+
+
+def test_starting_again_turns_collection_off_whoever_turned_it_on() -> None:
+    collector = LoopCollector()
+    collector.start()
+    try:
+        gc.enable()  # a session's pause that ended on another thread
+        collector.start()
+        assert not gc.isenabled()
+    finally:
+        collector.stop()
+    assert gc.isenabled()
+
+
 def test_a_bulk_of_new_state_is_frozen_without_a_look_and_its_garbage_left_to_the_sweep() -> None:
     now = [0.0]
     collector = LoopCollector(young_limit=500, bulk_limit=5000, sweep_every_s=60.0, clock=lambda: now[0])
@@ -107,10 +154,13 @@ def test_collection_stays_off_until_the_last_loop_of_the_process_stops() -> None
     first, second = LoopCollector(), LoopCollector()
     first.start()
     second.start()
-    first.stop()
-    first.stop()  # a second stop gives nothing back twice
-    assert not gc.isenabled()
-    second.stop()
+    try:
+        first.stop()
+        first.stop()  # a second stop gives nothing back twice
+        assert not gc.isenabled()
+    finally:
+        first.stop()
+        second.stop()
     assert gc.isenabled()
 
 
@@ -118,7 +168,10 @@ def test_a_process_that_had_collection_off_keeps_it_off() -> None:
     gc.disable()
     collector = LoopCollector()
     collector.start()
-    collector.stop()
+    try:
+        assert not gc.isenabled()
+    finally:
+        collector.stop()
     assert not gc.isenabled()
 
 

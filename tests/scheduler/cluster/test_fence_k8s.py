@@ -79,8 +79,12 @@ def test_binds_paused_between_the_lease_check_and_the_write_are_refused_after_a_
     )
 
     # A wakes: its binds in flight go out, the ones still queued meet the fence in the process.
+    collector = a.collector
     pause.wake()
     wait_for(lambda: a.resets >= 1, timeout=30, description="replica a drops its kept state")
+    # What it dropped was frozen long ago: the same collector looks at everything once, at its next turn.
+    wait_for(lambda: collector.sweeps >= 1, timeout=30, description="replica a sweeps what it dropped")
+    assert a.collector is collector
     # The cycle's bookkeeping goes out behind it on its own thread, so its
     # refusal may come just after the runner has started over.
     wait_for(lambda: a.fence.refused >= 1, timeout=30, description="a write of replica a meets the fence")

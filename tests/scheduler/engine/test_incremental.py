@@ -193,6 +193,34 @@ def test_a_changed_node_is_updated_in_place() -> None:
     assert [b.node for b in decided.binds] == ["n2"]
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(snapshots(), st.data())
+def test_a_kept_state_dropped_whole_leaves_no_reference_cycle_behind(first: Snapshot, data: st.DataObject) -> None:
+    """A rebuild frees the state it replaces at once: the scheduler process looks at old objects only hourly."""
+    snapshot = with_running_work(first) if data.draw(st.booleans(), label="running work") else first
+    engine = Engine()
+    decided = engine.run(snapshot)
+    # The room it reserved comes back, and a node joins: nodes came, the state is built afresh.
+    joined = Node("joined", cpu_milli=8000, memory_mib=65536, gpus=(Gpu(0),))
+    after = replace(
+        snapshot, nodes=(*snapshot.nodes, joined), reservations=decided.reservations, now=snapshot.now + 1.0
+    )
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        engine.run(after)
+        dropped = data.draw(st.booleans(), label="dropped at once")
+        if dropped:
+            engine.drop()
+        gc.collect()
+        left = sorted({type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("scheduler.")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert engine.rebuilds == 2
+    assert left == []
+
+
 def test_a_nodes_holders_keep_the_builds_order_when_pods_share_a_name_across_namespaces() -> None:
     """Health eviction names the first faulted holder it meets: the order must survive an undo."""
     running = TaskStatus.RUNNING
