@@ -262,16 +262,27 @@ class KubeApi:
             return 0
         pool, prefix, headers = self._poster()
         reading = {k: v for k, v in headers.items() if k.lower() != "content-type"}  # the token's header too
+        # Taken all at once (private to urllib3, as in _post_sent: a pooled
+        # connection, one the server dropped coming back closed, or a new
+        # one), so that each is a different one; those open already go back
+        # at once, and each new one as soon as it is open. A pool held until
+        # every handshake was done left the term's first binds none to
+        # take: 0.7 s on the soak's busy control plane, in which each of
+        # them opened a connection of its own (20-70 ms).
         taken: list[Any] = []
-        opened = 0
         try:
             for _ in range(count):
-                # Private to urllib3, as in _post_sent: a pooled connection (one
-                # the server dropped comes back closed) or a new one.
-                conn = pool._get_conn()
-                taken.append(conn)
-                if conn.sock is not None:
-                    continue
+                taken.append(pool._get_conn())
+        except urllib3.exceptions.HTTPError:
+            pass  # the pool was closed (the client with it): nothing to open
+        fresh = [conn for conn in taken if conn.sock is None]
+        for conn in taken:
+            if conn.sock is not None:
+                pool._put_conn(conn)
+        opened = 0
+        try:
+            while fresh:
+                conn = fresh[0]
                 try:
                     conn.timeout = self._timeout
                     conn.request("GET", f"{prefix}/version", headers=reading)
@@ -279,11 +290,10 @@ class KubeApi:
                 except (http.client.HTTPException, urllib3.exceptions.HTTPError, OSError):
                     conn.close()  # the API server is not there now: the writes will say so, and connect then
                     break
+                pool._put_conn(fresh.pop(0))
                 opened += 1
-        except urllib3.exceptions.HTTPError:
-            pass  # the pool was closed (the client with it): nothing to open
         finally:
-            for conn in taken:
+            for conn in fresh:
                 pool._put_conn(conn)
         return opened
 

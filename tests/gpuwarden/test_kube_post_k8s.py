@@ -6,6 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import urllib3
 from kubernetes import client
 
 from gpuwarden.kube import ApiError, KubeApi
@@ -213,3 +214,34 @@ def test_connections_opened_ahead_carry_the_binds_that_come_at_once(control_plan
             with pytest.raises(ApiError) as refused:
                 answer()
             assert refused.value.transient
+
+
+def test_each_connection_opened_ahead_is_free_for_a_bind_as_soon_as_it_is_open(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The term's first binds must not wait for every handshake: on a busy machine that took 0.7 s."""
+    config = control_plane.configuration()
+    config.connection_pool_maxsize = 8
+    with client.ApiClient(config) as fresh:
+        api = KubeApi(fresh, field_manager=FIELD_MANAGER)
+        pool = api._poster()[0]
+        steps: list[tuple[str, int]] = []
+        sent = urllib3.connection.HTTPConnection.request
+
+        def request(conn: urllib3.connection.HTTPConnection, *args: object, **kwargs: object) -> None:
+            steps.append(("sent", id(conn)))
+            sent(conn, *args, **kwargs)  # type: ignore[arg-type]
+
+        put = pool._put_conn
+
+        def put_back(conn: urllib3.connection.HTTPConnection | None) -> None:
+            if conn is not None:
+                steps.append(("free", id(conn)))
+            put(conn)
+
+        monkeypatch.setattr(urllib3.connection.HTTPConnection, "request", request)
+        monkeypatch.setattr(pool, "_put_conn", put_back)
+        assert api.open_connections(3) == 3
+        conns = [conn for step, conn in steps if step == "sent"]
+        assert len(set(conns)) == 3  # three connections, each opened once
+        assert steps == [(step, conn) for conn in conns for step in ("sent", "free")]  # free before the next
