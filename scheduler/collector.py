@@ -49,10 +49,12 @@ from gpuwarden.logconfig import get_logger
 
 log = get_logger(__name__)
 
-# Objects in the young generation before the loop collects it. At 1,000 a
-# pause was 0.3 ms (2.3 ms at most) and all of them together the least of
-# 1,000, 3,000 and 10,000 (5-8 ms each) under single-pod churn
-# (``benchmarks/scheduler_churn.py`` measures them).
+# Objects in the young generation before the loop collects it. Under
+# single-pod churn (``benchmarks/scheduler_churn.py``, 3,000 cycles) that was
+# 229 collections of 0.1 ms at the median and 8.3 ms at most, 12 ms per 1,000
+# cycles in all; left to itself at 50,000 the collector ran twice, 76 ms at
+# most, 36 ms per 1,000 cycles. Limits of 3,000 and 10,000 paused longer for
+# more in all.
 YOUNG_LIMIT = 1_000
 # Young objects beyond which the loop freezes them unlooked at: a bulk of new state (about 0.1 s to look at).
 BULK_LIMIT = 250_000
