@@ -103,9 +103,11 @@ def test_one_replica_schedules_and_the_standby_takes_over_when_it_dies(
     # Synced, both loops collect between their turns (scheduler.collector): nothing collects on its own.
     assert not gc.isenabled()
     # The leader opened a connection for each bind worker when it won the lease: open, idle, in its pool.
+    # Idle once its writes are done: on the shared test control plane its first cycles may have
+    # statuses to write for other tests' groups, and the status writers take the pool's connections.
     wait_for(
         lambda: _open_idle(leader) >= leader.settings.bind_workers,
-        timeout=10,
+        timeout=60,
         description="the leader's connections opened",
     )
     assert _open_idle(standby) < standby.settings.bind_workers
