@@ -365,6 +365,8 @@ class SchedulerRunner:
         # Cyclic garbage collection once the cache synced: between cycles, on
         # the loop's thread. One for the process's life, kept across resets.
         self.collector = LoopCollector()
+        # How many bind connections were open once the last term's were opened (None: never led).
+        self.connections_open: int | None = None
         self._fresh_state()
         # Called with every cycle's result, in the loop's thread (the demo times the cycles with it).
         self.on_cycle: Callable[[CycleResult], None] | None = None
@@ -399,7 +401,8 @@ class SchedulerRunner:
         log.info("leading", identity=self.settings.lease.identity)
 
         def connect() -> None:
-            log.debug("connections_opened", count=self.api.open_connections(self.settings.bind_workers))
+            self.connections_open = self.api.open_connections(self.settings.bind_workers)
+            log.debug("connections_opened", count=self.connections_open)
 
         threading.Thread(target=connect, name="open-connections", daemon=True).start()
 

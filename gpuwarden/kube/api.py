@@ -242,7 +242,7 @@ class KubeApi:
         return reply
 
     def open_connections(self, count: int) -> int:
-        """Open up to ``count`` of the rest client's pooled connections now; returns how many were new.
+        """Open up to ``count`` of the rest client's pooled connections now; returns how many of them are open.
 
         A new leader's first binds come several at once, each on a
         connection of its own, and each such connection paid for its TLS
@@ -279,7 +279,7 @@ class KubeApi:
         for conn in taken:
             if conn.sock is not None:
                 pool._put_conn(conn)
-        opened = 0
+        opened = len(taken) - len(fresh)
         try:
             while fresh:
                 conn = fresh[0]
