@@ -253,11 +253,10 @@ def collections_run(args: argparse.Namespace, *, by_loop: bool) -> tuple[Collect
     Before: automatic collection at the process's thresholds, with what the
     first cycles built frozen (as the runner did after its first cycle).
     Now: :class:`LoopCollector` (its sweep out of reach), called after each
-    cycle as the runner calls it. Last, what a full collection of everything
-    the run keeps takes once it is thawed: what an old collection comes to
-    look at once every pod was seen again (and what the collector's sweep
-    costs): the whole process, whose own objects are most of it at a small
-    size.
+    cycle as the runner calls it. Last, what a full collection of the whole
+    process takes once it is thawed: what an old collection comes to look at
+    once every pod was seen again, and what the collector's sweep costs (at
+    a small size the process's own objects are most of it).
     """
     gc.unfreeze()
     gc.collect()

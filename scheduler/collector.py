@@ -7,8 +7,8 @@ thread at the end of a cycle or a watch thread decoding an event, and the
 pause grew with what it had to look at:
 
 * a young collection looked at up to 50,000 objects (the runner's
-  ``GC_THRESHOLDS``): 20-50 ms, 37 ms beside the API server, twice a minute under
-  single-pod churn (``benchmarks/scheduler_soak.py --mode contender``), with
+  ``GC_THRESHOLDS``): 20-50 ms, 37 ms beside the API server, twice a minute
+  under single-pod churn (``benchmarks/scheduler_soak.py --mode contender``), with
   nothing to collect: a pod that arrived meanwhile waited for all of it;
 * an old collection looked at every object that survived since the cache's
   first sync was frozen. Every pod the watch shows again is a new object, so
@@ -21,19 +21,20 @@ cyclic garbage is rare, and what there is of it is young (a failed request's
 traceback). The two bulks of cyclic state that die old are taken apart or
 looked for: the engine breaks the cycles of a kept state it drops
 (``scheduler.engine.incremental``), and the runner asks for a sweep when it
-drops its cache and kept state after losing the lease. So, once the cache
-has synced, automatic collection is off and
-the loop collects between its cycles instead: the young generation once
+drops its cache and kept state after losing the lease.
+
+So, once the cache has synced, automatic collection is off and the loop
+collects between its cycles instead: the young generation once
 ``young_limit`` objects are in it, after which everything that survived is
 frozen (:func:`gc.freeze`), never to be looked at again. Each object is then
 looked at once, while young, and each pause is as short as ``young_limit``
 makes it. More than ``bulk_limit`` young objects at once are a bulk of state
 built in one go (the first cycle's kept state of every job and pod, a cache
-listed again): frozen without a look, which at 150,000 pods would have
-taken seconds for nothing. A frozen object that later becomes part of a garbage cycle would
-never be found, so every ``sweep_every_s`` the loop thaws everything and
-collects it all once (its pause and what it found are logged):
-a leak is bounded by that period and shows in the log.
+listed again): frozen without a look, which at 150,000 pods would have taken
+seconds for nothing. A frozen object that later becomes part of a garbage
+cycle would never be found, so every ``sweep_every_s`` the loop thaws
+everything and collects it all once (its pause and what it found are
+logged): a leak is bounded by that period and shows in the log.
 """
 
 from __future__ import annotations

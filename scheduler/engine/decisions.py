@@ -110,10 +110,8 @@ def _intact_capacity(pool: PoolState) -> list[int]:
     on purpose), not a fault; only the shortfall that missing hardware adds on
     top is reported. Summed once per state: a kept state's pool keeps its
     nodes from session to session, and the incremental update drops the sum
-    when it replaces one of them (``Engine._replace_node``). Listing
-    the specs to compare them
-    was a pass over every node in every cycle (a fifth of the decisions
-    stage at 200 nodes).
+    when it replaces one of them (``Engine._replace_node``). Listing the
+    specs to compare them was a pass over every node in every cycle.
     """
     if pool.intact is not None:
         return pool.intact
