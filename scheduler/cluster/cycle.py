@@ -68,11 +68,18 @@ from scheduler.cluster.reservations import (
 )
 from scheduler.cluster.short_gangs import ShortGangs
 from scheduler.cluster.sliceadmission import RefusalEvents, SliceAdmission
-from scheduler.cluster.status import Finished, StatusWriter, finished_phase, refusals, shows_blocked
+from scheduler.cluster.status import (
+    Finished,
+    MembershipChange,
+    StatusWriter,
+    finished_phase,
+    refusals,
+    shows_blocked,
+)
 from scheduler.cluster.ungrouped import (
     UngroupedPodNotifier,
 )
-from scheduler.cluster.versions import Versioned
+from scheduler.cluster.versions import Frozen, Versioned
 from scheduler.cluster.volumes import VolumeJudge
 from scheduler.cluster.writebehind import WriteBatch, WriteBehind
 from scheduler.engine.backlog import BacklogCounts, BacklogMemo
@@ -372,7 +379,13 @@ class SchedulingCycle:
         # its order), how each finished group ended, and the number of the
         # assembler's snapshot they reflect.
         self._gang_met: dict[str, None] = {}
-        self._gang_met_out: tuple[str, ...] | None = None  # handed out, None once changed
+        # Handed out as versions too (None once changed), with the groups
+        # that entered or left since the last one (None: unknown), so that
+        # the status writer looks at those and not at every running group.
+        self._gang_met_out: Frozen[str, None] | None = None
+        self._gang_met_versions: Versioned[str, None] | None = None
+        self._gang_met_delta: set[str] | None = None
+        self._gang_met_given: Frozen[str, None] | None = None  # the last version handed out
         self._ended: dict[str, Finished] = {}
         # The version handed out (None once changed): the status writer reads
         # it on its own thread, and copying every finished group of the
@@ -680,6 +693,7 @@ class SchedulingCycle:
         self.status.write(
             batch.decisions,
             gang_met=batch.gang_met,
+            gang_met_changed=batch.gang_met_changed,
             blocked=batch.blocked,
             shown_blocked=batch.shown_blocked,
             lost_totals=totals,
@@ -733,17 +747,21 @@ class SchedulingCycle:
                 self._listing.discard(key)
         return self.reservations.overlay(self._reserved, view.podgroups)
 
-    def _job_facts(self, snapshot: Snapshot) -> tuple[tuple[str, ...], Mapping[str, Finished], frozenset[str] | None]:
-        """The groups whose minMember already runs, how each finished group ended, and which of those changed.
+    def _job_facts(
+        self, snapshot: Snapshot
+    ) -> tuple[Frozen[str, None], MembershipChange | None, Mapping[str, Finished], frozenset[str] | None]:
+        """The groups whose minMember runs and which of them changed; how each finished group ended, and which changed.
 
         Kept from cycle to cycle and read again only for the jobs the
         assembler changed (:class:`~.assemble.JobChanges`): a cycle costs
         what changed, not a walk over every job, finished ones included.
         Without the assembler's changes (the full-rebuild path, a cycle
-        that missed some) every job is read. The third value names the
-        groups whose end changed since the mapping last handed out (None:
-        unknown, every one may have), so that the status writer looks at
-        those and not at every finished group of the cluster's history.
+        that missed some) every job is read. The second value names the
+        groups that started or stopped running at their minMember since the
+        version last handed out, the fourth those whose end changed since
+        the mapping last handed out (None: unknown, every one may have), so
+        that the status writer looks at those and not at every running
+        group, nor at every finished group of the cluster's history.
         """
         changes = self._snapshots.job_changes if self._incremental else None
         changed = changes.after(self._facts_serial) if changes is not None else None
@@ -751,6 +769,7 @@ class SchedulingCycle:
         if changed is None:
             self._gang_met.clear()
             self._gang_met_out = None
+            self._gang_met_delta = None
             self._ended.clear()
             self._ended_out = None
             self._ended_delta = None
@@ -778,9 +797,31 @@ class SchedulingCycle:
             self._ended_out = versions.freeze()
             delta = frozenset(self._ended_delta) if self._ended_delta is not None else None
             self._ended_delta = set()
-        if self._gang_met_out is None:
-            self._gang_met_out = tuple(self._gang_met)
-        return self._gang_met_out, self._ended_out, delta
+        return (*self._gang_met_version(), self._ended_out, delta)
+
+    def _gang_met_version(self) -> tuple[Frozen[str, None], MembershipChange | None]:
+        """The groups whose minMember runs, as a version, and what changed since the version handed out before."""
+        out = self._gang_met_out
+        if out is not None:
+            return out, MembershipChange(out, frozenset())  # the same version: nothing changed since it
+        versions, delta, given = self._gang_met_versions, self._gang_met_delta, self._gang_met_given
+        self._gang_met_delta = set()
+        change: MembershipChange | None = None
+        if versions is None or delta is None or given is None:
+            versions = self._gang_met_versions = Versioned(self._gang_met)  # read whole: no change to name
+        else:
+            versions.changed(delta)
+        out = self._gang_met_out = versions.freeze()
+        if given is not None and delta is not None:
+            change = MembershipChange(given, frozenset(delta))
+        self._gang_met_given = out
+        return out, change
+
+    def _gang_met_changed(self, key: str) -> None:
+        """``key`` entered or left the groups whose minMember runs."""
+        self._gang_met_out = None
+        if self._gang_met_delta is not None:
+            self._gang_met_delta.add(key)
 
     def _read_facts(self, key: str, job: Job | None) -> None:
         """Whether ``job``'s minMember runs and how it ended, into the kept facts (None: it is gone).
@@ -794,10 +835,10 @@ class SchedulingCycle:
         if job is not None and job.tasks and running + job.succeeded >= job.min_member:
             if key not in self._gang_met:
                 self._gang_met[key] = None
-                self._gang_met_out = None
+                self._gang_met_changed(key)
         elif key in self._gang_met:
             del self._gang_met[key]
-            self._gang_met_out = None
+            self._gang_met_changed(key)
         if job is None and self._lone:
             self._lone.pop(_group_key(key), None)  # its pod is gone: it will never need a PodGroup
         ended = finished_phase(job) if job is not None else None
@@ -964,7 +1005,7 @@ class SchedulingCycle:
         unsent = [r.eviction for r in attempted if r.outcome is EvictOutcome.DEFERRED]
         if unsent:
             held = _freed_only(held, unsent)
-        gang_met, finished, finished_changed = self._job_facts(snapshot)
+        gang_met, gang_met_changed, finished, finished_changed = self._job_facts(snapshot)
         shares = tuple(s for s in decisions.queue_shares if not is_external_queue(s.queue))
         pending = tuple(p for p in decisions.pending if not is_external_queue(p.queue))
         self._explain_refused(snapshot, pending)
@@ -983,7 +1024,8 @@ class SchedulingCycle:
             specs={(s.namespace, s.name): s for s in specs},
             drifted={(spec.namespace, spec.name): (spec, owner) for spec, owner in self.grouper.drifted(view)},
             decisions=written,
-            gang_met=tuple(gang_met),
+            gang_met=gang_met,
+            gang_met_changed=gang_met_changed,
             finished=finished,
             finished_changed=finished_changed,
             blocked=blocked,

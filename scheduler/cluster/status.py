@@ -28,11 +28,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import socket
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from threading import Lock
+from types import MappingProxyType
 from typing import Any
 
 from gpuwarden import contract
@@ -311,6 +313,64 @@ def shows_blocked(podgroup: Mapping[str, object]) -> bool:
 # -- writing --------------------------------------------------------------------
 
 
+# What a write told of no finished group is: the same mapping every time, so the next write knows nothing ended.
+_NONE_FINISHED: Mapping[str, Finished] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    """The names that entered or left a collection since an earlier version of it, ``since``.
+
+    The cycle hands the status writer the groups whose minMember runs as a
+    new unchanging version whenever one changes, with this: the writer,
+    which holds on to the version of its last call, then looks at what
+    changed instead of comparing every running group. Any other ``since``
+    (a batch was lost, the cycle started over) means a full look.
+    """
+
+    since: object  # compared by identity
+    names: frozenset[str]
+
+    def then(self, newer: MembershipChange | None, current: object) -> MembershipChange | None:
+        """This change followed by ``newer``, made on ``current`` (the version this one led to)."""
+        if newer is None or newer.since is not current:
+            return None
+        return MembershipChange(self.since, self.names | newer.names)
+
+
+class _Placed(Collection[str]):
+    """The groups a write counts as placed: the ones bound this cycle, and the running ones (``given``)."""
+
+    __slots__ = ("bound", "given", "running")
+
+    def __init__(self, bound: frozenset[str], running: Collection[str], given: object) -> None:
+        self.bound = bound
+        self.running = running  # looked up in, so a set or a mapping
+        self.given = given  # as the caller gave it: what a later MembershipChange names as its since
+
+    @classmethod
+    def of(cls, decisions: Decisions, gang_met: Iterable[str]) -> _Placed:
+        bound = frozenset(b.job for b in decisions.binds)
+        running: Collection[str] = gang_met if isinstance(gang_met, (AbstractSet, Mapping)) else frozenset(gang_met)
+        return cls(bound, running, gang_met)
+
+    def materialized(self) -> _Placed:
+        """The same groups in one set: for a call that looks at all of them anyway."""
+        return _Placed(frozenset(), self.bound | set(self.running), self.given)
+
+    def __contains__(self, group: object) -> bool:
+        return group in self.bound or group in self.running
+
+    def __len__(self) -> int:
+        running = self.running
+        return len(running) + sum(1 for group in self.bound if group not in running)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.running
+        running = self.running
+        yield from (group for group in self.bound if group not in running)
+
+
 @dataclass
 class StatusReport:
     """What one :meth:`StatusWriter.write` sent; ``unchanged`` objects cost nothing."""
@@ -404,7 +464,11 @@ class StatusWriter:
         # and those it deferred: a group placed then and now and settled or
         # still deferred is not looked at again until another input
         # (pending, blocked, ended) or a forget names it.
-        self._placed_before: set[str] | None = None
+        self._placed_before: _Placed | None = None
+        # Groups both placed and finished at the last call (looked at again each call while they are),
+        # and those pending then: one placed both times that waits no more (an elastic job's extras) is news.
+        self._placed_finished: set[str] = set()
+        self._pending_before: set[str] = set()
         self._recheck: set[str] = set()
         self._deferred: set[str] = set()
         # Per group, the inputs its written status and Events were last found to match (_unchanged).
@@ -427,11 +491,16 @@ class StatusWriter:
         podgroups: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
         finished_changed: Collection[str] | None = None,
         unmirrored: Callable[[str], bool] | None = None,
+        gang_met_changed: MembershipChange | None = None,
     ) -> StatusReport:
         """Statuses and Events for one cycle's decisions.
 
         ``gang_met`` names the groups whose minMember already runs: one with
         more pods waiting (an elastic job's extras) is Running, not Pending.
+        ``gang_met_changed`` names the groups that entered or left it since
+        an earlier ``gang_met`` (its ``since``); when that is the one of
+        this writer's last call, the running groups cost what changed, not
+        a pass over every one of them (None: every one is looked at).
         ``blocked`` maps a group to what its refused evictions say
         (:func:`refusals`); ``shown_blocked`` names the groups whose objects
         show the condition now, so that it is cleared even by a writer that
@@ -455,17 +524,17 @@ class StatusWriter:
         report = StatusReport()
         with self._lock:
             self._shown = podgroups or {}
-            placed = {b.job for b in decisions.binds} | set(gang_met)
             self._write_groups(
                 decisions.pending,
-                placed,
+                _Placed.of(decisions, gang_met),
                 blocked or {},
                 set(shown_blocked),
                 report,
                 defer_placed=defer_placed,
-                finished=finished or {},
+                finished=finished,
                 finished_changed=finished_changed,
                 unmirrored=unmirrored,
+                gang_met_changed=gang_met_changed,
             )
             self._write_queues(decisions.queue_shares, lost_totals or {}, queue_problems or {}, report)
         # A line when something went out (or failed); a write that only
@@ -546,34 +615,57 @@ class StatusWriter:
     def _write_groups(
         self,
         pending: Sequence[JobStatus],
-        placed: Iterable[str],
+        placed_now: _Placed,
         blocked: Mapping[str, str],
         shown: set[str],
         report: StatusReport,
         *,
+        gang_met_changed: MembershipChange | None = None,
         defer_placed: bool = False,
         finished: Mapping[str, Finished] | None = None,
         finished_changed: Collection[str] | None = None,
         unmirrored: Callable[[str], bool] | None = None,
     ) -> None:
         by_job = {s.job: s for s in pending}
-        placed_now = set(placed)
-        # A group blocked last time is written again, so the condition goes.
-        was_blocked = shown | self._blocked
-        final = self._final
-        finished = finished or {}
-        ended: dict[str, Finished] = {}
-        candidates: Iterable[str] = finished
+        finished = finished if finished is not None else _NONE_FINISHED
         # Unknown until this call has looked: a call that fails before then
         # leaves the next one to look at every finished group.
         seen, self._finished_seen = self._finished_seen, None
-        if seen is not None and (finished is seen or finished_changed is not None):
+        # The very mapping of the last call (nothing ended since), a new one
+        # whose changes are named, or none finished then or now.
+        ends_known = seen is not None and (
+            finished is seen or finished_changed is not None or (not finished and not seen)
+        )
+        ends_changed: Collection[str] = (finished_changed or ()) if ends_known else ()
+        # Unknown until this call is done: a call that fails leaves the next
+        # one to look at every placed group. So does one that cannot tell
+        # which groups stopped being finished (one placed at both calls
+        # would show how it ended).
+        placed_before, self._placed_before = self._placed_before, None
+        if not ends_known:
+            placed_before = None
+        # The placed groups that may differ from the last call's: all of
+        # them unless the running groups that changed are named since them.
+        newly: Collection[str]
+        if placed_before is not None and gang_met_changed is not None and gang_met_changed.since is placed_before.given:
+            newly = placed_now.bound | gang_met_changed.names
+        else:
+            newly = placed_now = placed_now.materialized()
+        # A group blocked last time is written again, so the condition goes.
+        was_blocked = shown | self._blocked
+        final = self._final
+        ended: dict[str, Finished] = {}
+        candidates: Iterable[str] = finished
+        placed_finished, self._placed_finished = self._placed_finished, set()
+        if ends_known:
             # The very mapping of the last call (nothing ended since), or a
             # new one whose changes are named: of its groups, only those not
             # settled then, changed since, or named again now, can need a
             # write. Thousands of finished groups left in place by their
-            # Jobs would otherwise be walked on every call.
-            named = itertools.chain(by_job, placed_now, blocked, was_blocked, finished_changed or ())
+            # Jobs would otherwise be walked on every call. A finished group
+            # that is placed is named: placed and finished at the last call
+            # too, newly placed, or newly finished.
+            named = itertools.chain(by_job, newly, blocked, was_blocked, ends_changed, placed_finished)
             candidates = self._unsettled | {group for group in named if group in finished}
 
         def news(group: str) -> bool:
@@ -588,6 +680,8 @@ class StatusWriter:
             how = finished.get(group)
             if how is None:
                 continue
+            if group in placed_now:
+                self._placed_finished.add(group)
             settled = final.get(group) == how and not (
                 group in by_job or group in placed_now or group in blocked or group in was_blocked
             )
@@ -607,21 +701,38 @@ class StatusWriter:
         # placed at the last call too and settled then are unchanged (the
         # same inputs, and nothing since forgot what was said of them);
         # those it deferred wait on, unlooked at, while the scheduler is busy.
-        placed_before, self._placed_before = self._placed_before, None
+        # What is placed now and was not, and how many were placed both
+        # times, come from the groups that changed (``newly``), not from
+        # set operations over every running group.
         said_of = set(by_job) | set(blocked) | was_blocked | set(ended)
-        kept: set[str] = set()
         deferred: set[str] = set()
-        if placed_before is not None:
-            kept = (placed_now & placed_before) - self._recheck - said_of
+        if placed_before is None:
+            look = said_of | set(placed_now)
+        else:
+            fresh = {group for group in newly if group in placed_now and group not in placed_before}
+            both = len(placed_now) - len(fresh)  # placed now and at the last call
+            reopened = {
+                group
+                for group in itertools.chain(self._recheck, said_of, ends_changed, self._pending_before)
+                if group in placed_now and group in placed_before
+            }
+            waiting = {
+                group
+                for group in self._deferred
+                if group in placed_now and group in placed_before and group not in reopened
+            }
+            kept = both - len(reopened)  # placed both times, settled or deferred then, and no news now
+            look = said_of | fresh | reopened
             if defer_placed:
-                deferred = kept & self._deferred  # still never written, and still waiting
+                deferred = waiting  # still never written, and still waiting
                 report.deferred += len(deferred)
+                report.unchanged += kept - len(deferred)
             else:
-                kept -= self._deferred  # their wait is over
-            report.unchanged += len(kept) - len(deferred)
+                look |= waiting  # their wait is over
+                report.unchanged += kept - len(waiting)
         recheck: set[str] = set()
         groups: list[str] = []
-        for group in sorted(said_of | (placed_now - kept)):
+        for group in sorted(look):
             end = ended.get(group)
             if silent(group):
                 # Placed: not looked at again while it runs (see kept), nor
@@ -659,6 +770,7 @@ class StatusWriter:
         self._recheck = recheck
         self._deferred = deferred
         self._placed_before = placed_now
+        self._pending_before = set(by_job)
 
     def _unchanged(
         self,

@@ -25,7 +25,7 @@ deferred while binding written as soon as any merged cycle asked for them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from gpuwarden.logconfig import get_logger
 from scheduler.cluster.fence import LeaseLostError
 from scheduler.cluster.grouping import GroupSpec
-from scheduler.cluster.status import Finished
+from scheduler.cluster.status import Finished, MembershipChange
 from scheduler.engine.model import Decisions
 
 log = get_logger(__name__)
@@ -50,7 +50,7 @@ class WriteBatch:
     drifted: Mapping[GroupKey, tuple[GroupSpec, Mapping[str, Any]]]
     # Binds of every merged cycle; pending reasons and queue shares of the newest.
     decisions: Decisions
-    gang_met: tuple[str, ...]
+    gang_met: Collection[str]
     finished: Mapping[str, Finished]
     blocked: Mapping[str, str]
     shown_blocked: frozenset[str]
@@ -76,6 +76,10 @@ class WriteBatch:
     # work, which takes the interpreter's lock from the bind threads) never
     # come between a bind and the API server.
     after: tuple[Future[Any], ...] = ()
+    # The groups that entered or left ``gang_met`` since the version the
+    # oldest merged cycle's change was made on (None: unknown, the status
+    # writer then looks at every running group).
+    gang_met_changed: MembershipChange | None = None
 
     def then(self, newer: WriteBatch) -> WriteBatch:
         """This batch and the ``newer`` one, as one batch that leaves what writing both in turn would."""
@@ -87,6 +91,11 @@ class WriteBatch:
             drifted={**self.drifted, **newer.drifted},
             decisions=replace(newer.decisions, binds=self.decisions.binds + newer.decisions.binds),
             gang_met=newer.gang_met,
+            gang_met_changed=(
+                self.gang_met_changed.then(newer.gang_met_changed, self.gang_met)
+                if self.gang_met_changed is not None
+                else None
+            ),
             finished=newer.finished,
             blocked={**self.blocked, **newer.blocked},
             shown_blocked=newer.shown_blocked,

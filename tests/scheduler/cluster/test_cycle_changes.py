@@ -127,6 +127,7 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
     incremental, full = SchedulingCycle(api), SchedulingCycle(api, incremental=False)
     views = ClusterViews()
     before: dict[str, Any] | None = None
+    met_before: tuple[object, set[str]] | None = None
     handed_out: list[tuple[Mapping[Any, Any], dict[Any, Any]]] = []
     for step, (batch, forget) in enumerate(batches):
         for store, event in batch:
@@ -142,10 +143,17 @@ def test_a_cycle_told_what_changed_prepares_what_a_full_rebuild_prepares(
         rebuilt = full.prepare(cluster_view(cache.view()), now)
         assert canonical(told) == canonical(rebuilt)
         # The facts the status writer gets, kept from the assembler's changes, are the ones read afresh.
-        met, ended, named = incremental._job_facts(told)
-        met_full, ended_full, _ = full._job_facts(rebuilt)
+        met, met_changed, ended, named = incremental._job_facts(told)
+        met_full, _, ended_full, _ = full._job_facts(rebuilt)
         assert set(met) == set(met_full) and ended == ended_full
         handed_out.append((ended, dict(ended)))  # read behind the cycles too: it must stay as it was
+        handed_out.append((met, dict(met)))
+        # Every group that started or stopped running at its minMember since the version handed out
+        # before is named, on that version (the status writer looks at no other running group).
+        if met_changed is not None:
+            assert met_before is not None and met_changed.since is met_before[0]
+            assert set(met) ^ met_before[1] <= met_changed.names
+        met_before = (met, set(met))
         # Every group whose end changed since the last mapping is named (the status writer looks at no other).
         if named is not None:
             assert before is not None
@@ -167,19 +175,21 @@ def test_a_cycle_with_nothing_new_hands_out_the_same_nodes_and_facts_as_the_last
     cycle, views = SchedulingCycle(api), ClusterViews()
     cycle._job_facts(cycle.prepare(views.next(views.take(cache)), NOW))  # built from scratch
     first = cycle.prepare(views.next(views.take(cache)), NOW)
-    met, ended, _ = cycle._job_facts(first)
+    met, _, ended, _ = cycle._job_facts(first)
     assert met and ended
     second = cycle.prepare(views.next(views.take(cache)), NOW + 1)
     assert second.nodes is first.nodes
     again = cycle._job_facts(second)
-    assert again[0] is met and again[1] is ended and again[2] == frozenset()
+    assert again[0] is met and again[2] is ended and again[3] == frozenset()
+    assert again[1] is not None and again[1].since is met and not again[1].names
     # A node that changes: a new tuple with the new node in its place, and the facts as they were.
     changed = node_json(NODE_NAMES[1], gpus=0)
     cache.apply(NODES, WatchEvent(EventType.MODIFIED, NODE_NAMES[1], changed))
     third = cycle.prepare(views.next(views.take(cache)), NOW + 2)
     assert third.nodes is not first.nodes
     assert [n.name for n in third.nodes] == [n.name for n in first.nodes]
-    assert cycle._job_facts(third)[:2] == (met, ended)
+    facts = cycle._job_facts(third)
+    assert (facts[0], facts[2]) == (met, ended)
 
 
 def test_a_view_names_the_keys_changed_since_an_earlier_one() -> None:
@@ -330,7 +340,7 @@ def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pyt
     cycle = SchedulingCycle(api, owners=owners)
     views = ClusterViews()
     first = cycle.prepare(views.next(cache.view(since=None)), NOW)
-    met, ended, _ = cycle._job_facts(first)
+    met, _, ended, _ = cycle._job_facts(first)
     assert len(ended) == 8 and all(job.tasks for job in first.jobs)  # the finished groups are apart
     assert not set(met) & set(ended)  # how a group ended is its status; it is not "running at minMember"
 
@@ -349,8 +359,8 @@ def test_a_cycle_with_nothing_new_reads_no_job_and_no_pod_again(monkeypatch: pyt
     owners.calls = 0
     second = cycle.prepare(views.next(cache.view(since=views.generation)), NOW + 1)
     again = cycle._job_facts(second)
-    assert again == (met, ended, frozenset())
-    assert again[1] is ended  # the same mapping: the status writer knows nothing ended
+    assert (again[0], again[2], again[3]) == (met, ended, frozenset())
+    assert again[0] is met and again[2] is ended  # the same versions: the status writer knows nothing changed
     assert counted == {"facts": 0, "gangs": 0, "jobs": 0}
     assert owners.calls == 1
     assert all(a is b for a, b in zip(first.jobs, second.jobs, strict=True))

@@ -22,6 +22,7 @@ from scheduler.cluster.retrying import RetryPolicy, call_with_retries
 from scheduler.cluster.status import (
     MAX_MESSAGE,
     QUEUE_AMOUNTS_INTERVAL_S,
+    MembershipChange,
     StatusWriter,
     event_name,
     explanation,
@@ -648,9 +649,14 @@ def test_a_writer_that_skips_settled_groups_writes_what_a_writer_looking_at_ever
 ) -> None:
     skipping, walking = _GroupApi(), _GroupApi()
     writers = StatusWriter(skipping, workers=1), StatusWriter(walking, workers=1)  # type: ignore[arg-type]
+    last: frozenset[str] = frozenset()
     for running, waiting, blocked, forgotten, busy in calls:
         reason = (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),)
         decisions = Decisions(pending=tuple(JobStatus(f"ns/g{i}", "q", reason) for i in sorted(waiting)))
+        gang_met = frozenset(f"ns/g{i}" for i in running - waiting)
+        # The skipping writer is told which running groups changed (as the cycle tells it).
+        change = MembershipChange(last, gang_met ^ last)
+        last = gang_met
         reports = []
         for writer, api in zip(writers, (skipping, walking), strict=True):
             for i in forgotten:
@@ -660,12 +666,77 @@ def test_a_writer_that_skips_settled_groups_writes_what_a_writer_looking_at_ever
             before = len(api.patched)
             report = writer.write(
                 decisions,
-                gang_met=[f"ns/g{i}" for i in sorted(running - waiting)],
+                gang_met=gang_met,
                 blocked={f"ns/g{i}": "a budget" for i in blocked},
                 defer_placed=busy,
+                gang_met_changed=change if writer is writers[0] else None,
             )
             reports.append((sorted(api.patched[before:]), report.pod_groups_patched, report.unchanged, report.deferred))
         assert reports[0] == reports[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.frozensets(st.integers(0, 7)),  # running at their minMember
+            st.frozensets(st.integers(0, 7)),  # bound this cycle
+            st.frozensets(st.integers(0, 7)),  # pending
+            st.frozensets(st.integers(0, 7)),  # ended (Succeeded), running or not
+            st.frozensets(st.integers(0, 7)),  # PodGroups deleted and made again
+            st.booleans(),  # busy: placed groups never written wait
+            st.frozensets(st.integers(0, 7)),  # named as changed although they did not (allowed)
+            st.sampled_from(["told", "not told", "told of another version"]),
+        ),
+        max_size=12,
+    )
+)
+def test_a_writer_told_which_running_groups_changed_writes_what_a_writer_looking_at_all_of_them_writes(
+    calls: list[
+        tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int], frozenset[int], bool, frozenset[int], str]
+    ],
+) -> None:
+    """Binds, ended groups that still run, extra names, lost changes: the change only saves looks, it never decides."""
+    told, walking = _GroupApi(), _GroupApi()
+    writers = StatusWriter(told, workers=1), StatusWriter(walking, workers=1)  # type: ignore[arg-type]
+    last_running: frozenset[str] = frozenset()
+    last_ended: dict[str, status.Finished] = {}
+    for running, bound, waiting, ended, forgotten, busy, extra, how in calls:
+        reason = (PendingReason(UnschedulableReason.NO_ELIGIBLE_NODES, "none"),)
+        decisions = Decisions(
+            pending=tuple(JobStatus(f"ns/g{i}", "q", reason) for i in sorted(waiting - bound)),
+            binds=tuple(Bind(f"ns/g{i}", "q", f"p{i}", f"uid-p{i}", "n1") for i in sorted(bound)),
+        )
+        gang_met = frozenset(f"ns/g{i}" for i in running)
+        how_ended = finished_phase(Job("g", "q", succeeded=1))
+        assert how_ended is not None
+        finished = {f"ns/g{i}": how_ended for i in ended}
+        names = (gang_met ^ last_running) | {f"ns/g{i}" for i in extra}
+        change = {
+            "told": MembershipChange(last_running, names),
+            "not told": None,
+            "told of another version": MembershipChange(frozenset(last_running), names),
+        }[how]
+        finished_changed = {g for g in finished.keys() | last_ended.keys() if finished.get(g) != last_ended.get(g)}
+        last_running, last_ended = gang_met, finished
+        patched = []
+        for writer, api in zip(writers, (told, walking), strict=True):
+            for i in forgotten:
+                writer.forget(pod_group=f"ns/g{i}")
+            if writer is writers[1]:
+                writer._placed_before = None  # nothing known of the last call: every group is looked at
+                writer.forget_finished()
+            before = len(api.patched)
+            report = writer.write(
+                decisions,
+                gang_met=gang_met,
+                defer_placed=busy,
+                finished=finished,
+                finished_changed=finished_changed if writer is writers[0] else None,
+                gang_met_changed=change if writer is writers[0] else None,
+            )
+            patched.append((sorted(api.patched[before:]), report.pod_groups_patched, report.deferred))
+        assert patched[0] == patched[1]
 
 
 class _CreateApi(_GroupApi):
