@@ -28,6 +28,11 @@ ended were folded in by a turn of their own before it, against the turn
 that folds them in itself, as every arrival's did before. Both sides must
 bind alike too.
 
+Then the status writer's call after each turn, with the facts the cycle
+hands its bookkeeping (bare pods: no PodGroup is written for a lone pod's
+group), interleaved: told which running groups changed (now) against a
+pass over every running group (before). Both sides must patch alike.
+
 Last, the cyclic collector over ``--gc-cycles`` cycles, interleaved: Python's
 automatic collection at the process's thresholds (what the scheduler did
 until its loop took collection over) against :class:`LoopCollector` called
@@ -56,6 +61,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import structlog
 from kubernetes import client
 
 from gpuwarden import contract
@@ -66,10 +72,11 @@ from scheduler.cluster.cache import GPUNODES, NODES, PODGROUPS, PODS, QUEUES, Cl
 from scheduler.cluster.cycle import SchedulingCycle
 from scheduler.cluster.grouping import derive_group
 from scheduler.cluster.slim import slim_node, slim_pod, without_managed_fields
+from scheduler.cluster.status import StatusWriter
 from scheduler.cluster.watch import EventType, WatchEvent, object_key
 from scheduler.collector import YOUNG_LIMIT, LoopCollector
 from scheduler.engine import incremental
-from scheduler.engine.model import Bind, Decisions, Gpu, Node
+from scheduler.engine.model import Bind, Decisions, Gpu, Node, Snapshot
 from scheduler.runner import GC_THRESHOLDS, ClusterViews
 from tests.scheduler.cluster.objects import gpunode_json, node_json, pod_json, report
 
@@ -79,6 +86,7 @@ GPUS = 8
 NOW = 1_800_000_000.0
 WARM_CYCLES = 30
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class Churn:
@@ -119,6 +127,7 @@ class Churn:
         self.views = ClusterViews()
         self.step = 0
         self.bound: list[tuple[str, str, tuple[int, ...]]] = []
+        self.decided: tuple[Snapshot, Decisions] | None = None  # the last turn's snapshot and decisions
 
     def _add(self, store: str, obj: JSON, kind: EventType = EventType.ADDED) -> None:
         self.cache.apply(store, WatchEvent(kind, object_key(obj), obj))
@@ -176,7 +185,8 @@ class Churn:
     def _turn(self, step: int) -> Decisions:
         view = self.views.next(self.views.take(self.cache))
         snapshot = self.scheduling.prepare(view, NOW + step)
-        return self.scheduling.decide(snapshot, {})
+        self.decided = (snapshot, self.scheduling.decide(snapshot, {}))
+        return self.decided[1]
 
 
 def _queue(name: str) -> JSON:
@@ -295,19 +305,88 @@ def collections_run(args: argparse.Namespace, *, by_loop: bool) -> tuple[Collect
     return Collected(tuple(pauses), 1000 * took / args.gc_cycles, 1000 * full), churn.bound
 
 
-def interleaved(args: argparse.Namespace, run: Callable[[bool], tuple[T, Bound]]) -> tuple[dict[bool, list[T]], Bound]:
-    """``run(side)`` for both sides ``--runs`` times, alternating which goes first; both must bind alike."""
+class _Recorded:
+    """The status writer's API calls, recorded: nothing goes out."""
+
+    def __init__(self) -> None:
+        self.patched: list[str] = []
+
+    def patch_podgroup_status(self, namespace: str, name: str, body: JSON) -> JSON:
+        self.patched.append(f"{namespace}/{name}")
+        return {"metadata": {"uid": f"pg-{name}"}}
+
+    def patch_queue_status(self, name: str, body: JSON) -> JSON:
+        return body
+
+    def create_event(self, namespace: str, body: JSON) -> JSON:
+        return body
+
+    def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
+        return patch
+
+
+def writer_run(args: argparse.Namespace, *, told: bool) -> tuple[float, list[str]]:
+    """The status writer's call after each turn, as the cycle's bookkeeping makes it: ms per call, what it patched.
+
+    As the cycle hands it over: the groups running at their minMember and
+    how finished ones ended, each with what changed since the last call,
+    for bare pods (nothing is written for a lone pod's group without news);
+    ``told`` False leaves out which running groups changed (what the
+    writer did before it was told, a pass over every running group).
+    """
+    gc.unfreeze()
+    gc.collect()
+    churn = Churn(args.nodes, args.foreign, args.ours, args.finished)
+    api = _Recorded()
+    writer = StatusWriter(api, workers=1)  # type: ignore[arg-type]
+    took: list[float] = []
+    turn = churn._turn
+
+    def turn_then_write(step: int) -> Decisions:
+        decisions = turn(step)
+        assert churn.decided is not None
+        met, met_changed, ended, ended_changed = churn.scheduling._job_facts(churn.decided[0])
+        began = time.perf_counter()
+        writer.write(
+            decisions,
+            gang_met=met,
+            gang_met_changed=met_changed if told else None,
+            finished=ended,
+            finished_changed=ended_changed,
+            # Bare pods, as in the contender soak: the cycle makes no PodGroup for a lone pod without news.
+            unmirrored=lambda group: True,
+        )
+        took.append(time.perf_counter() - began)
+        return decisions
+
+    churn._turn = turn_then_write  # type: ignore[method-assign]
+    for _ in range(WARM_CYCLES):
+        churn.cycle(fold_first=True)
+    gc.freeze()
+    took.clear()
+    for _ in range(args.cycles):
+        churn.cycle(fold_first=True)
+    return 1000 * sum(took) / len(took), api.patched
+
+
+def interleaved(args: argparse.Namespace, run: Callable[[bool], tuple[T, D]]) -> tuple[dict[bool, list[T]], D]:
+    """``run(side)`` for both sides ``--runs`` times, alternating which goes first; both must do alike.
+
+    What a run did (its binds, or its status patches) must be the same from
+    run to run and on both sides: a faster side that decides differently
+    is not the same work done faster.
+    """
     times: dict[bool, list[T]] = {False: [], True: []}
-    bound: dict[bool, Bound] = {}
+    did: dict[bool, D] = {}
     for turn in range(args.runs):
         for side in (False, True) if turn % 2 == 0 else (True, False):
-            ms, placed = run(side)
+            ms, done = run(side)
             times[side].append(ms)
-            if bound.setdefault(side, placed) != placed:
-                raise SystemExit("one side bound differently from run to run")
-    if bound[False] != bound[True]:
-        raise SystemExit("the two sides bound different pods, nodes or GPUs")
-    return times, bound[False]
+            if did.setdefault(side, done) != done:
+                raise SystemExit("one side did differently from run to run")
+    if did[False] != did[True]:
+        raise SystemExit("the two sides did different work (binds or status patches)")
+    return times, did[False]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,9 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     logging.disable(logging.WARNING)  # the foreign pods' guessed GPUs are warned about once each
+    # Below warning a line is dropped before it is made, as in the process at its level (info drops the
+    # writer's per-call debug line); structlog's own default prints every line.
+    logs = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     try:
         return _compare(args)
     finally:  # restored: the test runs this inside its own process
+        structlog.configure(**logs)
         logging.disable(logging.NOTSET)
         gc.unfreeze()
         gc.set_threshold(*thresholds)
@@ -359,6 +443,12 @@ def _compare(args: argparse.Namespace) -> int:
     for fold_first, label in ((False, "folding the ends in itself (before)"), (True, "ends folded in first (now)")):
         values = arrival[fold_first]
         print(f"an arrival's turn, {label}: min {min(values):.3f} ms median {statistics.median(values):.3f} ms")
+
+    writes, patched = interleaved(args, lambda told: writer_run(args, told=told))
+    for told, label in ((False, "a pass over every running group (before)"), (True, "told what changed (now)")):
+        values = writes[told]
+        print(f"the status writer's call, {label}: min {min(values):.3f} ms median {statistics.median(values):.3f} ms")
+    print(f"status patches: {len(patched)} per run (lone pods' groups have no PodGroup), the same on both sides")
 
     runs, _ = interleaved(args, lambda by_loop: collections_run(args, by_loop=by_loop))
     thresholds = "/".join(map(str, GC_THRESHOLDS))

@@ -18,6 +18,9 @@ def test_the_churn_benchmark_runs_both_sides_and_they_agree(capsys: pytest.Captu
     assert "binds: 42 per run" in out  # the warm-up's 30 too: every arrival bound, one per cycle
     assert "an arrival's turn, folding the ends in itself (before): min" in out
     assert "an arrival's turn, ends folded in first (now): min" in out
+    assert "the status writer's call, a pass over every running group (before): min" in out
+    assert "the status writer's call, told what changed (now): min" in out
+    assert "status patches: 0 per run" in out  # bare pods: placed and ended, their groups have no news
     assert "collections automatic at 50000/10/10, first cycles frozen (before):" in out
     now = next(line for line in out.splitlines() if "collections by the loop between cycles" in line)
     assert "young limit 200, survivors frozen (now): " in now and "(none ran)" not in now
