@@ -238,6 +238,13 @@ class _State:
     jobs: dict[tuple[str, str], Job] = field(default_factory=dict)
     done: dict[tuple[str, str], Job] = field(default_factory=dict)
     externals: dict[str, Job] = field(default_factory=dict)
+    # The pool of each node with an external job, and how many such nodes
+    # each pool has: the pools that need a reserved queue, kept as external
+    # jobs come and go (a pass over every node with one was a cycle's cost).
+    external_pool: dict[str, str] = field(default_factory=dict)
+    pool_externals: dict[str, int] = field(default_factory=dict)
+    # The queues of the last snapshot, with the queues and pools they were made of.
+    queues_out: tuple[Sequence[Queue], frozenset[str], tuple[Queue, ...]] | None = None
     # Per node that takes no work, other schedulers' pods there that placement rules read.
     bystanders: dict[str, tuple[Task, ...]] = field(default_factory=dict)
     known_groups: set[tuple[str, str]] = field(default_factory=set)
@@ -374,7 +381,7 @@ class SnapshotAssembler:
         done = () if finished_apart else tuple(state.done.values())
         return Snapshot(
             nodes=self._nodes_out(),
-            queues=with_external_queues(queues, pools),
+            queues=self._queues(queues, pools),
             jobs=(*state.jobs.values(), *done, *state.externals.values()),
             now=now,
             config=config,
@@ -545,7 +552,7 @@ class SnapshotAssembler:
         else:
             state.unstamped.discard(gkey)
 
-    def _externals(self, dirty_nodes: set[str]) -> set[str]:
+    def _externals(self, dirty_nodes: set[str]) -> frozenset[str]:
         """Rebuild the external jobs of ``dirty_nodes``; the pools external jobs are in."""
         state = self._state
         externals = state.externals
@@ -572,7 +579,26 @@ class SnapshotAssembler:
             # and put it back.
             before = externals.get(name)
             externals[name] = before if before == job else job
-        return {state.engine_nodes[name].pool for name in externals}
+        counts = state.pool_externals
+        for name in dirty_nodes:
+            pool = state.external_pool.pop(name, None)
+            if pool is not None:
+                counts[pool] -= 1
+                if not counts[pool]:
+                    del counts[pool]
+            if name in externals:
+                pool = state.engine_nodes[name].pool
+                state.external_pool[name] = pool
+                counts[pool] = counts.get(pool, 0) + 1
+        return frozenset(counts)
+
+    def _queues(self, queues: Sequence[Queue], pools: frozenset[str]) -> tuple[Queue, ...]:
+        """The real queues and the pools' reserved ones: the same tuple while neither changed."""
+        state = self._state
+        out = state.queues_out
+        if out is None or out[0] is not queues or out[1] != pools:
+            out = state.queues_out = (queues, pools, with_external_queues(queues, pools))
+        return out[2]
 
     def _job(  # noqa: PLR0917 (one call site)
         self,

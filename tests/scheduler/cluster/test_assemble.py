@@ -270,8 +270,25 @@ def test_other_schedulers_pods_that_did_not_change_leave_every_job_as_it_was_for
     externals = [j for j in first.jobs if j.name.startswith(EXTERNAL_JOB_PREFIX)]
     assert len(externals) == len(NODE_NAMES)
     assert all(a is b for a, b in zip(first.jobs, second.jobs, strict=True))
+    assert second.queues is first.queues  # their pool's reserved queue too: nothing new to compare
     assert canonical(second) == canonical(
         snapshot_from(nodes, gpunodes, pods.values(), QUEUES, groups, NOW + 30, CONFIG)
+    )
+    # The last of them on a node goes: the pool keeps its reserved queue while another node has some.
+    del pods[f"ds-{NODE_NAMES[0]}"], pods[f"other-{NODE_NAMES[0]}"]
+    third = assembler.snapshot(
+        nodes,
+        gpunodes,
+        pods,
+        QUEUES,
+        groups,
+        NOW + 31,
+        CONFIG,
+        changes=Changes(pods={f"ds-{NODE_NAMES[0]}", f"other-{NODE_NAMES[0]}"}),
+    )
+    assert third.queues == first.queues
+    assert canonical(third) == canonical(
+        snapshot_from(nodes, gpunodes, pods.values(), QUEUES, groups, NOW + 31, CONFIG)
     )
 
     added: list[str] = []
