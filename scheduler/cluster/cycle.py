@@ -379,10 +379,9 @@ class SchedulingCycle:
         # its order), how each finished group ended, and the number of the
         # assembler's snapshot they reflect.
         self._gang_met: dict[str, None] = {}
-        # Handed out as versions too (None once changed), with the groups
-        # that entered or left since the last one (None: unknown), so that
-        # the status writer looks at those and not at every running group.
-        self._gang_met_out: Frozen[str, None] | None = None
+        # Handed out as versions too, with the groups that entered or left
+        # since the last version handed out (None: unknown, read whole), so
+        # that the status writer looks at those and not at every running group.
         self._gang_met_versions: Versioned[str, None] | None = None
         self._gang_met_delta: set[str] | None = None
         self._gang_met_given: Frozen[str, None] | None = None  # the last version handed out
@@ -768,7 +767,6 @@ class SchedulingCycle:
         self._facts_serial = None  # until the facts are complete
         if changed is None:
             self._gang_met.clear()
-            self._gang_met_out = None
             self._gang_met_delta = None
             self._ended.clear()
             self._ended_out = None
@@ -801,25 +799,22 @@ class SchedulingCycle:
 
     def _gang_met_version(self) -> tuple[Frozen[str, None], MembershipChange | None]:
         """The groups whose minMember runs, as a version, and what changed since the version handed out before."""
-        out = self._gang_met_out
-        if out is not None:
-            return out, MembershipChange(out, frozenset())  # the same version: nothing changed since it
-        versions, delta, given = self._gang_met_versions, self._gang_met_delta, self._gang_met_given
+        given, delta = self._gang_met_given, self._gang_met_delta
+        if given is not None and delta is not None and not delta:
+            return given, MembershipChange(given, frozenset())  # the same version: nothing changed since it
         self._gang_met_delta = set()
+        versions = self._gang_met_versions
         change: MembershipChange | None = None
-        if versions is None or delta is None or given is None:
+        if versions is None or given is None or delta is None:
             versions = self._gang_met_versions = Versioned(self._gang_met)  # read whole: no change to name
         else:
             versions.changed(delta)
-        out = self._gang_met_out = versions.freeze()
-        if given is not None and delta is not None:
             change = MembershipChange(given, frozenset(delta))
-        self._gang_met_given = out
+        out = self._gang_met_given = versions.freeze()
         return out, change
 
     def _gang_met_changed(self, key: str) -> None:
         """``key`` entered or left the groups whose minMember runs."""
-        self._gang_met_out = None
         if self._gang_met_delta is not None:
             self._gang_met_delta.add(key)
 
